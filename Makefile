@@ -1,0 +1,75 @@
+# keybias: `make all` regenerates every result and paper/main.pdf; `make test` runs the tests.
+# What reruns is decided by content hashes (src/keybias/pipeline.py), never by file times.
+SHELL := /bin/bash
+.DELETE_ON_ERROR:
+.DEFAULT_GOAL := all
+
+PROFILE ?= paper
+DEVICE ?= cpu
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+TEX_PACKAGES := latexmk texlive-latex-base texlive-latex-recommended texlive-fonts-recommended
+LOCK_HASH := $(shell cat requirements.lock pyproject.toml | sha256sum | cut -c1-16)
+VENV_STAMP := $(VENV)/.installed-$(LOCK_HASH)
+PIPELINE := $(PY) -m keybias.pipeline --profile $(PROFILE) --device $(DEVICE)
+
+# Refuse unknown PROFILE/DEVICE at once, before the venv or anything else is built.
+ifeq ($(wildcard params/$(PROFILE).yaml),)
+$(error PROFILE=$(PROFILE) is unknown; allowed: $(basename $(notdir $(wildcard params/*.yaml))))
+endif
+ifeq ($(filter $(DEVICE),cpu cuda mps auto),)
+$(error DEVICE=$(DEVICE) is unknown; allowed: cpu cuda mps auto)
+endif
+
+.PHONY: all notebooks paper test bench bundle verify clean help venv tex
+
+all: $(VENV_STAMP) ## regenerate results/, rendered notebooks and paper/main.pdf
+	TEX_PACKAGES="$(TEX_PACKAGES)" $(PIPELINE) all
+
+notebooks: $(VENV_STAMP) ## run the notebooks only (no paper)
+	$(PIPELINE) notebooks
+
+paper: $(VENV_STAMP) ## check the claims, then build paper/main.pdf from results/
+	TEX_PACKAGES="$(TEX_PACKAGES)" $(PIPELINE) paper
+
+test: $(VENV_STAMP) ## ruff, unit tests, smoke runs of every notebook, environment checks
+	$(PY) -m ruff check src tests notebooks
+	$(PY) -m pytest
+
+bench: $(VENV_STAMP) ## the full timing sweep of the cost benchmark (long)
+	$(PY) -m keybias.cost --full --device $(DEVICE) --out results/data
+
+bundle: $(VENV_STAMP) ## artifact bundle: sources, results and the PDF, with checksums
+	$(PY) -m keybias.pipeline bundle
+
+verify: $(VENV_STAMP) ## rerun everything into a scratch folder and compare with results/
+	$(PIPELINE) verify
+
+venv: $(VENV_STAMP) ## build .venv from requirements.lock
+
+$(VENV_STAMP):
+	rm -rf $(VENV)
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check -r requirements.lock
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
+	$(PY) -m ipykernel install --prefix $(VENV) --name keybias --display-name "Python (keybias .venv)" >/dev/null
+	touch $@
+
+tex: ## install the TeX packages if latexmk is missing (root on Debian/Ubuntu), else explain
+	@if command -v latexmk >/dev/null && command -v pdflatex >/dev/null; then exit 0; fi; \
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  echo "latexmk missing: installing Debian packages $(TEX_PACKAGES)"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(TEX_PACKAGES) >/dev/null; \
+	else \
+	  echo "error: latexmk/pdflatex not found. Install: sudo apt-get install $(TEX_PACKAGES)" >&2; exit 1; \
+	fi
+
+clean: ## remove build stamps and scratch files (keeps results/ and .venv)
+	rm -rf .build results/.build results/.staging paper/build
+
+help: ## list targets and parameters
+	@echo "targets:"; grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/^([a-z]+):.*## /  make \1\t/' | expand -t 20
+	@echo "parameters:"
+	@echo "  PROFILE=paper|smoke   parameter profile in params/ (default paper)"
+	@echo "  DEVICE=cpu|cuda|mps|auto  device for device-dependent notebooks (default cpu)"

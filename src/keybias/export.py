@@ -1,0 +1,189 @@
+"""Writing results: CSV data, figures, LaTeX tables, macros, equations and claims.
+
+A notebook makes one `Recorder` and hands it everything it wants to keep. The recorder
+writes under `output_dir`, which the pipeline points at a private staging folder; the
+pipeline moves the files into `results/` only after the whole notebook succeeded, so a
+failed run never leaves something that looks finished.
+
+Layout under `output_dir` (the results contract, see README):
+    data/<name>.csv  figures/<name>.pdf|png  tables/<name>.tex
+    macros/<notebook>.tex  equations/<name>.tex  steps/<notebook>.json (claims)
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import operator
+import os
+import re
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+_COMPARISONS = {
+    "<=": operator.le,
+    "<": operator.lt,
+    ">=": operator.ge,
+    ">": operator.gt,
+    "==": operator.eq,
+}
+_MACRO_NAME = re.compile(r"^[A-Za-z]+$")
+_FILE_NAME = re.compile(r"^[A-Za-z0-9_\-]+$")
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write `data` to `path` through a temporary file in the same folder and a rename."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def format_number(value: float, digits: int = 3) -> str:
+    """Format a number for LaTeX: plain for moderate values, `a\\times10^{b}` otherwise."""
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, int):
+        return f"{value:,}".replace(",", "{,}")
+    if value == 0 or not math.isfinite(value):
+        return "0" if value == 0 else str(value)
+    exponent = math.floor(math.log10(abs(value)))
+    if -3 <= exponent < 5:
+        decimals = max(digits - 1 - exponent, 0)
+        return f"{value:.{decimals}f}"
+    mantissa = value / 10**exponent
+    return f"{mantissa:.{max(digits - 1, 0)}f}\\times10^{{{exponent}}}"
+
+
+def _check_file_name(name: str) -> str:
+    if not _FILE_NAME.match(name):
+        raise ValueError(f"output name {name!r} must use letters, digits, '_' and '-' only")
+    return name
+
+
+class Recorder:
+    """Collects one notebook's outputs and writes each of them atomically.
+
+    Claims are checked here, not typed in: `claim` receives the measured value, the bound
+    and the comparison, and computes `holds` itself.
+    """
+
+    def __init__(self, notebook: str, output_dir: str | os.PathLike, *, profile: str, device: str):
+        self.notebook = _check_file_name(notebook)
+        self.root = Path(output_dir)
+        self.profile = profile
+        self.device = device
+        self.macros: dict[str, str] = {}
+        self.claims: list[dict[str, Any]] = []
+        self.outputs: list[str] = []
+
+    def _path(self, sub: str, name: str, suffix: str) -> Path:
+        path = self.root / sub / f"{_check_file_name(name)}{suffix}"
+        self.outputs.append(f"{sub}/{path.name}")
+        return path
+
+    def csv(self, frame: pd.DataFrame, name: str) -> Path:
+        path = self._path("data", name, ".csv")
+        atomic_write_text(path, frame.to_csv(index=False, float_format="%.9g"))
+        return path
+
+    def figure(self, fig, name: str) -> tuple[Path, Path]:
+        """Save a matplotlib figure as PDF (for the paper) and PNG (for reading)."""
+        paths = []
+        for suffix, options in ((".pdf", {"metadata": {"CreationDate": None}}), (".png", {"dpi": 150})):
+            path = self._path("figures", name, suffix)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=suffix)
+            os.close(fd)
+            try:
+                fig.savefig(tmp, bbox_inches="tight", **options)
+                os.replace(tmp, path)
+            except BaseException:
+                Path(tmp).unlink(missing_ok=True)
+                raise
+            paths.append(path)
+        return tuple(paths)
+
+    def table(self, latex: str | pd.DataFrame, name: str, **to_latex) -> Path:
+        """Write a LaTeX table body (a tabular); DataFrames go through `to_latex`."""
+        if isinstance(latex, pd.DataFrame):
+            latex = latex.to_latex(index=False, escape=True, **to_latex)
+        path = self._path("tables", name, ".tex")
+        atomic_write_text(path, latex)
+        return path
+
+    def equation(self, latex: str, name: str) -> Path:
+        path = self._path("equations", name, ".tex")
+        atomic_write_text(path, latex.strip() + "\n")
+        return path
+
+    def macro(self, name: str, value: Any, digits: int = 3) -> str:
+        """Define `\\name` as the formatted value; numbers pass through `format_number`."""
+        if not _MACRO_NAME.match(name):
+            raise ValueError(f"macro name {name!r} must be letters only (a LaTeX command name)")
+        if name in self.macros:
+            raise ValueError(f"macro {name!r} defined twice in {self.notebook}")
+        text = value if isinstance(value, str) else format_number(value, digits)
+        self.macros[name] = text
+        return text
+
+    def claim(
+        self,
+        claim_id: str,
+        statement: str,
+        value: float,
+        bound: float,
+        comparison: str = "<=",
+    ) -> dict[str, Any]:
+        """Record a claim: it holds when `value <comparison> bound`."""
+        if comparison not in _COMPARISONS:
+            raise ValueError(f"comparison {comparison!r} not one of {sorted(_COMPARISONS)}")
+        if any(c["id"] == claim_id for c in self.claims):
+            raise ValueError(f"claim {claim_id!r} recorded twice")
+        value = float(value)
+        bound = float(bound)
+        holds = bool(_COMPARISONS[comparison](value, bound)) and math.isfinite(value)
+        record = {
+            "id": claim_id,
+            "statement": statement,
+            "value": value,
+            "bound": bound,
+            "comparison": comparison,
+            "holds": holds,
+            "notebook": self.notebook,
+            "device": self.device,
+            "profile": self.profile,
+        }
+        self.claims.append(record)
+        return record
+
+    def finish(self) -> dict[str, Any]:
+        """Write the macros file and the step record (claims and output list)."""
+        lines = [f"% generated by notebooks/{self.notebook}.ipynb, profile {self.profile}"]
+        lines += [f"\\newcommand{{\\{k}}}{{{v}}}" for k, v in sorted(self.macros.items())]
+        macro_path = self._path("macros", self.notebook, ".tex")
+        atomic_write_text(macro_path, "\n".join(lines) + "\n")
+        step = {
+            "notebook": self.notebook,
+            "profile": self.profile,
+            "device": self.device,
+            "claims": self.claims,
+            "outputs": sorted(set(self.outputs)),
+        }
+        atomic_write_text(
+            self.root / "steps" / f"{self.notebook}.json", json.dumps(step, indent=2) + "\n"
+        )
+        return step

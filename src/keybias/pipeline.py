@@ -1,0 +1,588 @@
+"""The build: validate, run notebooks with papermill, gather claims and provenance, typeset.
+
+What reruns is decided by content, not file times (a git clone gives every file the same
+time). Each notebook's key hashes its source, its checked parameters, PROFILE, DEVICE, the
+lock file, the keybias modules it imports (transitively) and the steps it depends on. The
+key is kept in `<results>/.build/` (not committed), so a fresh clone reruns everything and
+a rerun with nothing changed reruns nothing.
+
+A notebook writes into `<results>/.staging/<name>/`; only after it finished are its files
+moved into `<results>/`, its step record last and its key after that. An interrupted run
+therefore leaves no output that could pass for finished, and the next run redoes it.
+
+Usage: python -m keybias.pipeline [--profile P] [--device D] [--results DIR]
+       {check, notebooks, paper, all, verify, bundle} [--only NB ...] [--force]
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import datetime as dt
+import fnmatch
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+
+from keybias import params as P
+from keybias.export import atomic_write_bytes, atomic_write_text
+
+ROOT = Path(__file__).resolve().parents[2]
+KERNEL = "keybias"
+NOTEBOOK_NAME = re.compile(r"^\d\d_[a-z0-9_]+$")
+PAPER_INPUT_DIRS = ("macros", "tables", "figures", "equations")
+# Outputs whose values depend on the machine (timings); `verify` does not compare them.
+MACHINE_SPECIFIC = ("data/cost_timing*", "figures/cost_*", "macros/06_cost.tex")
+
+
+class BuildError(RuntimeError):
+    """A build step failed; the message says which and why."""
+
+
+def log(message: str) -> None:
+    print(f"[keybias] {message}", file=sys.stderr, flush=True)
+
+
+def sha256_bytes(*chunks: bytes) -> str:
+    digest = hashlib.sha256()
+    for chunk in chunks:
+        digest.update(len(chunk).to_bytes(8, "little"))
+        digest.update(chunk)
+    return digest.hexdigest()
+
+
+def discover_notebooks(root: Path = ROOT) -> list[str]:
+    names = sorted(p.stem for p in (root / "notebooks").glob("*.ipynb"))
+    bad = [n for n in names if not NOTEBOOK_NAME.match(n)]
+    if bad:
+        raise BuildError(f"notebook names must look like NN_topic: {bad}")
+    return names
+
+
+def read_notebook(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+def _imported_keybias_modules(source: str, package: str = "keybias") -> set[str]:
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return set()
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.split(".")[0] == package}
+        elif isinstance(node, ast.ImportFrom):
+            module = node.module or ""
+            if node.level:  # relative import inside the package
+                module = f"{package}.{module}" if module else package
+            if module.split(".")[0] == package:
+                found.add(module)
+                found |= {f"{module}.{a.name}" for a in node.names}
+    return found
+
+
+def module_closure(notebook_path: Path, src: Path = ROOT / "src") -> list[Path]:
+    """The keybias source files a notebook imports, directly or through other modules."""
+    code = "\n".join(
+        "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
+        for cell in read_notebook(notebook_path)["cells"]
+        if cell["cell_type"] == "code"
+    )
+    code = "\n".join(line for line in code.splitlines() if not line.lstrip().startswith(("%", "!")))
+    pending = _imported_keybias_modules(code) | {"keybias"}
+    files: dict[str, Path] = {}
+    while pending:
+        name = pending.pop()
+        base = src / Path(*name.split("."))
+        for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+            if candidate.is_file() and name not in files:
+                files[name] = candidate
+                pending |= _imported_keybias_modules(candidate.read_text()) - set(files)
+        data_dir = base / "data" if base.is_dir() else None
+        if data_dir and data_dir.is_dir():
+            for extra in sorted(data_dir.rglob("*")):
+                if extra.is_file():
+                    files[f"{name}:data:{extra.relative_to(data_dir)}"] = extra
+    return [files[k] for k in sorted(files)]
+
+
+def notebook_dependencies(notebook_path: Path) -> list[str]:
+    meta = read_notebook(notebook_path).get("metadata", {}).get("keybias", {})
+    return list(meta.get("depends_on", []))
+
+
+class Build:
+    def __init__(
+        self, profile: str, device: str, results: Path, root: Path = ROOT, force: bool = False,
+        only: list[str] | None = None,
+    ):
+        self.root = root
+        self.profile = profile
+        self.device_requested = device
+        self.results = Path(results).resolve()
+        self.force = force
+        self.notebooks = discover_notebooks(root)
+        unknown = sorted(set(only or []) - set(self.notebooks))
+        if unknown:
+            raise BuildError(f"--only {unknown}: unknown; notebooks: {self.notebooks}")
+        self.selected = [n for n in self.notebooks if not only or n in only]
+        self.params: dict[str, dict] = {}
+        self.device = ""
+        self.ran: list[str] = []
+
+    # -- validation -------------------------------------------------------------
+    def check(self) -> None:
+        """Everything that can be wrong with the input, found before any work starts."""
+        self.params = P.load_profile(self.profile, self.root / "params", self.selected)
+        self.device = P.resolve_device(self.device_requested)
+        for name in self.selected:
+            self._check_parameters_cell(name)
+            for dep in notebook_dependencies(self._nb_path(name)):
+                if dep not in self.notebooks:
+                    raise BuildError(f"{name} depends on unknown notebook {dep!r}")
+
+    def _nb_path(self, name: str) -> Path:
+        return self.root / "notebooks" / f"{name}.ipynb"
+
+    def _check_parameters_cell(self, name: str) -> None:
+        cells = read_notebook(self._nb_path(name))["cells"]
+        tagged = [c for c in cells if "parameters" in c.get("metadata", {}).get("tags", [])]
+        if len(tagged) != 1:
+            raise BuildError(f"notebooks/{name}.ipynb needs exactly one cell tagged 'parameters'")
+        source = "".join(tagged[0]["source"])
+        declared = {
+            t.id
+            for node in ast.walk(ast.parse(source))
+            if isinstance(node, ast.Assign)
+            for t in node.targets
+            if isinstance(t, ast.Name)
+        }
+        expected = set(self.params[name]) | set(P.INJECTED)
+        if declared != expected:
+            raise BuildError(
+                f"notebooks/{name}.ipynb parameters cell declares {sorted(declared)}, but the "
+                f"spec and pipeline expect {sorted(expected)}"
+            )
+
+    def check_tools(self, paper: bool) -> None:
+        try:
+            from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
+        except ImportError as exc:
+            raise BuildError("jupyter_client is missing: run `make venv`") from exc
+        try:
+            spec = KernelSpecManager().get_kernel_spec(KERNEL)
+        except NoSuchKernel as exc:
+            raise BuildError(f"Jupyter kernel {KERNEL!r} is not registered in .venv: run `make venv`") from exc
+        if Path(spec.argv[0]).resolve() != Path(sys.executable).resolve():
+            raise BuildError(f"kernel {KERNEL!r} runs {spec.argv[0]}, not this venv's {sys.executable}")
+        if paper and not (shutil.which("latexmk") and shutil.which("pdflatex")):
+            log("latexmk/pdflatex missing: asking `make tex` to install them")
+            if subprocess.run(["make", "--no-print-directory", "tex"], cwd=self.root).returncode:
+                raise BuildError("TeX is missing (see the message above)")
+
+    # -- notebooks --------------------------------------------------------------
+    def step_key(self, name: str) -> str:
+        nb_path = self._nb_path(name)
+        chunks = [
+            nb_path.read_bytes(),
+            json.dumps(self.params[name], sort_keys=True).encode(),
+            self.profile.encode(),
+            self.device.encode(),
+            (self.root / "requirements.lock").read_bytes(),
+        ]
+        for path in module_closure(nb_path, self.root / "src"):
+            chunks += [str(path.relative_to(self.root)).encode(), path.read_bytes()]
+        for dep in notebook_dependencies(nb_path):
+            chunks.append(self._step_file(dep).read_bytes() if self._step_file(dep).exists() else b"")
+        return sha256_bytes(*chunks)
+
+    def _step_file(self, name: str) -> Path:
+        return self.results / "steps" / f"{name}.json"
+
+    def _stamp(self, name: str) -> Path:
+        return self.results / ".build" / f"{name}.key"
+
+    def up_to_date(self, name: str, key: str) -> bool:
+        stamp, step = self._stamp(name), self._step_file(name)
+        if self.force or not stamp.exists() or not step.exists() or stamp.read_text() != key:
+            return False
+        outputs = json.loads(step.read_text()).get("outputs", [])
+        return all((self.results / rel).exists() for rel in outputs)
+
+    def run_notebooks(self) -> None:
+        for name in self.selected:
+            key = self.step_key(name)
+            if self.up_to_date(name, key):
+                log(f"{name}: up to date")
+                continue
+            self.run_one(name, key)
+
+    def run_one(self, name: str, key: str) -> None:
+        import papermill
+
+        staging = self.results / ".staging" / name
+        shutil.rmtree(staging, ignore_errors=True)
+        (staging / "notebooks").mkdir(parents=True)
+        self._stamp(name).unlink(missing_ok=True)
+        executed = staging / "notebooks" / f"{name}.ipynb"
+        cwd = self.root / "notebooks"
+        parameters = dict(
+            self.params[name],
+            profile=self.profile,
+            device=self.device,
+            output_dir=os.path.relpath(staging, cwd),
+            results_dir=os.path.relpath(self.results, cwd),
+        )
+        log(f"{name}: running (profile {self.profile}, device {self.device})")
+        started = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+        t0 = time.perf_counter()
+        try:
+            papermill.execute_notebook(
+                str(self._nb_path(name)),
+                str(executed),
+                parameters=parameters,
+                kernel_name=KERNEL,
+                cwd=str(cwd),
+                progress_bar=False,
+                log_output=True,
+            )
+        except Exception as exc:  # papermill re-raises the cell's error with its traceback
+            raise BuildError(
+                f"notebook {name} failed; nothing of this run was moved into {self.results}. "
+                f"Partial output for debugging: {executed}\n{exc}"
+            ) from exc
+        wall = time.perf_counter() - t0
+        step_path = staging / "steps" / f"{name}.json"
+        if not step_path.exists():
+            raise BuildError(f"notebook {name} finished without calling rec.finish()")
+        step = json.loads(step_path.read_text())
+        if step.get("profile") != self.profile or step.get("notebook") != name:
+            raise BuildError(f"notebook {name} recorded profile/notebook {step.get('profile')}/{step.get('notebook')}")
+        self._scrub_and_render(executed)
+        from keybias.provenance import collect
+
+        step["provenance"] = {
+            **collect(self.root),
+            "started_utc": started,
+            "wall_seconds": round(wall, 2),
+            "key": key,
+        }
+        step["outputs"] = sorted(
+            set(step["outputs"]) | {f"notebooks/{name}.ipynb", f"notebooks/{name}.html"}
+        )
+        atomic_write_text(step_path, json.dumps(step, indent=2) + "\n")
+        self._publish(name, staging, step)
+        atomic_write_text(self._stamp(name), key)
+        self.ran.append(name)
+        log(f"{name}: done in {wall:.1f} s")
+
+    def _scrub_and_render(self, executed: Path) -> None:
+        """Drop this machine's absolute paths from the executed notebook, then render HTML."""
+        import nbformat
+        from nbconvert import HTMLExporter
+
+        text = executed.read_text()
+        for prefix in {str(self.root), str(Path(sys.prefix))}:
+            text = text.replace(prefix + "/", "").replace(prefix, ".")
+        atomic_write_text(executed, text)
+        html, _ = HTMLExporter().from_notebook_node(nbformat.reads(text, as_version=4))
+        atomic_write_text(executed.with_suffix(".html"), html)
+
+    def _publish(self, name: str, staging: Path, step: dict) -> None:
+        old_step = self._step_file(name)
+        old_outputs = set(json.loads(old_step.read_text()).get("outputs", [])) if old_step.exists() else set()
+        step_rel = f"steps/{name}.json"
+        for rel in step["outputs"]:
+            if not (staging / rel).exists():
+                raise BuildError(f"notebook {name} listed output {rel} but did not write it")
+        for rel in [*step["outputs"], step_rel]:
+            target = self.results / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(staging / rel, target)
+        for rel in sorted(old_outputs - set(step["outputs"])):
+            (self.results / rel).unlink(missing_ok=True)
+        shutil.rmtree(staging, ignore_errors=True)
+
+    # -- claims and provenance --------------------------------------------------
+    def gather(self) -> list[dict]:
+        steps = []
+        for name in self.notebooks:
+            path = self._step_file(name)
+            if not path.exists():
+                raise BuildError(f"{path} missing: run the notebooks first (`make all`)")
+            step = json.loads(path.read_text())
+            if step["profile"] != self.profile:
+                raise BuildError(f"{name} results are from profile {step['profile']!r}, not {self.profile!r}")
+            steps.append(step)
+        claims = [c for s in steps for c in s["claims"]]
+        write_if_changed(self.results / "claims.json", json.dumps(claims, indent=2) + "\n")
+        latest = max(steps, key=lambda s: s["provenance"]["started_utc"])["provenance"]
+        provenance = {
+            "profile": self.profile,
+            "commit": latest["commit"],
+            "dirty": latest["dirty"],
+            "versions": latest["versions"],
+            "machine": latest["machine"],
+            "total_wall_seconds": round(sum(s["provenance"]["wall_seconds"] for s in steps), 2),
+            "steps": {s["notebook"]: {**s["provenance"], "device": s["device"]} for s in steps},
+        }
+        write_if_changed(self.results / "provenance.json", json.dumps(provenance, indent=2) + "\n")
+        write_if_changed(self.results / "macros" / "provenance.tex", provenance_macros(provenance))
+        return claims
+
+    def check_claims(self, claims: list[dict]) -> None:
+        failed = [c for c in claims if not c["holds"]]
+        for c in failed:
+            log(
+                f"CLAIM FAILS: {c['id']} ({c['notebook']}): {c['statement']} "
+                f"value {c['value']:.6g} {c.get('comparison', '<=')} bound {c['bound']:.6g} is false"
+            )
+        if failed:
+            raise BuildError(
+                f"{len(failed)} claim(s) do not hold: {', '.join(c['id'] for c in failed)}; "
+                "the paper is not rebuilt on data that contradicts it"
+            )
+        log(f"{len(claims)} claims hold")
+
+    # -- paper ------------------------------------------------------------------
+    def paper_inputs(self) -> list[Path]:
+        paper = self.root / "paper"
+        files = sorted(paper.glob("*.tex")) + sorted(paper.glob("sections/*.tex"))
+        files += sorted(paper.glob("*.bib"))
+        for sub in PAPER_INPUT_DIRS:
+            files += sorted(p for p in (self.results / sub).glob("*") if p.suffix in {".tex", ".pdf"})
+        return files
+
+    def build_paper(self) -> None:
+        if self.results != (self.root / "results").resolve():
+            raise BuildError("the paper reads ../results; build it with the default --results")
+        pdf = self.root / "paper" / "main.pdf"
+        inputs = self.paper_inputs()
+        key = sha256_bytes(*[str(p.relative_to(self.root)).encode() + p.read_bytes() for p in inputs])
+        stamp = self.results / ".build" / "paper.key"
+        if not self.force and pdf.exists() and stamp.exists() and stamp.read_text() == key:
+            log("paper/main.pdf: up to date")
+            return
+        stamp.unlink(missing_ok=True)
+        build_dir = self.root / "paper" / "build"
+        env = dict(os.environ, FORCE_SOURCE_DATE="1", SOURCE_DATE_EPOCH=self._source_date())
+        log("paper: latexmk -pdf main.tex")
+        t0 = time.perf_counter()
+        result = subprocess.run(
+            ["latexmk", "-pdf", "-interaction=nonstopmode", "-halt-on-error", "-file-line-error",
+             f"-outdir={build_dir}", "main.tex"],
+            cwd=self.root / "paper", env=env, capture_output=True, text=True,
+        )
+        if result.returncode:
+            tail = "\n".join((result.stdout + result.stderr).splitlines()[-40:])
+            raise BuildError(f"latexmk failed (log: {build_dir / 'main.log'}):\n{tail}")
+        atomic_write_bytes(pdf, (build_dir / "main.pdf").read_bytes())
+        atomic_write_text(stamp, key)
+        log(f"paper/main.pdf built in {time.perf_counter() - t0:.1f} s")
+
+    def _source_date(self) -> str:
+        from keybias.provenance import git
+
+        return git(self.root, "log", "-1", "--format=%ct") or "0"
+
+
+def input_fingerprint(root: Path, profile: str, device: str) -> str:
+    """A hash of every input of `make all`; read without importing torch, so a no-op is fast."""
+    paths = [root / "params" / f"{profile}.yaml", root / "requirements.lock"]
+    paths += sorted((root / "notebooks").glob("*.ipynb"))
+    paths += sorted(p for p in (root / "src").rglob("*") if p.is_file() and "__pycache__" not in p.parts)
+    paths += sorted((root / "paper").glob("*.tex")) + sorted((root / "paper").glob("sections/*.tex"))
+    paths += sorted((root / "paper").glob("*.bib"))
+    chunks = [profile.encode(), device.encode()]
+    for path in paths:
+        chunks += [str(path.relative_to(root)).encode(), path.read_bytes() if path.exists() else b""]
+    return sha256_bytes(*chunks)
+
+
+def outputs_present(results: Path) -> bool:
+    steps = sorted((results / "steps").glob("*.json"))
+    if not steps or not (results / "claims.json").exists():
+        return False
+    for step in steps:
+        if not all((results / rel).exists() for rel in json.loads(step.read_text()).get("outputs", [])):
+            return False
+    return True
+
+
+def write_if_changed(path: Path, text: str) -> None:
+    if not path.exists() or path.read_text() != text:
+        atomic_write_text(path, text)
+
+
+def latex_escape(text: str) -> str:
+    for char, repl in (("\\", r"\textbackslash{}"), ("&", r"\&"), ("%", r"\%"), ("$", r"\$"),
+                       ("#", r"\#"), ("_", r"\_"), ("{", r"\{"), ("}", r"\}"), ("~", r"\~{}"),
+                       ("^", r"\^{}")):
+        text = text.replace(char, repl) if char != "\\" else text.replace(char, "\x00")
+    return text.replace("\x00", r"\textbackslash{}")
+
+
+def provenance_macros(prov: dict) -> str:
+    commit = prov["commit"][:10] + (" with uncommitted changes" if prov["dirty"] else "")
+    started = max(s["started_utc"] for s in prov["steps"].values())
+    values = {
+        "ProvCommit": commit,
+        "ProvProfile": prov["profile"],
+        "ProvMachine": prov["machine"]["cpu"],
+        "ProvThreads": str(prov["machine"]["torch_threads"]),
+        "ProvDevices": ", ".join(prov["machine"]["devices_present"]),
+        "ProvTorch": prov["versions"]["torch"],
+        "ProvPython": prov["versions"]["python"],
+        "ProvDate": started[:10],
+        "ProvWallSeconds": f"{prov['total_wall_seconds']:.0f}",
+    }
+    lines = ["% generated by keybias.pipeline from results/provenance.json"]
+    lines += [f"\\newcommand{{\\{k}}}{{{latex_escape(v)}}}" for k, v in values.items()]
+    return "\n".join(lines) + "\n"
+
+
+def machine_specific_patterns() -> tuple[str, ...]:
+    return MACHINE_SPECIFIC
+
+
+def compare_results(reference: Path, candidate: Path, rtol: float = 1e-6) -> list[str]:
+    """Differences between two results folders, ignoring timings and provenance."""
+    import pandas as pd
+
+    problems = []
+    for ref in sorted(reference.glob("data/*.csv")):
+        rel = str(ref.relative_to(reference))
+        if any(fnmatch.fnmatch(rel, pat) for pat in machine_specific_patterns()):
+            continue
+        new = candidate / rel
+        if not new.exists():
+            problems.append(f"{rel}: not regenerated")
+            continue
+        a, b = pd.read_csv(ref), pd.read_csv(new)
+        if list(a.columns) != list(b.columns) or len(a) != len(b):
+            problems.append(f"{rel}: shape or columns differ")
+            continue
+        for col in a.columns:
+            x, y = a[col], b[col]
+            if pd.api.types.is_numeric_dtype(x) and pd.api.types.is_numeric_dtype(y):
+                diff = (x - y).abs() > rtol * (x.abs() + y.abs()) + 1e-300
+                if (diff & ~(x.isna() & y.isna())).any():
+                    problems.append(f"{rel}: column {col} differs in {int(diff.sum())} rows")
+            elif not x.astype(str).equals(y.astype(str)):
+                problems.append(f"{rel}: column {col} differs")
+    ref_claims = {c["id"]: c for c in json.loads((reference / "claims.json").read_text())}
+    new_claims = {c["id"]: c for c in json.loads((candidate / "claims.json").read_text())}
+    for cid in sorted(set(ref_claims) | set(new_claims)):
+        if cid not in ref_claims or cid not in new_claims:
+            problems.append(f"claim {cid}: present in only one run")
+        elif ref_claims[cid]["holds"] != new_claims[cid]["holds"]:
+            problems.append(f"claim {cid}: holds differs")
+    return problems
+
+
+def bundle(root: Path = ROOT) -> Path:
+    """dist/keybias-artifact-<commit>.tar.gz: tracked sources, results and the PDF."""
+    from keybias.provenance import git
+
+    files = [f for f in git(root, "ls-files").splitlines() if f]
+    if not files:
+        raise BuildError("bundle needs a git checkout with committed files")
+    commit = git(root, "rev-parse", "--short=10", "HEAD")
+    out = root / "dist" / f"keybias-artifact-{commit}.tar.gz"
+    out.parent.mkdir(exist_ok=True)
+    sums = "".join(
+        f"{hashlib.sha256((root / f).read_bytes()).hexdigest()}  {f}\n" for f in files if (root / f).is_file()
+    )
+    fd, tmp = tempfile.mkstemp(dir=out.parent, suffix=".tmp")
+    os.close(fd)
+    with tarfile.open(tmp, "w:gz") as tar:
+        for f in files:
+            if (root / f).is_file():
+                tar.add(root / f, arcname=f"keybias/{f}")
+        info = tarfile.TarInfo("keybias/SHA256SUMS")
+        data = sums.encode()
+        info.size = len(data)
+        import io
+
+        tar.addfile(info, io.BytesIO(data))
+    os.replace(tmp, out)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m keybias.pipeline", description=__doc__.split("\n")[0])
+    parser.add_argument("--profile", default="paper")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--results", default=str(ROOT / "results"))
+    parser.add_argument("--force", action="store_true", help="rerun even if up to date")
+    parser.add_argument("command", choices=["check", "notebooks", "paper", "all", "verify", "bundle"])
+    parser.add_argument("--only", nargs="+", help="run only these notebooks")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    for noisy in ("traitlets", "asyncio", "blib2to3", "matplotlib"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    os.environ["JUPYTER_PATH"] = str(Path(sys.prefix) / "share" / "jupyter")
+    t0 = time.perf_counter()
+    try:
+        if args.only and args.command != "notebooks":
+            raise BuildError("--only goes with `notebooks`; `all` and `paper` need every notebook")
+        if args.command == "bundle":
+            log(f"wrote {bundle()}")
+            return 0
+        results = Path(args.results).resolve()
+        fingerprint = input_fingerprint(ROOT, args.profile, args.device)
+        done_stamp = results / ".build" / "all.key"
+        if (
+            args.command == "all" and not args.force and args.device == "cpu"
+            and done_stamp.exists() and done_stamp.read_text() == fingerprint
+            and outputs_present(results) and (ROOT / "paper" / "main.pdf").exists()
+        ):
+            log(f"nothing changed since the last complete build; finished in {time.perf_counter() - t0:.1f} s")
+            return 0
+        done_stamp.unlink(missing_ok=True)
+        build = Build(args.profile, args.device, results, force=args.force, only=args.only)
+        build.check()
+        if args.command == "check":
+            log(f"profile {args.profile!r} and device {build.device!r} are valid")
+            return 0
+        if args.command == "verify":
+            scratch = Path(tempfile.mkdtemp(prefix="keybias-verify-"))
+            fresh = Build(args.profile, args.device, scratch, force=True)
+            fresh.check()
+            fresh.check_tools(paper=False)
+            fresh.run_notebooks()
+            fresh.check_claims(fresh.gather())
+            problems = compare_results(build.results, scratch)
+            for p in problems:
+                log(f"differs: {p}")
+            log(f"verify: {len(problems)} difference(s); fresh results in {scratch}")
+            return 1 if problems else 0
+        build.check_tools(paper=args.command in ("paper", "all"))
+        if args.command in ("notebooks", "all"):
+            build.run_notebooks()
+        if args.command in ("paper", "all") or (args.command == "notebooks" and not args.only):
+            claims = build.gather()
+            build.check_claims(claims)
+        if args.command in ("paper", "all"):
+            build.build_paper()
+        if args.command == "all":
+            atomic_write_text(done_stamp, fingerprint)
+    except (P.ParameterError, BuildError) as exc:
+        log(f"error: {exc}")
+        return 2
+    log(f"finished in {time.perf_counter() - t0:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

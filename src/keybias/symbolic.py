@@ -1,0 +1,247 @@
+"""SymPy derivations: the key bias is invisible to softmax attention, the others are not.
+
+General results use a symbolic number of keys n (and head dimension d) with `Sum`; the
+results that SymPy can only check for concrete sizes are checked on a grid of (n, d,
+heads). Every function returns plain data: SymPy expressions, their LaTeX, and booleans
+computed by simplification (never asserted by hand).
+"""
+
+from __future__ import annotations
+
+import time
+
+import pandas as pd
+import sympy as sp
+from sympy.simplify.simplify import factor_sum, sum_simplify
+
+from keybias.params import Param
+
+PARAMETERS = {
+    "grid_n": Param(int, many=True, positive=True, maximum=12, help="numbers of keys checked on the grid"),
+    "grid_d": Param(int, many=True, positive=True, maximum=6, help="head dimensions checked on the grid"),
+    "grid_heads": Param(int, many=True, positive=True, maximum=3, help="numbers of heads on the grid"),
+}
+
+# The assumptions of the proof, in the order the paper lists them; later notebooks test each.
+ASSUMPTIONS = [
+    ("A1", "every key slot of a softmax row is projected with the same bias, so each score of query i moves by the same q_i.b_k",
+     "add_bias_kv, add_zero_attn, learned sink logits or extra key slots"),
+    ("A2", "scores are bilinear in q and k: no per-position transform or normalisation of k after the bias",
+     "rotary embeddings (RoPE), QK-norm, cosine attention"),
+    ("A3", "the row is normalised by softmax, which is invariant to adding a constant",
+     "sigmoid attention, linear or ReLU attention"),
+    ("A4", "masks and position biases are added to the scores and do not depend on b_k",
+     "(ALiBi and additive masks satisfy it)"),
+    ("A5", "each row keeps at least one unmasked key, so the softmax is defined",
+     "fully masked rows (NaN in PyTorch)"),
+    ("A6", "the key projection feeds only the scores (keys are not reused as values or elsewhere)",
+     "shared key/value projections"),
+    ("A7", "exact arithmetic", "floating point: b_k changes results by rounding only"),
+]
+
+
+def _row_symbols():
+    n = sp.Symbol("n", integer=True, positive=True)
+    j, i = sp.symbols("j i", integer=True, positive=True)
+    s = sp.IndexedBase("s", real=True)
+    c = sp.Symbol("c", real=True)
+    return n, i, j, s, c
+
+
+def normalised_weight(kind: str, s, i, j, n, c=0):
+    """Weight of key i in a row of scores s (+ c): softmax, or elementwise sigmoid."""
+    if kind == "softmax":
+        return sp.exp(s[i] + c) / sp.Sum(sp.exp(s[j] + c), (j, 1, n))
+    if kind == "sigmoid":
+        return 1 / (1 + sp.exp(-(s[i] + c)))
+    raise ValueError(f"normaliser {kind!r} unknown; allowed: ['softmax', 'sigmoid']")
+
+
+def shift_invariance(kind: str = "softmax") -> dict:
+    """softmax(s + c 1)_i = softmax(s)_i for symbolic n: exp(c) factors out of the sum.
+
+    With kind="sigmoid" the same check fails, as it must: sigmoid attention is not
+    shift-invariant (assumption A3).
+    """
+    n, i, j, s, c = _row_symbols()
+    shifted = normalised_weight(kind, s, i, j, n, c)
+    plain = normalised_weight(kind, s, i, j, n)
+    if kind != "softmax":
+        difference = sp.simplify(shifted - plain)
+        return {"holds": difference == 0, "difference": difference, "latex": sp.latex(shifted)}
+    expanded = sp.expand_power_exp(shifted)
+    num, den = sp.fraction(expanded)
+    factored = sp.expand_power_exp(num) / factor_sum(sp.Sum(sp.expand_power_exp(den.function), *den.limits))
+    difference = sp.simplify(factored - plain)
+    return {
+        "holds": difference == 0,
+        "difference": difference,
+        "latex": (
+            r"\operatorname{softmax}(s + c\mathbf{1})_i = "
+            + sp.latex(shifted)
+            + " = "
+            + sp.latex(sp.simplify(factored))
+            + r" = \operatorname{softmax}(s)_i"
+        ),
+    }
+
+
+def key_bias_enters_as_shift() -> dict:
+    """q.(k_j + b) / sqrt(d) = q.k_j / sqrt(d) + q.b / sqrt(d): the b term does not depend on j."""
+    d = sp.Symbol("d", integer=True, positive=True)
+    t, j = sp.symbols("t j", integer=True, positive=True)
+    q, k, b = sp.IndexedBase("q", real=True), sp.IndexedBase("k", real=True), sp.IndexedBase("b", real=True)
+    score = sp.Sum(q[t] * (k[j, t] + b[t]), (t, 1, d)) / sp.sqrt(d)
+    split = sp.Sum(q[t] * k[j, t], (t, 1, d)) / sp.sqrt(d) + sp.Sum(q[t] * b[t], (t, 1, d)) / sp.sqrt(d)
+    difference = sp.simplify(sp.expand(score.doit() - split.doit()).expand())
+    shift = sp.Sum(q[t] * b[t], (t, 1, d)) / sp.sqrt(d)
+    return {
+        "holds": difference == 0 and j not in shift.free_symbols,
+        "latex": sp.latex(score) + " = " + sp.latex(split),
+    }
+
+
+def zero_gradient() -> dict:
+    """d softmax(s + c 1)_i / dc = 0 for symbolic n, i.e. the softmax Jacobian maps 1 to 0.
+
+    Since every score of row i contains q_i.b_k / sqrt(d), dL/db_k = sum_i q_i / sqrt(d) *
+    (J_i^T dL/dp_i) . 1 = 0 for any loss L.
+    """
+    n, i, j, s, c = _row_symbols()
+    p = sp.exp(s[i] + c) / sp.Sum(sp.exp(s[j] + c), (j, 1, n))
+    derivative = sp.simplify(sp.diff(p, c))
+    # The same fact as a Jacobian identity, with p_j abstract and sum_j p_j = 1.
+    pj, pk = sp.IndexedBase("p", positive=True), sp.Symbol("k", integer=True, positive=True)
+    jacobian_times_ones = pj[i] - pj[i] * sp.Sum(pj[pk], (pk, 1, n))
+    on_simplex = jacobian_times_ones.subs(sp.Sum(pj[pk], (pk, 1, n)), 1)
+    return {
+        "holds": derivative == 0 and sp.simplify(on_simplex) == 0,
+        "derivative": derivative,
+        "latex_derivative": r"\frac{\partial}{\partial c}" + sp.latex(p) + " = " + sp.latex(derivative),
+        "latex_jacobian": r"(J\mathbf{1})_i = " + sp.latex(jacobian_times_ones) + r" = 0 \quad\text{when } \textstyle\sum_k p_k = 1",
+    }
+
+
+def attention_output(n: int, d: int, heads: int = 1):
+    """Single-query multi-head attention output with symbolic q, k_j, v_j and key bias b.
+
+    Returns (outputs per head and value dimension, key-bias symbols, query-bias symbols,
+    value-bias symbols). Head h uses the slice h*d:(h+1)*d of every vector.
+    """
+    width = d * heads
+    q = sp.symbols(f"q0:{width}", real=True)
+    bq = sp.symbols(f"bq0:{width}", real=True)
+    bk = sp.symbols(f"bk0:{width}", real=True)
+    bv = sp.symbols(f"bv0:{width}", real=True)
+    K = sp.Matrix(n, width, lambda r, t: sp.Symbol(f"k{r}_{t}", real=True))
+    V = sp.Matrix(n, width, lambda r, t: sp.Symbol(f"v{r}_{t}", real=True))
+    outputs = []
+    for h in range(heads):
+        cols = range(h * d, (h + 1) * d)
+        scores = [sum((q[t] + bq[t]) * (K[r, t] + bk[t]) for t in cols) / sp.sqrt(d) for r in range(n)]
+        weights = [sp.exp(x) for x in scores]
+        total = sum(weights)
+        outputs += [sum(weights[r] * (V[r, t] + bv[t]) for r in range(n)) / total for t in cols]
+    return outputs, bk, bq, bv
+
+
+def grid_check(n: int, d: int, heads: int) -> dict:
+    """On concrete sizes: every output's derivative in every b_k entry simplifies to 0."""
+    t0 = time.perf_counter()
+    outputs, bk, _, _ = attention_output(n, d, heads)
+    nonzero = sum(sp.simplify(sp.diff(o, b)) != 0 for o in outputs for b in bk)
+    return {
+        "n_keys": n,
+        "head_dim": d,
+        "num_heads": heads,
+        "derivatives": len(outputs) * len(bk),
+        "nonzero_derivatives": int(nonzero),
+        "seconds": time.perf_counter() - t0,
+    }
+
+
+def grid(ns: list[int], ds: list[int], heads: list[int]) -> pd.DataFrame:
+    for name, values in (("grid_n", ns), ("grid_d", ds), ("grid_heads", heads)):
+        PARAMETERS[name].check(name, values)
+    rows = [grid_check(n, d, h) for h in heads for n in ns for d in ds]
+    return pd.DataFrame(rows)
+
+
+def counterexamples() -> dict:
+    """Explicit sizes where b_q and b_v change the output, so only b_k is redundant.
+
+    Two keys k = (0, 1), values v = (0, 1), one dimension, q = 0 before its bias:
+    the output is softmax(b_q * k) . v = e^{b_q} / (1 + e^{b_q}), which is 1/2 at b_q = 0
+    and e/(1+e) at b_q = 1. A value bias b_v = 1 adds exactly 1 to the output.
+    """
+    outputs, bk, bq, bv = attention_output(n=2, d=1)
+    out = outputs[0]
+    sym = lambda name: sp.Symbol(name, real=True)  # noqa: E731
+    base = {sym("q0"): 0, sym("k0_0"): 0, sym("k1_0"): 1, sym("v0_0"): 0, sym("v1_0"): 1,
+            bk[0]: 0, bq[0]: 0, bv[0]: 0}
+
+    def at(symbol, value):
+        return sp.simplify(out.subs({**base, symbol: value}))
+
+    ref = at(bk[0], 0)
+    with_bq, with_bv, with_bk = at(bq[0], 1), at(bv[0], 1), at(bk[0], 5)
+    return {
+        "reference": ref,
+        "query_bias": with_bq,
+        "value_bias": with_bv,
+        "key_bias": with_bk,
+        "query_delta": float(sp.Abs(with_bq - ref)),
+        "value_delta": float(sp.Abs(with_bv - ref)),
+        "key_delta": float(sp.Abs(with_bk - ref)),
+        "latex": (
+            r"o(b_q{=}0) = " + sp.latex(ref) + r",\quad o(b_q{=}1) = " + sp.latex(with_bq)
+            + r",\quad o(b_v{=}1) = " + sp.latex(with_bv) + r",\quad o(b_k{=}5) = " + sp.latex(with_bk)
+        ),
+    }
+
+
+def value_bias_fold() -> dict:
+    """W_o sum_j p_j (v_j + b_v) + b_o = W_o sum_j p_j v_j + (b_o + W_o b_v) when sum_j p_j = 1.
+
+    Shown for symbolic n on one output coordinate, where W_o b_v is the scalar beta. Without
+    the row-sum condition the two sides differ by exactly beta (sum_j p_j - 1).
+    """
+    n = sp.Symbol("n", integer=True, positive=True)
+    j = sp.Symbol("j", integer=True, positive=True)
+    p, v = sp.IndexedBase("p", real=True), sp.IndexedBase("v", real=True)
+    beta, b_o = sp.symbols("beta b_o", real=True)
+    with_bias = sp.Sum(p[j] * (v[j] + beta), (j, 1, n)) + b_o
+    folded = sp.Sum(p[j] * v[j], (j, 1, n)) + (b_o + beta)
+    residual = sum_simplify(sp.expand(with_bias.expand() - folded))
+    row_sum = sp.Sum(p[j], (j, 1, n))
+    residual_is_row_sum_gap = sp.simplify(residual - beta * (row_sum - 1)) == 0
+    vanishes_on_simplex = sp.simplify(residual.subs(row_sum, 1)) == 0
+    return {
+        "holds": residual_is_row_sum_gap and vanishes_on_simplex,
+        "residual": residual,
+        "latex": (
+            sp.latex(with_bias) + " = " + sp.latex(folded)
+            + r" + \beta\Big(\textstyle\sum_{j=1}^{n} p_j - 1\Big)"
+        ),
+    }
+
+
+def fold_grid(ns: list[int]) -> pd.DataFrame:
+    """The fold checked with a full output projection on concrete sizes (2 outputs, 2 values)."""
+    rows = []
+    for n in ns:
+        p = sp.symbols(f"p0:{n}", real=True)
+        V = sp.Matrix(n, 2, lambda r, t: sp.Symbol(f"v{r}_{t}", real=True))
+        bv = sp.Matrix(sp.symbols("bv0:2", real=True))
+        Wo = sp.Matrix(2, 2, sp.symbols("w0:4", real=True))
+        bo = sp.Matrix(sp.symbols("bo0:2", real=True))
+        mix = sum(((V[r, :].T + bv) * p[r] for r in range(n)), sp.zeros(2, 1))
+        original = Wo * mix + bo
+        folded = Wo * sum((V[r, :].T * p[r] for r in range(n)), sp.zeros(2, 1)) + (bo + Wo * bv)
+        on_simplex = (original - folded).subs(p[-1], 1 - sum(p[:-1]))
+        rows.append({"n_keys": n, "residual_zero": bool(sp.simplify(on_simplex) == sp.zeros(2, 1))})
+    return pd.DataFrame(rows)
+
+
+def assumptions_table() -> pd.DataFrame:
+    return pd.DataFrame(ASSUMPTIONS, columns=["id", "assumption", "broken by"])
