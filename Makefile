@@ -10,8 +10,10 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 TEX_PACKAGES := latexmk texlive-latex-base texlive-latex-recommended texlive-fonts-recommended
-LOCK_HASH := $(shell cat requirements.lock pyproject.toml | sha256sum | cut -c1-16)
+LOCK_HASH := $(shell sha256sum < requirements.lock | cut -c1-16)
 VENV_STAMP := $(VENV)/.installed-$(LOCK_HASH)
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
 PIPELINE := $(PY) -m keybias.pipeline --profile $(PROFILE) --device $(DEVICE)
 
 # Refuse unknown PROFILE/DEVICE at once, before the venv or anything else is built.

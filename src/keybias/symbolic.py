@@ -145,17 +145,31 @@ def attention_output(n: int, d: int, heads: int = 1):
     return outputs, bk, bq, bv
 
 
+def vanishes(expression) -> bool:
+    """True if a rational function of exponentials is identically zero.
+
+    Putting it over one denominator and expanding the numerator combines every product of
+    exponentials into one exp(sum), so equal terms cancel exactly; much faster than simplify.
+    """
+    return expression == 0 or sp.expand(sp.numer(sp.together(expression))) == 0
+
+
 def grid_check(n: int, d: int, heads: int) -> dict:
-    """On concrete sizes: every output's derivative in every b_k entry simplifies to 0."""
+    """On concrete sizes: every output's derivative in every b_k entry is identically 0,
+    while the derivative of each head's first output in its first b_q entry (the positive
+    control) is not; with a single key the control is zero too, since softmax of one score is 1."""
     t0 = time.perf_counter()
-    outputs, bk, _, _ = attention_output(n, d, heads)
-    nonzero = sum(sp.simplify(sp.diff(o, b)) != 0 for o in outputs for b in bk)
+    outputs, bk, bq, _ = attention_output(n, d, heads)
+    nonzero = sum(not vanishes(sp.diff(o, b)) for o in outputs for b in bk)
+    control = sum(not vanishes(sp.diff(outputs[h * d], bq[h * d])) for h in range(heads))
     return {
         "n_keys": n,
         "head_dim": d,
         "num_heads": heads,
         "derivatives": len(outputs) * len(bk),
         "nonzero_derivatives": int(nonzero),
+        "query_bias_controls": heads,
+        "nonzero_query_bias_controls": int(control),
         "seconds": time.perf_counter() - t0,
     }
 
