@@ -38,6 +38,19 @@ with g_ij = dy_i . v_j, so |ds_ij| summed over j is at most 2 d G V (G = max |dy
 
 for m query rows (Q = max |q|).
 
+Measured rounding (below float64). The bounds above are worst cases; in bfloat16 and
+float16 the output bound can exceed the output itself, and then no test has power. We also
+run every configuration in float64 and measure the rounding error the low-precision run
+actually commits on these very inputs: e_0 = |y_u(b_k) - y_64(b_k)| and
+e_1 = |y_u(b_k + delta) - y_64(b_k + delta)|. By the triangle inequality
+
+    |y_u(b_k + delta) - y_u(b_k)| <= e_0 + e_1 + |y_64(b_k + delta) - y_64(b_k)|,
+
+so a low-precision change above e_0 + e_1 + tolerance_out(float64) cannot be rounding: the
+exact function changed. `measured_tolerance` takes the smaller of this and the analytic bound
+(both bound the rounding part). No constant enters; the threshold moves with u, with the
+magnitudes of q, k, v, W_o and with the data.
+
 `classify` then compares the measured change with the tolerance, after checking that the
 positive control (perturbing b_q or b_v the same way) exceeds it; otherwise the test has
 no power at this precision and the configuration is `invalid`.
@@ -105,6 +118,17 @@ def gradient_tolerance(
         2 * LAMBDA * u * math.sqrt(n_keys) * n_queries * math.sqrt(head_dim)
         * query_abs_max * value_abs_max * upstream_abs_max
     )
+
+
+def measured_tolerance(
+    analytic: float, *, error_base: float, error_perturbed: float, reference_tolerance: float = 0.0
+) -> float:
+    """min(analytic bound, e_0 + e_1 + float64 tolerance): the rounding part of a low-precision
+    change, bounded by the errors measured against a float64 reference (see module doc)."""
+    measured = error_base + error_perturbed + reference_tolerance
+    if not math.isfinite(measured):
+        return analytic
+    return min(analytic, measured)
 
 
 def classify(delta: float, tolerance: float, *, control_delta: float) -> str:
