@@ -1,0 +1,914 @@
+"""Training dynamics of the key bias: a tiny vision transformer on scikit-learn's digits.
+
+The model is a small ViT built from `nn.TransformerEncoderLayer` (whose attention is
+`nn.MultiheadAttention`). Each attention layer's packed bias `in_proj_bias = [b_q; b_k; b_v]`
+is split into three tensors (`split_in_proj_bias`), so the key bias can either be a trained
+parameter (kept) or a zero buffer that no optimizer ever sees (removed). Everything else,
+the seed, the initial weights, the data order, is shared between a kept and a removed run.
+
+Why b_k should not matter (see notebook 01): the scores of one query are
+q . (k_j + b_k) = q . k_j + q . b_k, the same shift for every key j, and softmax is invariant
+to a constant shift. The gradient of b_k is therefore zero in exact arithmetic; in floating
+point it is rounding noise (bounded by `keybias.verdict.gradient_tolerance`). SGD moves b_k
+by lr times that noise (tiny); Adam divides it by its own running RMS and moves b_k by about
+lr per step in a random direction, unless eps is larger than the noise.
+
+Everything runs on CPU; the model never leaves training mode (dropout is 0, so training
+and evaluation mode are the same function, and staying in training mode keeps PyTorch's
+separate inference fast path, a different kernel, out of the comparison).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from contextlib import contextmanager, nullcontext
+
+import numpy as np
+import pandas as pd
+import torch
+import torch.nn.functional as F
+from torch import nn
+from tqdm.auto import tqdm
+
+from keybias import verdict
+from keybias.params import Param
+
+OPTIMIZERS = ("sgd", "sgd_momentum", "adam", "adamw", "adamw_bias_decay")
+OPTIMIZER_LABELS = {
+    "sgd": "SGD",
+    "sgd_momentum": "SGD + momentum",
+    "adam": "Adam",
+    "adamw": "AdamW (no wd on biases)",
+    "adamw_bias_decay": "AdamW (wd on biases)",
+}
+TRAIN_DTYPES = ("float32", "bfloat16")
+PATCH_SIZES = (1, 2, 4, 8)
+N_CLASSES = 10
+ADAM_BETAS = (0.9, 0.999)
+DEFAULT_EPS = 1e-8
+
+PARAMETERS: dict[str, Param] = {
+    "seeds": Param(int, many=True, minimum=0, help="seeds of the kept-vs-removed pairs (init and data order)"),
+    "bias_seeds": Param(int, many=True, minimum=0, help="seeds of each bias-study setting"),
+    "steps": Param(int, positive=True, help="optimizer steps per run"),
+    "batch_size": Param(int, positive=True, help="minibatch size"),
+    "eval_every": Param(int, positive=True, help="steps between test-accuracy evaluations"),
+    "embed_dim": Param(int, positive=True, help="transformer width"),
+    "num_heads": Param(int, positive=True, help="attention heads"),
+    "num_layers": Param(int, positive=True, help="encoder layers"),
+    "patch": Param(int, choices=PATCH_SIZES, help="patch side in pixels (8x8 images)"),
+    "pair_optimizers": Param(
+        str, many=True, choices=OPTIMIZERS, help="optimizers for the kept-vs-removed comparison"
+    ),
+    "optimizers": Param(str, many=True, choices=OPTIMIZERS, help="optimizers for the bias study"),
+    "adam_eps": Param(float, many=True, positive=True, help="eps values for Adam in the bias study"),
+    "dtypes": Param(str, many=True, choices=TRAIN_DTYPES, help="float32 or bfloat16 autocast"),
+    "lr_sgd": Param(float, positive=True, help="learning rate of SGD and SGD + momentum"),
+    "lr_adam": Param(float, positive=True, help="learning rate of Adam and AdamW"),
+    "momentum": Param(float, minimum=0.0, maximum=0.999, help="SGD momentum"),
+    "weight_decay": Param(float, minimum=0.0, help="AdamW decoupled weight decay"),
+    "key_bias_init": Param(
+        float, minimum=0.0, help="std of the initial b_k entries in the bias study (0: PyTorch default)"
+    ),
+}
+
+
+# ----------------------------------------------------------------------------- validation
+
+
+def _check_choice(name: str, value, allowed) -> None:
+    if value not in allowed:
+        raise ValueError(f"{name}={value!r} is not allowed; allowed: {list(allowed)}")
+
+
+def _check_positive_int(name: str, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+
+
+def check_model_config(*, embed_dim: int, num_heads: int, num_layers: int, patch: int) -> None:
+    """Raise ValueError for a model that cannot be built, before any work."""
+    for name, value in (("embed_dim", embed_dim), ("num_heads", num_heads), ("num_layers", num_layers)):
+        _check_positive_int(name, value)
+    _check_choice("patch", patch, PATCH_SIZES)
+    if embed_dim % num_heads:
+        raise ValueError(f"embed_dim={embed_dim} must be divisible by num_heads={num_heads}")
+
+
+def check_train_config(*, optimizer: str, dtype: str, steps: int, batch_size: int, eps: float) -> None:
+    _check_choice("optimizer", optimizer, OPTIMIZERS)
+    _check_choice("dtype", dtype, TRAIN_DTYPES)
+    _check_positive_int("steps", steps)
+    _check_positive_int("batch_size", batch_size)
+    if not (isinstance(eps, int | float) and eps > 0 and math.isfinite(eps)):
+        raise ValueError(f"eps must be a positive number, got {eps!r}")
+
+
+# ----------------------------------------------------------------------------- data
+
+
+def load_digits_split(test_fraction: float = 0.2, split_seed: int = 0) -> dict[str, torch.Tensor]:
+    """scikit-learn's 8x8 digits (shipped with the package): a fixed random split (seeded) into
+    train and test, pixels standardized with the training set's mean and standard deviation."""
+    from sklearn.datasets import load_digits
+
+    if not 0 < test_fraction < 1:
+        raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction!r}")
+    digits = load_digits()
+    x = torch.tensor(digits.images, dtype=torch.float32) / 16.0
+    y = torch.tensor(digits.target, dtype=torch.long)
+    perm = torch.randperm(len(y), generator=torch.Generator().manual_seed(split_seed))
+    n_test = int(round(test_fraction * len(y)))
+    test, train = perm[:n_test], perm[n_test:]
+    mean, std = x[train].mean(), x[train].std()  # one scalar each, from the training images
+    x = (x - mean) / std
+    return {"x_train": x[train], "y_train": y[train], "x_test": x[test], "y_test": y[test]}
+
+
+def batch_order(n_train: int, batch_size: int, steps: int, seed: int) -> list[torch.Tensor]:
+    """Minibatch indices for `steps` steps: a fresh permutation each epoch, from `seed` alone,
+    so paired runs see exactly the same batches in the same order."""
+    _check_positive_int("batch_size", batch_size)
+    _check_positive_int("steps", steps)
+    if batch_size > n_train:
+        raise ValueError(f"batch_size={batch_size} exceeds the {n_train} training images")
+    gen = torch.Generator().manual_seed(10_000 + seed)
+    batches: list[torch.Tensor] = []
+    while len(batches) < steps:
+        perm = torch.randperm(n_train, generator=gen)
+        for start in range(0, n_train - batch_size + 1, batch_size):
+            batches.append(perm[start : start + batch_size])
+            if len(batches) == steps:
+                break
+    return batches
+
+
+# ----------------------------------------------------------------------------- model
+
+
+def _refresh_in_proj_bias(module, args):
+    # The attention reads module.in_proj_bias; rebuild it from the three parts each call,
+    # so gradients flow to b_q, b_v (and b_k when it is a parameter).
+    module.in_proj_bias = torch.cat([module.b_q, module.b_k, module.b_v])
+
+
+def split_in_proj_bias(mha: nn.MultiheadAttention, *, keep_key_bias: bool, key_bias_init: float = 0.0,
+                       generator: torch.Generator | None = None) -> None:
+    """Replace the packed parameter `in_proj_bias = [b_q; b_k; b_v]` by three tensors.
+
+    `b_q` and `b_v` become parameters. `b_k` becomes a parameter when `keep_key_bias`, and
+    otherwise a zero buffer: it is not a parameter, so no optimizer holds it or any state for
+    it, and it stays exactly zero (removal is exact, not a hook that zeroes a gradient).
+    The packed tensor is rebuilt by concatenation before every forward call, so the
+    attention computes exactly what the packed parameter would hold.
+
+    The kept and removed models compute the same function in exact arithmetic for any b_k:
+    scores q.(k_j + b_k) = q.k_j + q.b_k shift every key of one query by the same amount,
+    and softmax(s + c) = softmax(s). With `key_bias_init > 0` the kept b_k starts at
+    N(0, key_bias_init^2) entries (drawn from `generator`), else at PyTorch's default 0.
+    """
+    e = mha.embed_dim
+    packed = mha.in_proj_bias.detach().clone()
+    del mha.in_proj_bias
+    mha.b_q = nn.Parameter(packed[:e].clone())
+    mha.b_v = nn.Parameter(packed[2 * e :].clone())
+    if keep_key_bias:
+        init = packed[e : 2 * e].clone()
+        if key_bias_init > 0:
+            init = key_bias_init * torch.randn(e, generator=generator)
+        mha.b_k = nn.Parameter(init)
+    else:
+        mha.register_buffer("b_k", torch.zeros(e))
+    mha.register_forward_pre_hook(_refresh_in_proj_bias)
+    _refresh_in_proj_bias(mha, ())
+
+
+class TinyViT(nn.Module):
+    """Patch embedding, learned positions, pre-norm encoder layers, mean pooling, linear head."""
+
+    def __init__(self, *, embed_dim: int, num_heads: int, num_layers: int, patch: int):
+        super().__init__()
+        self.patch = patch
+        n_tokens = (8 // patch) ** 2
+        self.embed = nn.Linear(patch * patch, embed_dim)
+        self.pos = nn.Parameter(0.02 * torch.randn(n_tokens, embed_dim))
+        self.layers = nn.ModuleList(
+            nn.TransformerEncoderLayer(
+                embed_dim, num_heads, dim_feedforward=2 * embed_dim, dropout=0.0,
+                activation="gelu", batch_first=True, norm_first=True,
+            )
+            for _ in range(num_layers)
+        )
+        self.norm = nn.LayerNorm(embed_dim)
+        self.head = nn.Linear(embed_dim, N_CLASSES)
+
+    def tokens(self, images: torch.Tensor) -> torch.Tensor:
+        b, p = images.shape[0], self.patch
+        x = images.reshape(b, 8 // p, p, 8 // p, p).permute(0, 1, 3, 2, 4).reshape(b, -1, p * p)
+        return self.embed(x) + self.pos
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        x = self.tokens(images)
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(self.norm(x).mean(dim=1))
+
+
+def attention_modules(model: nn.Module) -> list[nn.MultiheadAttention]:
+    return [m for m in model.modules() if isinstance(m, nn.MultiheadAttention)]
+
+
+def build_model(seed: int, *, embed_dim: int, num_heads: int, num_layers: int, patch: int,
+                keep_key_bias: bool, key_bias_init: float = 0.0) -> TinyViT:
+    """The tiny ViT with the key bias kept (a parameter) or removed (a zero buffer).
+
+    The initial weights depend on `seed` only: a kept and a removed model with the same seed
+    have identical weights, and identical b_q, b_v (all zero, PyTorch's default), so with
+    `key_bias_init == 0` they are the same function bit for bit at step 0."""
+    check_model_config(embed_dim=embed_dim, num_heads=num_heads, num_layers=num_layers, patch=patch)
+    if key_bias_init < 0:
+        raise ValueError(f"key_bias_init must be >= 0, got {key_bias_init!r}")
+    torch.manual_seed(seed)
+    model = TinyViT(embed_dim=embed_dim, num_heads=num_heads, num_layers=num_layers, patch=patch)
+    gen = torch.Generator().manual_seed(20_000 + seed)
+    for mha in attention_modules(model):
+        split_in_proj_bias(mha, keep_key_bias=keep_key_bias, key_bias_init=key_bias_init, generator=gen)
+    model.train()  # never switched to eval mode: see module docstring
+    return model
+
+
+# ----------------------------------------------------------------------------- optimizers
+
+
+def _is_bias_like(name: str, param: torch.Tensor) -> bool:
+    """Biases and LayerNorm gains: every 1-D parameter."""
+    return param.ndim < 2
+
+
+def make_optimizer(model: nn.Module, name: str, *, lr: float, momentum: float = 0.9,
+                   weight_decay: float = 0.0, eps: float = DEFAULT_EPS) -> torch.optim.Optimizer:
+    """Build one of OPTIMIZERS over the model's parameters (a removed b_k is a buffer, so it
+    is in no parameter group).
+
+    - sgd: plain SGD; sgd_momentum: SGD with `momentum`;
+    - adam: Adam(betas=(0.9, 0.999), eps) without weight decay;
+    - adamw: AdamW with decoupled `weight_decay` on matrices only (no decay on biases/norms);
+    - adamw_bias_decay: AdamW with `weight_decay` on every parameter, biases included.
+    """
+    _check_choice("optimizer", name, OPTIMIZERS)
+    if not lr > 0:
+        raise ValueError(f"lr must be positive, got {lr!r}")
+    params = list(model.named_parameters())
+    foreach = False  # the same per-element arithmetic for every parameter layout
+    if name == "sgd":
+        return torch.optim.SGD([p for _, p in params], lr=lr, foreach=foreach)
+    if name == "sgd_momentum":
+        return torch.optim.SGD([p for _, p in params], lr=lr, momentum=momentum, foreach=foreach)
+    if name == "adam":
+        return torch.optim.Adam([p for _, p in params], lr=lr, betas=ADAM_BETAS, eps=eps, foreach=foreach)
+    if name == "adamw":
+        decay = [p for n, p in params if not _is_bias_like(n, p)]
+        no_decay = [p for n, p in params if _is_bias_like(n, p)]
+        groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+        return torch.optim.AdamW(groups, lr=lr, betas=ADAM_BETAS, eps=eps, foreach=foreach)
+    return torch.optim.AdamW([p for _, p in params], lr=lr, betas=ADAM_BETAS, eps=eps,
+                             weight_decay=weight_decay, foreach=foreach)
+
+
+def optimizer_lr(name: str, *, lr_sgd: float, lr_adam: float, momentum: float = 0.9) -> float:
+    """Learning rate per optimizer: lr_sgd for SGD, lr_sgd * (1 - momentum) for SGD with
+    momentum (the same effective step, lr / (1 - momentum), as plain SGD), lr_adam otherwise."""
+    _check_choice("optimizer", name, OPTIMIZERS)
+    if name == "sgd":
+        return lr_sgd
+    if name == "sgd_momentum":
+        return lr_sgd * (1.0 - momentum)
+    return lr_adam
+
+
+# ----------------------------------------------------------------------------- probes
+
+
+def _autocast(dtype: str):
+    if dtype == "bfloat16":
+        return torch.autocast("cpu", dtype=torch.bfloat16)
+    return nullcontext()
+
+
+class _AttentionProbe:
+    """Captures each attention layer's input and the gradient of its output (for tolerances)."""
+
+    def __init__(self, model: nn.Module):
+        self.inputs: dict[int, torch.Tensor] = {}
+        self.out_grads: dict[int, torch.Tensor] = {}
+        self.handles = []
+        for i, mha in enumerate(attention_modules(model)):
+            self.handles.append(mha.register_forward_hook(self._forward(i)))
+
+    def _forward(self, i):
+        def hook(module, args, output):
+            self.inputs[i] = args[0].detach()
+            if output[0].requires_grad:
+                output[0].register_hook(lambda g: self.out_grads.__setitem__(i, g.detach()))
+        return hook
+
+    def remove(self):
+        for h in self.handles:
+            h.remove()
+
+
+def _qkv(mha: nn.MultiheadAttention, x: torch.Tensor, b_k: torch.Tensor | None = None):
+    e = mha.embed_dim
+    w = mha.in_proj_weight.detach().float()
+    x = x.float()
+    q = x @ w[:e].T + mha.b_q.detach().float()
+    k = x @ w[e : 2 * e].T + (mha.b_k if b_k is None else b_k).detach().float()
+    v = x @ w[2 * e :].T + mha.b_v.detach().float()
+    return q, k, v
+
+
+def key_bias_gradient_tolerances(model: nn.Module, probe: _AttentionProbe, dtype: str) -> list[float]:
+    """Per layer, `verdict.gradient_tolerance` for the b_k gradient of the last backward pass,
+    from the measured query, value and upstream-gradient maxima of that pass."""
+    tols = []
+    for i, mha in enumerate(attention_modules(model)):
+        x, g_out = probe.inputs[i], probe.out_grads[i]
+        q, _, v = _qkv(mha, x)
+        d = mha.head_dim
+        # the output is y W_o^T + b_o, so the gradient reaching the attention output y is g_out W_o
+        g_y = g_out.float() @ mha.out_proj.weight.detach().float()
+        tols.append(verdict.gradient_tolerance(
+            dtype, head_dim=d, n_queries=x.shape[0] * x.shape[1], n_keys=x.shape[1],
+            query_abs_max=float(q.abs().max()), value_abs_max=float(v.abs().max()),
+            upstream_abs_max=float(g_y.abs().max()),
+        ))
+    return tols
+
+
+def _bias_vector(model: nn.Module, part: str) -> torch.Tensor:
+    return torch.cat([getattr(m, part).detach().float().reshape(-1) for m in attention_modules(model)])
+
+
+def _bias_grad(model: nn.Module, part: str) -> torch.Tensor:
+    grads = []
+    for m in attention_modules(model):
+        g = getattr(m, part).grad
+        grads.append(torch.zeros(m.embed_dim) if g is None else g.detach().float().reshape(-1))
+    return torch.cat(grads)
+
+
+def _shared_vector(model: nn.Module) -> torch.Tensor:
+    """All parameters except b_k, flattened (the parameters a kept and a removed model share)."""
+    return torch.cat([p.detach().reshape(-1) for n, p in model.named_parameters()
+                      if not n.endswith("b_k")])
+
+
+@torch.no_grad()
+def accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor, dtype: str = "float32") -> float:
+    with _autocast(dtype):
+        logits = model(x)
+    return float((logits.argmax(dim=1) == y).float().mean())
+
+
+# ----------------------------------------------------------------------------- training
+
+
+@contextmanager
+def single_thread():
+    """Run the block with one intra-op thread, then restore the previous count.
+
+    The model is tiny (tensors of a few thousand entries), so extra threads cost more in
+    synchronization than they save, and on a shared machine they slow training several-fold (measured: a 2-thread step
+    took 5-10x longer than a 1-thread step while other jobs ran).
+    One thread also makes every reduction order, hence every rounding error, independent of
+    the machine's core count, so the runs are bit-reproducible across machines."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
+def _step(model, opt, x, y, dtype):
+    opt.zero_grad(set_to_none=True)
+    with _autocast(dtype):
+        logits = model(x)
+    loss = F.cross_entropy(logits.float(), y)
+    loss.backward()
+    return loss
+
+
+def _with_single_thread(func):
+    @functools.wraps(func)
+    def wrapper(*args, **kwargs):
+        with single_thread():
+            return func(*args, **kwargs)
+    return wrapper
+
+
+@_with_single_thread
+def train_pair(seed: int, *, optimizer: str, steps: int, batch_size: int, eval_every: int,
+               embed_dim: int, num_heads: int, num_layers: int, patch: int,
+               lr: float, momentum: float = 0.9, weight_decay: float = 0.0,
+               eps: float = DEFAULT_EPS, dtype: str = "float32", data=None,
+               progress: bool = True) -> pd.DataFrame:
+    """Train three models in lockstep on the same batches: b_k removed, b_k kept (both from
+    the same seed), and a control: the removed model with every weight matrix moved up by
+    one unit in the last place at step 0 (a rounding-sized perturbation).
+
+    Returns one row per step: the three losses, the relative distance of the kept and of the
+    control model's shared parameters from the removed model's, and (every `eval_every`
+    steps and at the end) the test accuracy of all three."""
+    check_train_config(optimizer=optimizer, dtype=dtype, steps=steps, batch_size=batch_size, eps=eps)
+    check_model_config(embed_dim=embed_dim, num_heads=num_heads, num_layers=num_layers, patch=patch)
+    _check_positive_int("eval_every", eval_every)
+    data = load_digits_split() if data is None else data
+    batches = batch_order(len(data["y_train"]), batch_size, steps, seed)
+    arch = dict(embed_dim=embed_dim, num_heads=num_heads, num_layers=num_layers, patch=patch)
+    models = {
+        "removed": build_model(seed, keep_key_bias=False, **arch),
+        "kept": build_model(seed, keep_key_bias=True, **arch),
+        "control": build_model(seed, keep_key_bias=False, **arch),
+    }
+    with torch.no_grad():
+        for p in models["control"].parameters():
+            if p.ndim >= 2:
+                p.copy_(torch.nextafter(p, torch.full_like(p, math.inf)))
+    opts = {k: make_optimizer(m, optimizer, lr=lr, momentum=momentum, weight_decay=weight_decay, eps=eps)
+            for k, m in models.items()}
+    rows = []
+    bar = tqdm(range(steps), desc=f"pair {optimizer} seed {seed}", disable=not progress, leave=False)
+    for t in bar:
+        x, y = data["x_train"][batches[t]], data["y_train"][batches[t]]
+        row = {"step": t + 1}
+        for k, m in models.items():
+            row[f"loss_{k}"] = _step(m, opts[k], x, y, dtype).item()
+            opts[k].step()
+        ref = _shared_vector(models["removed"])
+        norm = float(ref.norm())
+        row["param_divergence_kept"] = float((_shared_vector(models["kept"]) - ref).norm()) / norm
+        row["param_divergence_control"] = float((_shared_vector(models["control"]) - ref).norm()) / norm
+        if (t + 1) % eval_every == 0 or t + 1 == steps:
+            for k in ("removed", "kept", "control"):
+                row[f"test_acc_{k}"] = accuracy(models[k], data["x_test"], data["y_test"], dtype)
+        rows.append(row)
+    frame = pd.DataFrame(rows)
+    frame.insert(0, "seed", seed)
+    frame.insert(0, "dtype", dtype)
+    frame.insert(0, "optimizer", optimizer)
+    frame["lr"] = lr
+    frame["eps"] = eps
+    frame["n_test"] = len(data["y_test"])
+    return frame
+
+
+@_with_single_thread
+def train_bias_run(seed: int, *, optimizer: str, steps: int, batch_size: int,
+                   embed_dim: int, num_heads: int, num_layers: int, patch: int,
+                   lr: float, momentum: float = 0.9, weight_decay: float = 0.0,
+                   eps: float = DEFAULT_EPS, dtype: str = "float32", key_bias_init: float = 0.0,
+                   data=None, progress: bool = True) -> tuple[pd.DataFrame, nn.Module]:
+    """Train one model that keeps b_k and record, each step, the norms of b_q, b_k, b_v (all
+    layers concatenated), the drift ||b_k(t) - b_k(0)||, the RMS and max of the b_k gradient
+    and the per-layer rounding tolerance of that gradient (`verdict.gradient_tolerance`).
+    Returns the trajectory and the trained model."""
+    check_train_config(optimizer=optimizer, dtype=dtype, steps=steps, batch_size=batch_size, eps=eps)
+    check_model_config(embed_dim=embed_dim, num_heads=num_heads, num_layers=num_layers, patch=patch)
+    data = load_digits_split() if data is None else data
+    batches = batch_order(len(data["y_train"]), batch_size, steps, seed)
+    model = build_model(seed, keep_key_bias=True, key_bias_init=key_bias_init, embed_dim=embed_dim,
+                        num_heads=num_heads, num_layers=num_layers, patch=patch)
+    opt = make_optimizer(model, optimizer, lr=lr, momentum=momentum, weight_decay=weight_decay, eps=eps)
+    probe = _AttentionProbe(model)
+    b_k0 = _bias_vector(model, "b_k").clone()
+    rows = [{"step": 0, "norm_b_q": float(_bias_vector(model, "b_q").norm()),
+             "norm_b_k": float(b_k0.norm()), "norm_b_v": float(_bias_vector(model, "b_v").norm()),
+             "drift_b_k": 0.0}]
+    bar = tqdm(range(steps), desc=f"{optimizer} eps={eps:g} {dtype} seed {seed}", disable=not progress,
+               leave=False)
+    try:
+        for t in bar:
+            x, y = data["x_train"][batches[t]], data["y_train"][batches[t]]
+            loss = _step(model, opt, x, y, dtype)
+            g_k, g_q = _bias_grad(model, "b_k"), _bias_grad(model, "b_q")
+            tols = key_bias_gradient_tolerances(model, probe, dtype)
+            e = attention_modules(model)[0].embed_dim
+            ratio = max(float(g_k[i * e : (i + 1) * e].abs().max()) / tol for i, tol in enumerate(tols))
+            opt.step()
+            b_k = _bias_vector(model, "b_k")
+            rows.append({
+                "step": t + 1, "loss": loss.item(),
+                "norm_b_q": float(_bias_vector(model, "b_q").norm()), "norm_b_k": float(b_k.norm()),
+                "norm_b_v": float(_bias_vector(model, "b_v").norm()),
+                "drift_b_k": float((b_k - b_k0).norm()),
+                "grad_rms_b_k": float(g_k.pow(2).mean().sqrt()), "grad_rms_b_q": float(g_q.pow(2).mean().sqrt()),
+                "grad_max_b_k": float(g_k.abs().max()), "grad_tolerance": max(tols),
+                "grad_over_tolerance": ratio,
+            })
+    finally:
+        probe.remove()
+    frame = pd.DataFrame(rows)
+    frame.insert(0, "seed", seed)
+    frame.insert(0, "eps", eps)
+    frame.insert(0, "dtype", dtype)
+    frame.insert(0, "optimizer", optimizer)
+    frame.insert(0, "setting", setting_label(optimizer, eps, dtype))
+    frame["lr"] = lr
+    frame["weight_decay"] = weight_decay if optimizer.startswith("adamw") else 0.0
+    frame["n_bias"] = len(b_k0)
+    frame["test_acc"] = np.nan
+    frame.loc[frame.index[-1], "test_acc"] = accuracy(model, data["x_test"], data["y_test"], dtype)
+    return frame, model
+
+
+# ----------------------------------------------------------------------------- predictions
+
+
+def random_walk_drift(grad_rms: np.ndarray, *, lr: float, eps: float, n_elements: int,
+                      betas: tuple[float, float] = ADAM_BETAS) -> float:
+    """Closed-form estimate of ||b_k(T) - b_k(0)|| under Adam when the b_k gradient is zero-mean
+    noise (Eq. training_adam_drift of the paper).
+
+    Adam's step for one element is lr * m_hat / (sqrt(v_hat) + eps). For uncorrelated noise
+    g_t of RMS sigma_t the first moment m is a moving average whose contributions sum, over
+    the run, to each g_t once, so the summed step is a random walk
+        Delta ~ lr * sum_t g_t / (s_t + eps),   s_t = sqrt(v_hat_t),
+    with v_hat_t the bias-corrected moving average of sigma_t^2 (what Adam's v tracks). Its
+    RMS per element is lr * sqrt(sum_t sigma_t^2 / (s_t + eps)^2), and over n elements
+        ||Delta|| ~ lr * sqrt(n * sum_t (sigma_t / (s_t + eps))^2).
+    Limits: sigma >> eps gives lr * sqrt(n T) (Adam normalizes the noise to unit steps);
+    sigma << eps gives lr * sqrt(n sum sigma^2) / eps (an SGD with step lr/eps). A gradient
+    with a consistent sign would instead drift like lr * T * sqrt(n)."""
+    g = _check_noise(grad_rms, lr, eps)
+    _, beta2 = betas
+    v, total = 0.0, 0.0
+    for t, sigma in enumerate(g, start=1):
+        v = beta2 * v + (1 - beta2) * sigma**2
+        s = math.sqrt(v / (1 - beta2**t))
+        total += (sigma / (s + eps)) ** 2
+    return lr * math.sqrt(n_elements * total)
+
+
+def _check_noise(grad_rms, lr, eps) -> np.ndarray:
+    g = np.asarray(grad_rms, dtype=float)
+    if np.any(g < 0) or not np.all(np.isfinite(g)):
+        raise ValueError("grad_rms must be finite and non-negative")
+    if not (lr > 0 and eps > 0):
+        raise ValueError(f"lr and eps must be positive, got lr={lr!r}, eps={eps!r}")
+    return g
+
+
+def predicted_adam_drift(grad_rms: np.ndarray, *, lr: float, eps: float, n_elements: int,
+                         betas: tuple[float, float] = ADAM_BETAS, replicas: int = 256, seed: int = 0) -> float:
+    """Predicted ||b_k(T) - b_k(0)|| under Adam from the measured noise level and eps alone.
+
+    The model: each of the n entries of b_k receives independent zero-mean Gaussian noise whose
+    RMS at step t is the measured grad_rms[t]. We run Adam's exact update rule (bias-corrected
+    moments, betas, eps) on that synthetic noise for `replicas` independent copies and return
+    the root-mean-square drift norm. It refines `random_walk_drift` (same limits) by keeping
+    Adam's per-element second moment, which lags a noise level that changes during training.
+    A consistent gradient direction, which this model excludes, would drift ~sqrt(T) times
+    further, so the comparison with the measured drift tests that the gradient is noise."""
+    g = _check_noise(grad_rms, lr, eps)
+    _check_positive_int("n_elements", n_elements)
+    beta1, beta2 = betas
+    rng = np.random.default_rng(seed)
+    m = np.zeros((replicas, n_elements))
+    v = np.zeros((replicas, n_elements))
+    p = np.zeros((replicas, n_elements))
+    for t, sigma in enumerate(g, start=1):
+        noise = sigma * rng.standard_normal((replicas, n_elements))
+        m = beta1 * m + (1 - beta1) * noise
+        v = beta2 * v + (1 - beta2) * noise * noise
+        p -= lr * (m / (1 - beta1**t)) / (np.sqrt(v / (1 - beta2**t)) + eps)
+    return float(np.sqrt((p**2).sum(axis=1).mean()))
+
+
+def sgd_drift_bound(tolerances: np.ndarray, *, lr: float, momentum: float = 0.0, n_elements: int = 1) -> float:
+    """Upper bound on ||b_k(T) - b_k(0)|| under SGD (with momentum mu) if every b_k gradient
+    entry stays within its rounding tolerance tol_t: each entry moves by at most
+    lr/(1 - mu) * sum_t tol_t, so the norm by sqrt(n) times that."""
+    tol = np.asarray(tolerances, dtype=float)
+    return lr / (1.0 - momentum) * float(tol.sum()) * math.sqrt(n_elements)
+
+
+# ----------------------------------------------------------------------------- verdict at the end
+
+
+@torch.no_grad()
+def _attention_output(mha: nn.MultiheadAttention, x: torch.Tensor, b_q, b_k, b_v) -> torch.Tensor:
+    """The attention output before the output projection (an identity projection is exact)."""
+    e = mha.embed_dim
+    xt = x.transpose(0, 1)
+    eye = torch.eye(e, dtype=mha.out_proj.weight.dtype)
+    y, _ = F.multi_head_attention_forward(
+        xt, xt, xt, e, mha.num_heads, mha.in_proj_weight, torch.cat([b_q, b_k, b_v]), None, None, False,
+        0.0, eye, torch.zeros(e), training=True, need_weights=False,
+    )
+    return y.transpose(0, 1).float()
+
+
+@torch.no_grad()
+def key_bias_verdicts(model: nn.Module, images: torch.Tensor, dtype: str = "float32") -> pd.DataFrame:
+    """Does the trained b_k change the function? Per attention layer, on `images`: the change
+    of the attention output when b_k is set to 0 (delta), against `verdict.output_tolerance`
+    from the measured score and value maxima; the positive control moves b_v by the same
+    vector instead. Also the change of the model's logits when every b_k is set to 0."""
+    _check_choice("dtype", dtype, TRAIN_DTYPES)
+    probe = _AttentionProbe(model)
+    try:
+        with _autocast(dtype):
+            logits = model(images).float()
+    finally:
+        probe.remove()
+    rows = []
+    mhas = attention_modules(model)
+    for i, mha in enumerate(mhas):
+        x = probe.inputs[i]
+        b_q, b_k, b_v = mha.b_q.detach(), mha.b_k.detach(), mha.b_v.detach()
+        zero = torch.zeros_like(b_k)
+        with _autocast(dtype):
+            y_kept = _attention_output(mha, x, b_q, b_k, b_v)
+            y_zero = _attention_output(mha, x, b_q, zero, b_v)
+            y_ctrl = _attention_output(mha, x, b_q, zero, b_v + b_k)
+        delta = float((y_kept - y_zero).abs().max())
+        control = float((y_ctrl - y_zero).abs().max())
+        d, h = mha.head_dim, mha.num_heads
+        s_max, v_max = 0.0, 0.0
+        for bk in (b_k, zero):
+            q, k, v = _qkv(mha, x, bk)
+            qh = q.reshape(*q.shape[:2], h, d).abs().transpose(1, 2)
+            kh = k.reshape(*k.shape[:2], h, d).abs().transpose(1, 2)
+            s_max = max(s_max, float((qh @ kh.transpose(-1, -2)).max()) / math.sqrt(d))
+            v_max = max(v_max, float(v.abs().max()))
+        work = "bfloat16" if dtype == "bfloat16" else "float32"
+        tol = verdict.output_tolerance(work, head_dim=d, n_keys=x.shape[1], score_abs_max=s_max,
+                                       value_abs_max=v_max)
+        rows.append({"layer": i, "norm_b_k": float(b_k.norm()), "delta": delta, "tolerance": tol,
+                     "control_delta": control,
+                     "verdict": verdict.classify(delta, tol, control_delta=control)})
+    saved = [m.b_k.detach().clone() for m in mhas]
+    try:
+        for m in mhas:
+            m.b_k.zero_()
+        with _autocast(dtype):
+            logits_zero = model(images).float()
+    finally:
+        for m, b in zip(mhas, saved, strict=True):
+            m.b_k.copy_(b)
+    frame = pd.DataFrame(rows)
+    frame["logit_delta"] = float((logits - logits_zero).abs().max())
+    frame["prediction_changes"] = int((logits.argmax(1) != logits_zero.argmax(1)).sum())
+    return frame
+
+
+# ----------------------------------------------------------------------------- studies
+
+
+def study_settings(optimizers: list[str], adam_eps: list[float], dtypes: list[str]) -> list[dict]:
+    """The bias-study settings: every optimizer in float32 (Adam once per eps value, the
+    others at the default eps), and SGD and Adam (first eps) again under bfloat16 autocast
+    for each non-float32 dtype. Validates every name before anything runs."""
+    for name in optimizers:
+        _check_choice("optimizer", name, OPTIMIZERS)
+    for dtype in dtypes:
+        _check_choice("dtype", dtype, TRAIN_DTYPES)
+    for eps in adam_eps:
+        if not (isinstance(eps, int | float) and eps > 0):
+            raise ValueError(f"adam_eps entries must be positive, got {eps!r}")
+    if not optimizers:
+        raise ValueError("optimizers must not be empty")
+    settings = []
+    for name in optimizers:
+        for eps in (adam_eps if name == "adam" else [DEFAULT_EPS]):
+            settings.append({"optimizer": name, "eps": float(eps), "dtype": "float32"})
+    for dtype in dtypes:
+        if dtype == "float32":
+            continue
+        for name in ("sgd", "adam"):
+            if name in optimizers:
+                eps = adam_eps[0] if name == "adam" else DEFAULT_EPS
+                settings.append({"optimizer": name, "eps": float(eps), "dtype": dtype})
+    return settings
+
+
+def setting_label(optimizer: str, eps: float, dtype: str) -> str:
+    label = OPTIMIZER_LABELS[optimizer]
+    if optimizer == "adam":
+        label += f", eps={eps:.0e}"
+    if dtype != "float32":
+        label += f", {dtype}"
+    return label
+
+
+def run_pairs(*, seeds: list[int], pair_optimizers: list[str], steps: int, batch_size: int,
+              eval_every: int, embed_dim: int, num_heads: int, num_layers: int, patch: int,
+              lr_sgd: float, lr_adam: float, momentum: float, weight_decay: float,
+              progress: bool = True, **_ignored) -> pd.DataFrame:
+    """`train_pair` for every optimizer in `pair_optimizers` and every seed (float32)."""
+    for name in pair_optimizers:
+        _check_choice("pair_optimizers", name, OPTIMIZERS)
+    check_model_config(embed_dim=embed_dim, num_heads=num_heads, num_layers=num_layers, patch=patch)
+    check_train_config(optimizer=pair_optimizers[0], dtype="float32", steps=steps, batch_size=batch_size,
+                       eps=DEFAULT_EPS)
+    data = load_digits_split()
+    frames = []
+    jobs = [(o, s) for o in pair_optimizers for s in seeds]
+    for name, seed in tqdm(jobs, desc="kept vs removed", disable=not progress):
+        frames.append(train_pair(
+            seed, optimizer=name, steps=steps, batch_size=batch_size, eval_every=eval_every,
+            embed_dim=embed_dim, num_heads=num_heads, num_layers=num_layers, patch=patch,
+            lr=optimizer_lr(name, lr_sgd=lr_sgd, lr_adam=lr_adam, momentum=momentum),
+            momentum=momentum, weight_decay=weight_decay, data=data, progress=progress,
+        ))
+    return pd.concat(frames, ignore_index=True)
+
+
+def run_bias_study(*, bias_seeds: list[int], optimizers: list[str], adam_eps: list[float], dtypes: list[str],
+                   steps: int, batch_size: int, embed_dim: int, num_heads: int, num_layers: int,
+                   patch: int, lr_sgd: float, lr_adam: float, momentum: float, weight_decay: float,
+                   key_bias_init: float, progress: bool = True, **_ignored) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """`train_bias_run` for every setting of `study_settings` and seed; then the end-of-training
+    verdict (`key_bias_verdicts`, in float32 on the test images) for each trained model.
+    Returns (trajectories, verdicts)."""
+    settings = study_settings(optimizers, adam_eps, dtypes)
+    check_model_config(embed_dim=embed_dim, num_heads=num_heads, num_layers=num_layers, patch=patch)
+    check_train_config(optimizer=optimizers[0], dtype="float32", steps=steps, batch_size=batch_size,
+                       eps=DEFAULT_EPS)
+    data = load_digits_split()
+    trajectories, verdicts = [], []
+    jobs = [(st, s) for st in settings for s in bias_seeds]
+    for st, seed in tqdm(jobs, desc="bias study", disable=not progress):
+        frame, model = train_bias_run(
+            seed, optimizer=st["optimizer"], eps=st["eps"], dtype=st["dtype"], steps=steps,
+            batch_size=batch_size, embed_dim=embed_dim, num_heads=num_heads, num_layers=num_layers,
+            patch=patch, lr=optimizer_lr(st["optimizer"], lr_sgd=lr_sgd, lr_adam=lr_adam, momentum=momentum),
+            momentum=momentum, weight_decay=weight_decay, key_bias_init=key_bias_init, data=data,
+            progress=progress,
+        )
+        label = setting_label(st["optimizer"], st["eps"], st["dtype"])
+        trajectories.append(frame)
+        v = key_bias_verdicts(model, data["x_test"], "float32")
+        for key, value in (("setting", label), ("optimizer", st["optimizer"]), ("eps", st["eps"]),
+                           ("dtype", st["dtype"]), ("seed", seed)):
+            v.insert(0, key, value)
+        verdicts.append(v)
+    verdict_frame = pd.concat(verdicts, ignore_index=True)
+    verdict_frame["device"] = "cpu"
+    return pd.concat(trajectories, ignore_index=True), verdict_frame
+
+
+def pair_summary(curves: pd.DataFrame) -> pd.DataFrame:
+    """Per optimizer and seed: the number of steps after which the kept and removed models are
+    still bit-identical, final test accuracy with and without b_k, its binomial standard error, the largest step-by-step loss difference, and the final parameter divergence of the
+    kept model and of the one-ulp control from the removed model."""
+    rows = []
+    for (opt, seed), g in curves.groupby(["optimizer", "seed"], sort=False):
+        last = g.iloc[-1]
+        acc = float(last["test_acc_removed"])
+        n = int(last["n_test"])
+        rel = (g["loss_kept"] - g["loss_removed"]).abs() / g["loss_removed"].abs()
+        moved = g.loc[g["param_divergence_kept"] > 0, "step"]
+        rows.append({
+            "optimizer": opt, "seed": int(seed), "steps": int(last["step"]),
+            "identical_steps": int(moved.iloc[0]) - 1 if len(moved) else int(last["step"]),
+            "test_acc_removed": acc, "test_acc_kept": float(last["test_acc_kept"]),
+            "test_acc_control": float(last["test_acc_control"]),
+            "acc_diff": abs(float(last["test_acc_kept"]) - acc),
+            "acc_diff_control": abs(float(last["test_acc_control"]) - acc),
+            "acc_standard_error": math.sqrt(max(acc * (1 - acc), 1.0 / n) / n),
+            "max_loss_rel_diff": float(rel.max()),
+            "max_loss_rel_diff_control": float(((g["loss_control"] - g["loss_removed"]).abs()
+                                                / g["loss_removed"].abs()).max()),
+            "final_divergence_kept": float(last["param_divergence_kept"]),
+            "final_divergence_control": float(last["param_divergence_control"]),
+        })
+    return pd.DataFrame(rows)
+
+
+def bias_summary(trajectories: pd.DataFrame, *, momentum: float) -> pd.DataFrame:
+    """Per setting and seed: the final norms, the measured drift of b_k, the Adam random-walk
+    prediction (`predicted_adam_drift`, for Adam-family runs), the SGD rounding bound
+    (`sgd_drift_bound`, for SGD runs), the largest gradient-to-tolerance ratio, and for AdamW
+    with decay on biases the decayed initial norm (1 - lr wd)^T ||b_k(0)||."""
+    rows = []
+    for (label, seed), g in trajectories.groupby(["setting", "seed"], sort=False):
+        first, last, steps = g.iloc[0], g.iloc[-1], g.iloc[1:]
+        opt, lr, eps, n = last["optimizer"], float(last["lr"]), float(last["eps"]), int(last["n_bias"])
+        row = {
+            "setting": label, "optimizer": opt, "eps": eps, "dtype": last["dtype"], "seed": int(seed),
+            "lr": lr, "steps": int(last["step"]), "test_acc": float(last["test_acc"]),
+            "norm_b_q": float(last["norm_b_q"]), "norm_b_v": float(last["norm_b_v"]),
+            "norm_b_k_initial": float(first["norm_b_k"]), "norm_b_k": float(last["norm_b_k"]),
+            "drift_b_k": float(last["drift_b_k"]),
+            "grad_rms_b_k": float(steps["grad_rms_b_k"].pow(2).mean() ** 0.5),
+            "grad_rms_b_q": float(steps["grad_rms_b_q"].pow(2).mean() ** 0.5),
+            "max_grad_over_tolerance": float(steps["grad_over_tolerance"].max()),
+            "predicted_drift": np.nan, "random_walk_drift": np.nan, "sgd_bound": np.nan,
+            "decayed_norm": np.nan,
+        }
+        if opt.startswith("adam"):
+            sigma = steps["grad_rms_b_k"].to_numpy()
+            row["predicted_drift"] = predicted_adam_drift(sigma, lr=lr, eps=eps, n_elements=n)
+            row["random_walk_drift"] = random_walk_drift(sigma, lr=lr, eps=eps, n_elements=n)
+        else:
+            mu = momentum if opt == "sgd_momentum" else 0.0
+            row["sgd_bound"] = sgd_drift_bound(steps["grad_tolerance"].to_numpy(), lr=lr, momentum=mu,
+                                               n_elements=n)
+        if opt == "adamw_bias_decay":
+            wd = float(last["weight_decay"])
+            row["decayed_norm"] = (1.0 - lr * wd) ** row["steps"] * row["norm_b_k_initial"]
+        rows.append(row)
+    out = pd.DataFrame(rows)
+    out["drift_over_predicted"] = out["drift_b_k"] / out["predicted_drift"]
+    return out
+
+
+# ----------------------------------------------------------------------------- figures
+
+
+def plot_bias_norms(trajectories: pd.DataFrame, seed: int | None = None):
+    """One panel per setting: ||b_k||, ||b_q||, ||b_v|| (all layers) against the step, and the
+    drift ||b_k(t) - b_k(0)|| on a log axis below."""
+    import matplotlib.pyplot as plt
+
+    seed = int(trajectories["seed"].iloc[0]) if seed is None else seed
+    data = trajectories[trajectories["seed"] == seed]
+    labels = list(dict.fromkeys(data["setting"]))
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    colors = plt.cm.tab10(np.linspace(0, 1, 10))
+    for i, label in enumerate(labels):
+        g = data[data["setting"] == label]
+        axes[0].plot(g["step"], g["norm_b_k"], color=colors[i % 10], label=label)
+        axes[1].semilogy(g["step"].iloc[1:], g["drift_b_k"].iloc[1:].clip(lower=1e-12), color=colors[i % 10])
+    ref = data[data["setting"] == labels[0]]
+    axes[0].plot(ref["step"], ref["norm_b_q"], "k--", lw=1, label=f"||b_q|| ({labels[0]})")
+    axes[0].plot(ref["step"], ref["norm_b_v"], "k:", lw=1, label=f"||b_v|| ({labels[0]})")
+    adam = data[data["optimizer"] == "adam"]
+    if len(adam):
+        first = adam[adam["setting"] == adam["setting"].iloc[0]]
+        axes[0].plot(first["step"], first["norm_b_q"], color="grey", ls="--", lw=1, label="||b_q|| (Adam)")
+        axes[0].plot(first["step"], first["norm_b_v"], color="grey", ls=":", lw=1, label="||b_v|| (Adam)")
+    axes[0].set(xlabel="step", ylabel="norm over all layers", title=f"||b_k|| by optimizer (seed {seed})")
+    axes[1].set(xlabel="step", ylabel="||b_k(t) - b_k(0)||", title="drift of b_k")
+    axes[0].legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    return fig
+
+
+def plot_curves(curves: pd.DataFrame):
+    """Training loss and test accuracy with b_k kept and removed, per optimizer (seeds overlaid),
+    and the relative parameter distance from the removed model, kept vs the one-ulp control."""
+    import matplotlib.pyplot as plt
+
+    opts = list(dict.fromkeys(curves["optimizer"]))
+    fig, axes = plt.subplots(len(opts), 3, figsize=(12, 3.2 * len(opts)), squeeze=False)
+    for r, opt in enumerate(opts):
+        for seed, g in curves[curves["optimizer"] == opt].groupby("seed"):
+            ev = g.dropna(subset=["test_acc_removed"])
+            first = seed == curves["seed"].min()
+            axes[r, 0].plot(g["step"], g["loss_removed"], color="C0", lw=1.5,
+                            label="b_k removed" if first else None)
+            axes[r, 0].plot(g["step"], g["loss_kept"], color="C1", lw=1, ls="--",
+                            label="b_k kept" if first else None)
+            axes[r, 1].plot(ev["step"], ev["test_acc_removed"], "o-", color="C0", ms=3,
+                            label="b_k removed" if first else None)
+            axes[r, 1].plot(ev["step"], ev["test_acc_kept"], "x--", color="C1", ms=4,
+                            label="b_k kept" if first else None)
+            axes[r, 2].semilogy(g["step"], g["param_divergence_kept"].clip(lower=1e-12), color="C1",
+                                label="kept vs removed" if first else None)
+            axes[r, 2].semilogy(g["step"], g["param_divergence_control"].clip(lower=1e-12), color="C2",
+                                ls=":", label="1-ulp control vs removed" if first else None)
+        name = OPTIMIZER_LABELS[opt]
+        axes[r, 0].set(xlabel="step", ylabel="training loss", title=f"{name}: loss")
+        axes[r, 1].set(xlabel="step", ylabel="test accuracy", title=f"{name}: test accuracy")
+        axes[r, 2].set(xlabel="step", ylabel="relative parameter distance", title=f"{name}: divergence")
+        for ax in axes[r]:
+            ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+_NUMBER_WORDS = ("Zero", "One", "Two", "Three", "Four", "Five", "Six", "Seven", "Eight", "Nine", "Ten",
+                 "Eleven", "Twelve", "Thirteen", "Fourteen", "Fifteen", "Sixteen")
+
+
+def setting_macro_name(optimizer: str, eps: float, dtype: str) -> str:
+    """A letters-only LaTeX macro stem for one bias-study setting, e.g. AdamEpsTwelve,
+    SgdBfloatSixteen, AdamWBiasDecay."""
+    _check_choice("optimizer", optimizer, OPTIMIZERS)
+    _check_choice("dtype", dtype, TRAIN_DTYPES)
+    name = {"sgd": "Sgd", "sgd_momentum": "SgdMomentum", "adam": "Adam", "adamw": "AdamW",
+            "adamw_bias_decay": "AdamWBiasDecay"}[optimizer]
+    if optimizer == "adam":
+        exponent = -int(round(math.log10(eps)))
+        word = _NUMBER_WORDS[exponent] if 0 <= exponent < len(_NUMBER_WORDS) else "Other"
+        mantissa = eps / 10.0**-exponent
+        if abs(mantissa - 1) > 1e-9:
+            word += "Scaled"
+        name += f"Eps{word}"
+    if dtype == "bfloat16":
+        name += "BfloatSixteen"
+    return name

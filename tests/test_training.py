@@ -1,0 +1,220 @@
+"""Tests for keybias.training: removal of b_k, optimizers, drift predictions, a short training run."""
+
+from __future__ import annotations
+
+import math
+import re
+
+import numpy as np
+import pytest
+import torch
+
+from keybias import training as T
+from keybias import verdict
+
+ARCH = dict(embed_dim=16, num_heads=2, num_layers=1, patch=4)
+
+
+@pytest.fixture(scope="module")
+def data():
+    return T.load_digits_split()
+
+
+def _params_in_optimizer(opt):
+    return {id(p) for g in opt.param_groups for p in g["params"]}
+
+
+# ----------------------------------------------------------------------------- model and removal
+
+
+def test_removed_key_bias_is_a_zero_buffer_not_a_parameter():
+    model = T.build_model(0, keep_key_bias=False, **ARCH)
+    names = [n for n, _ in model.named_parameters()]
+    assert not any(n.endswith("b_k") for n in names)
+    assert any(n.endswith("b_q") for n in names) and any(n.endswith("b_v") for n in names)
+    for mha in T.attention_modules(model):
+        assert torch.equal(mha.b_k, torch.zeros(mha.embed_dim))
+        assert "b_k" in dict(mha.named_buffers())
+
+
+def test_kept_and_removed_identical_at_init(data):
+    x = data["x_test"][:50]
+    kept = T.build_model(3, keep_key_bias=True, **ARCH)
+    removed = T.build_model(3, keep_key_bias=False, **ARCH)
+    with torch.no_grad():
+        assert torch.equal(kept(x), removed(x))
+    other_seed = T.build_model(4, keep_key_bias=False, **ARCH)
+    with torch.no_grad():
+        assert not torch.equal(other_seed(x), removed(x))
+
+
+def test_large_key_bias_is_redundant_but_query_bias_is_not(data):
+    x = data["x_test"][:50]
+    model = T.build_model(0, keep_key_bias=True, **ARCH)
+    with torch.no_grad():
+        ref = model(x)
+        mha = T.attention_modules(model)[0]
+        mha.b_k.copy_(torch.randn(mha.embed_dim))
+        moved_k = model(x)
+        mha.b_k.zero_()
+        mha.b_q.copy_(torch.randn(mha.embed_dim))
+        moved_q = model(x)
+    assert (moved_k - ref).abs().max() < 1e-5
+    assert (moved_q - ref).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("name", T.OPTIMIZERS)
+def test_removed_key_bias_stays_exactly_zero_and_is_in_no_optimizer(name, data):
+    model = T.build_model(0, keep_key_bias=False, **ARCH)
+    opt = T.make_optimizer(model, name, lr=0.01, weight_decay=0.1)
+    ids = _params_in_optimizer(opt)
+    assert ids == {id(p) for p in model.parameters()}
+    assert all(id(m.b_k) not in ids for m in T.attention_modules(model))
+    for _ in range(3):
+        T._step(model, opt, data["x_train"][:32], data["y_train"][:32], "float32")
+        opt.step()
+    assert all(torch.equal(m.b_k, torch.zeros_like(m.b_k)) for m in T.attention_modules(model))
+
+
+def test_adamw_weight_decay_groups():
+    model = T.build_model(0, keep_key_bias=True, **ARCH)
+    mha = T.attention_modules(model)[0]
+    for name, expect_bias_wd in (("adamw", 0.0), ("adamw_bias_decay", 0.25)):
+        opt = T.make_optimizer(model, name, lr=1e-3, weight_decay=0.25)
+        wd = {id(p): g["weight_decay"] for g in opt.param_groups for p in g["params"]}
+        assert wd[id(mha.b_k)] == expect_bias_wd
+        assert wd[id(mha.in_proj_weight)] == 0.25
+    sgd_m = T.make_optimizer(model, "sgd_momentum", lr=0.1, momentum=0.8)
+    assert sgd_m.param_groups[0]["momentum"] == 0.8
+
+
+def test_bad_names_and_sizes_raise_before_training():
+    model = T.build_model(0, keep_key_bias=True, **ARCH)
+    with pytest.raises(ValueError, match="optimizer='rmsprop'.*allowed"):
+        T.make_optimizer(model, "rmsprop", lr=0.1)
+    with pytest.raises(ValueError, match="divisible"):
+        T.build_model(0, keep_key_bias=True, embed_dim=30, num_heads=4, num_layers=1, patch=2)
+    with pytest.raises(ValueError, match="patch"):
+        T.build_model(0, keep_key_bias=True, embed_dim=16, num_heads=2, num_layers=1, patch=3)
+    with pytest.raises(ValueError, match="dtype='float16'"):
+        T.study_settings(["sgd"], [1e-8], ["float16"])
+    with pytest.raises(ValueError, match="pair_optimizers='lbfgs'"):
+        T.run_pairs(seeds=[0], pair_optimizers=["lbfgs"], steps=2, batch_size=8, eval_every=1, lr_sgd=0.1,
+                    lr_adam=1e-3, momentum=0.9, weight_decay=0.0, progress=False, **ARCH)
+    with pytest.raises(ValueError, match="batch_size"):
+        T.train_bias_run(0, optimizer="sgd", steps=2, batch_size=0, lr=0.1, progress=False, **ARCH)
+
+
+def test_batch_order_is_determined_by_the_seed():
+    a = T.batch_order(100, 32, 7, seed=1)
+    b = T.batch_order(100, 32, 7, seed=1)
+    c = T.batch_order(100, 32, 7, seed=2)
+    assert len(a) == 7 and all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+    assert not all(torch.equal(x, y) for x, y in zip(a, c, strict=True))
+    assert all(len(x) == 32 for x in a)
+
+
+def test_optimizer_lr_and_macro_names():
+    assert T.optimizer_lr("sgd_momentum", lr_sgd=0.3, lr_adam=1e-3, momentum=0.9) == pytest.approx(0.03)
+    names = [T.setting_macro_name(o, e, d) for o, e, d in
+             [("adam", 1e-8, "float32"), ("adam", 1e-12, "float32"), ("adam", 1e-8, "bfloat16"),
+              ("sgd", 1e-8, "float32"), ("adamw_bias_decay", 1e-8, "float32")]]
+    assert len(set(names)) == len(names)
+    assert all(re.fullmatch(r"[A-Za-z]+", n) for n in names)
+
+
+# ----------------------------------------------------------------------------- predictions
+
+
+def test_drift_predictions_limits():
+    T_steps, n, lr = 400, 10, 1e-3
+    loud = np.full(T_steps, 1e-3)  # noise far above eps: unit steps, a random walk
+    walk = lr * math.sqrt(n * T_steps)
+    assert T.random_walk_drift(loud, lr=lr, eps=1e-12, n_elements=n) == pytest.approx(walk, rel=1e-6)
+    assert T.predicted_adam_drift(loud, lr=lr, eps=1e-12, n_elements=n) == pytest.approx(walk, rel=0.15)
+    quiet = np.full(T_steps, 1e-12)  # noise far below eps: step lr * g / eps
+    assert T.random_walk_drift(quiet, lr=lr, eps=1e-6, n_elements=n) == pytest.approx(walk * 1e-6, rel=1e-5)
+    assert T.predicted_adam_drift(quiet, lr=lr, eps=1e-6, n_elements=n) == pytest.approx(walk * 1e-6, rel=0.15)
+    # the larger eps must predict less drift
+    assert T.predicted_adam_drift(loud, lr=lr, eps=1e-3, n_elements=n) < 0.6 * walk
+    with pytest.raises(ValueError):
+        T.predicted_adam_drift([1.0, -1.0], lr=lr, eps=1e-8, n_elements=n)
+    with pytest.raises(ValueError):
+        T.random_walk_drift([1.0], lr=lr, eps=0.0, n_elements=n)
+
+
+def test_random_walk_model_matches_adam_on_pure_noise():
+    # Adam fed synthetic zero-mean noise drifts as predicted; fed a constant-sign gradient it drifts
+    # ~sqrt(T) times further, so the prediction can fail.
+    gen = torch.Generator().manual_seed(0)
+    n, steps, sigma, lr = 64, 300, 1e-9, 1e-3
+    drifts = {}
+    for kind in ("noise", "constant"):
+        p = torch.nn.Parameter(torch.zeros(n))
+        opt = torch.optim.Adam([p], lr=lr, eps=1e-8)
+        for _ in range(steps):
+            g = sigma * torch.randn(n, generator=gen)
+            p.grad = g if kind == "noise" else g.abs()
+            opt.step()
+        drifts[kind] = float(p.detach().norm())
+    pred = T.predicted_adam_drift(np.full(steps, sigma), lr=lr, eps=1e-8, n_elements=n)
+    assert abs(math.log2(drifts["noise"] / pred)) <= 1.0
+    assert abs(math.log2(drifts["constant"] / pred)) > 1.0
+
+
+def test_sgd_drift_bound():
+    assert T.sgd_drift_bound([1.0, 2.0], lr=0.1, momentum=0.5, n_elements=4) == pytest.approx(0.1 / 0.5 * 3 * 2)
+
+
+# ----------------------------------------------------------------------------- short training runs
+
+
+def test_short_pair_run_agrees_step_by_step(data):
+    threads = torch.get_num_threads()
+    curves = T.train_pair(0, optimizer="adam", steps=6, batch_size=32, eval_every=3, lr=3e-3, data=data,
+                          progress=False, **ARCH)
+    first = curves.iloc[0]
+    assert first["loss_kept"] == first["loss_removed"]  # identical before b_k receives any update
+    assert first["param_divergence_kept"] == 0.0
+    assert first["param_divergence_control"] > 0.0  # the control starts one ulp away
+    assert curves["param_divergence_kept"].max() < 1e-5
+    summary = T.pair_summary(curves)
+    assert summary["identical_steps"].iloc[0] >= 1
+    assert summary["acc_diff"].iloc[0] <= 2 * summary["acc_standard_error"].iloc[0]
+    assert curves["test_acc_kept"].notna().sum() == 2
+    assert torch.get_num_threads() == threads  # single_thread() restores the caller's setting
+
+
+def test_short_bias_runs_sgd_still_adam_moves(data):
+    common = dict(steps=10, batch_size=32, data=data, progress=False, **ARCH)
+    sgd, sgd_model = T.train_bias_run(0, optimizer="sgd", lr=0.3, **common)
+    adam, adam_model = T.train_bias_run(0, optimizer="adam", lr=3e-3, eps=1e-12, **common)
+    assert sgd["grad_over_tolerance"].max() <= 1.0 and adam["grad_over_tolerance"].max() <= 1.0
+    assert sgd["drift_b_k"].iloc[-1] < 1e-6
+    assert adam["drift_b_k"].iloc[-1] > 1e-3
+    summary = T.bias_summary(adam, momentum=0.9)
+    assert abs(math.log2(summary["drift_over_predicted"].iloc[0])) <= 1.0
+    v = T.key_bias_verdicts(adam_model, data["x_test"][:100])
+    assert set(v["verdict"]) == {verdict.REDUNDANT}
+    # built to fail: a removed (zero) b_k gives a zero positive control, so the test has no power
+    removed = T.build_model(0, keep_key_bias=False, **ARCH)
+    v0 = T.key_bias_verdicts(removed, data["x_test"][:100])
+    assert set(v0["verdict"]) == {verdict.INVALID}
+
+
+def test_verdict_flags_a_real_change(data):
+    # built to fail: the same machinery with a b_q change (not redundant) exceeds the tolerance
+    model = T.build_model(0, keep_key_bias=True, key_bias_init=0.5, **ARCH)
+    mha = T.attention_modules(model)[0]
+    probe = T._AttentionProbe(model)
+    with torch.no_grad():
+        model(data["x_test"][:100])
+    probe.remove()
+    x = probe.inputs[0]
+    zero = torch.zeros_like(mha.b_k)
+    y0 = T._attention_output(mha, x, mha.b_q, zero, mha.b_v)
+    yk = T._attention_output(mha, x, mha.b_q, mha.b_k, mha.b_v)
+    yq = T._attention_output(mha, x, mha.b_q + mha.b_k, zero, mha.b_v)
+    tol = T.key_bias_verdicts(model, data["x_test"][:100])["tolerance"].iloc[0]
+    assert float((yk - y0).abs().max()) <= tol
+    assert float((yq - y0).abs().max()) > tol
