@@ -40,8 +40,6 @@ ROOT = Path(__file__).resolve().parents[2]
 KERNEL = "keybias"
 NOTEBOOK_NAME = re.compile(r"^\d\d_[a-z0-9_]+$")
 PAPER_INPUT_DIRS = ("macros", "tables", "figures", "equations")
-# Outputs whose values depend on the machine (timings); `verify` does not compare them.
-MACHINE_SPECIFIC = ("data/cost_timing*", "figures/cost_*", "macros/06_cost.tex")
 
 
 class BuildError(RuntimeError):
@@ -108,11 +106,11 @@ def module_closure(notebook_path: Path, src: Path = ROOT / "src") -> list[Path]:
             if candidate.is_file() and name not in files:
                 files[name] = candidate
                 pending |= _imported_keybias_modules(candidate.read_text()) - set(files)
-        data_dir = base / "data" if base.is_dir() else None
-        if data_dir and data_dir.is_dir():
-            for extra in sorted(data_dir.rglob("*")):
-                if extra.is_file():
-                    files[f"{name}:data:{extra.relative_to(data_dir)}"] = extra
+    # Package data counts for a notebook when one of its modules names the file.
+    sources = "\n".join(p.read_text() for p in files.values())
+    for extra in sorted((src / "keybias" / "data").rglob("*")):
+        if extra.is_file() and extra.name in sources:
+            files[f"data:{extra.relative_to(src)}"] = extra
     return [files[k] for k in sorted(files)]
 
 
@@ -384,12 +382,14 @@ class Build:
         log("paper: latexmk -pdf main.tex")
         t0 = time.perf_counter()
         result = subprocess.run(
-            ["latexmk", "-pdf", "-interaction=nonstopmode", "-halt-on-error", "-file-line-error",
+            ["latexmk", "-pdf", "-g", "-interaction=nonstopmode", "-halt-on-error", "-file-line-error",
              f"-outdir={build_dir}", "main.tex"],
             cwd=self.root / "paper", env=env, capture_output=True, text=True,
         )
         if result.returncode:
-            tail = "\n".join((result.stdout + result.stderr).splitlines()[-40:])
+            lines = (result.stdout + result.stderr).splitlines()
+            errors = [line for line in lines if re.match(r"^\S+\.tex:\d+:", line)]
+            tail = "\n".join(errors or lines[-40:])
             raise BuildError(f"latexmk failed (log: {build_dir / 'main.log'}):\n{tail}")
         atomic_write_bytes(pdf, (build_dir / "main.pdf").read_bytes())
         atomic_write_text(stamp, key)
@@ -451,8 +451,9 @@ def claims_table(claims: list[dict]) -> str:
             f"${format_number(c['value'])} {symbols[c.get('comparison', '<=')]} "
             f"{format_number(c['bound'])}$ {'holds' if c['holds'] else 'FAILS'}"
         )
+        breakable_id = latex_escape(c["id"]).replace("-", "-{}\\allowbreak{}")
         rows.append(
-            rf"\texttt{{\footnotesize {latex_escape(c['id'])}}} & \footnotesize {latex_escape(c['statement'])} & \footnotesize {check} \\"
+            rf"\texttt{{\footnotesize {breakable_id}}} & \footnotesize {latex_escape(c['statement'])} & \footnotesize {check} \\"
         )
     rows += [r"\bottomrule", r"\end{longtable}"]
     return "\n".join(rows) + "\n"
@@ -477,8 +478,11 @@ def provenance_macros(prov: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def machine_specific_patterns() -> tuple[str, ...]:
-    return MACHINE_SPECIFIC
+def machine_specific_patterns() -> list[str]:
+    """Outputs whose values depend on the machine (timings); `verify` does not compare them."""
+    from keybias.cost import MACHINE_SPECIFIC_OUTPUTS
+
+    return MACHINE_SPECIFIC_OUTPUTS
 
 
 def compare_results(reference: Path, candidate: Path, rtol: float = 1e-6) -> list[str]:

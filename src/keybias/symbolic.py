@@ -24,19 +24,21 @@ PARAMETERS = {
 
 # The assumptions of the proof, in the order the paper lists them; later notebooks test each.
 ASSUMPTIONS = [
-    ("A1", "every key slot of a softmax row is projected with the same bias, so each score of query i moves by the same q_i.b_k",
-     "add_bias_kv, add_zero_attn, learned sink logits or extra key slots"),
-    ("A2", "scores are bilinear in q and k: no per-position transform or normalisation of k after the bias",
-     "rotary embeddings (RoPE), QK-norm, cosine attention"),
-    ("A3", "the row is normalised by softmax, which is invariant to adding a constant",
+    ("A1", "every key slot of a softmax row goes through the same biased key projection, so each score of query i moves by the same q_i.b_k",
+     "add_bias_kv, add_zero_attn, learned sink logits or sink keys"),
+    ("A2", "scores are linear in the key: no normalisation of k after the bias",
+     "QK-norm, cosine attention"),
+    ("A3", "no per-key transformation follows the bias",
+     "rotary position embeddings (RoPE)"),
+    ("A4", "the weights are a softmax over exactly those slots, which ignores a constant shift",
      "sigmoid attention, linear or ReLU attention"),
-    ("A4", "masks and position biases are added to the scores and do not depend on b_k",
+    ("A5", "masks and position biases are added to the scores and do not depend on b_k",
      "(ALiBi and additive masks satisfy it)"),
-    ("A5", "each row keeps at least one unmasked key, so the softmax is defined",
-     "fully masked rows (NaN in PyTorch)"),
-    ("A6", "the key projection feeds only the scores (keys are not reused as values or elsewhere)",
+    ("A6", "each row keeps at least one unmasked key, so the softmax is defined",
+     "fully masked rows"),
+    ("A7", "the key projection feeds only the scores (keys are not reused as values)",
      "shared key/value projections"),
-    ("A7", "exact arithmetic", "floating point: b_k changes results by rounding only"),
+    ("A8", "exact arithmetic", "floating point: b_k then changes results by rounding only"),
 ]
 
 
@@ -61,7 +63,7 @@ def shift_invariance(kind: str = "softmax") -> dict:
     """softmax(s + c 1)_i = softmax(s)_i for symbolic n: exp(c) factors out of the sum.
 
     With kind="sigmoid" the same check fails, as it must: sigmoid attention is not
-    shift-invariant (assumption A3).
+    shift-invariant (assumption A4).
     """
     n, i, j, s, c = _row_symbols()
     shifted = normalised_weight(kind, s, i, j, n, c)
