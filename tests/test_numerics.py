@@ -202,3 +202,102 @@ def test_parameters_match_notebook_and_profiles():
         assert set(section) == set(nm.PARAMETERS)
         for name, spec in nm.PARAMETERS.items():
             spec.check(name, section[name])
+
+
+# ----------------------------------------------------------------------------- constants, claims, macros, figures
+def test_fit_mask_uses_dominance_constant():
+    df = nm.add_floor(_synthetic(1.0))
+    ratio = df["delta_rms"] / df["floor_rms"]
+    mask = nm.fit_mask(df)
+    assert (ratio[mask] >= nm.DOMINANCE).all()
+    # rows between twice and DOMINANCE times the floor exist and are excluded
+    between = (ratio >= 2.0) & (ratio < nm.DOMINANCE)
+    assert between.any() and not mask[between].any()
+    assert nm.fit_mask(df, dominance=2.0)[between].all()
+
+
+def test_unit_roundoff_span_and_failure_probability_tex():
+    assert nm.unit_roundoff_span_log2(["float64", "float32", "bfloat16", "float16"]) == 45
+    assert nm.unit_roundoff_span_log2(["float32", "float16"]) == 13
+    assert math.isnan(nm.unit_roundoff_span_log2([]))
+    assert nm.failure_probability_tex(1e-6) == "10^{-6}"
+    assert nm.failure_probability_tex(2e-6) != "10^{-6}"
+
+
+def test_crossing_check_flags_one_sided_crossing():
+    law = pd.DataFrame({"dtype": ["float32"] * 3, "path": ["a", "b", "c"], "model_scatter_log10": 0.01})
+    crossing = pd.DataFrame({"dtype": ["float32"] * 3, "path": ["a", "b", "c"],
+                             "crossing": [2.0, 3.0, math.nan], "crossing_pred": [2.1, math.nan, math.nan]})
+    m = nm.crossing_check(crossing, law, 0.25).set_index("path")
+    assert list(m.index) == ["a", "b"]  # "c": neither crosses, nothing to compare
+    assert m.loc["a", "deviation_log10"] < m.loc["a", "allowance_log10"]
+    assert m.loc["b", "deviation_log10"] == math.inf
+
+
+def _claim_inputs():
+    df = nm.add_floor(_synthetic(1.0))
+    law = nm.fit_law(df)
+    pooled = nm.pooled_slope(df)
+    df["delta_max"], df["tolerance"] = df["delta_rms"], 1.0
+    checks = nm.crossing_check(nm.accuracy_crossing(df, law), law, 0.25)
+    gsum = pd.DataFrame({"dtype": ["float32", "float16"], "path": "explicit", "status": "ok",
+                         "grad_over_tol_max": 1e-3, "verdict": ["redundant", "invalid"],
+                         "ratio_over_u": [0.5, 0.2], "bk_mean_cos": [0.01, -0.02],
+                         "bq_mean_cos": [0.8, 0.7], "cos_bound": 0.2})
+    return law, pooled, df, checks, gsum
+
+
+def test_precision_claims_hold_on_consistent_data_and_fail_on_bad():
+    law, pooled, df, checks, gsum = _claim_inputs()
+    claims = {c["claim_id"]: c for c in nm.precision_claims(law, pooled, df, checks, gsum, 16)}
+    ops = {"<=": lambda v, b: v <= b, "==": lambda v, b: v == b, ">": lambda v, b: v > b}
+    assert all(ops[c["comparison"]](c["value"], c["bound"]) for c in claims.values())
+    assert "2^13" in claims["precision-bk-gradient-scales-with-u"]["statement"]
+    assert claims["precision-bk-gradient-verdict-float32"]["statement"].startswith("In float32,")
+    # a float32 gradient verdict that is not redundant fails the verdict claim
+    bad = gsum.assign(verdict=["invalid", "invalid"])
+    c = {c["claim_id"]: c for c in nm.precision_claims(law, pooled, df, checks, bad, 16)}
+    assert c["precision-bk-gradient-verdict-float32"]["value"] == 1.0
+    # a dtype that ran without a law fit makes the slope and model-constant claims NaN (fail)
+    extra = pd.concat([df, df.assign(dtype="float16")], ignore_index=True)
+    c = {c["claim_id"]: c for c in nm.precision_claims(law, pooled, extra, checks, gsum, 16)}
+    assert math.isnan(c["precision-law-slope-one"]["value"])
+    assert math.isnan(c["precision-rounding-model-constant"]["value"])
+
+
+def test_precision_claims_with_no_data_fail_or_are_left_out():
+    law, pooled, df, checks, gsum = _claim_inputs()
+    empty_g = gsum.iloc[0:0]
+    claims = {c["claim_id"]: c for c in nm.precision_claims(law.iloc[0:0], pooled.iloc[0:0], df.iloc[0:0],
+                                                             checks.iloc[0:0], empty_g, 16)}
+    assert "precision-bk-gradient-verdict-float32" not in claims
+    assert "precision-bk-gradient-scales-with-u" not in claims
+    assert all(math.isnan(c["value"]) for c in claims.values())
+    one = {c["claim_id"] for c in nm.precision_claims(law, pooled, df, checks, gsum.iloc[:1], 16)}
+    assert "precision-bk-gradient-scales-with-u" not in one  # one dtype: no scaling to test
+
+
+def test_macros_and_figures_from_summaries():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    law, pooled, df, checks, gsum = _claim_inputs()
+    m = nm.law_macros(df, law, pooled)
+    assert m["PrecSlopeFloatThirtyTwo"][0] == pytest.approx(1.0, abs=0.05)
+    assert m["PrecModelConstWide"][0] == pytest.approx(2.0, rel=0.02) and "PrecModelConstSdpaHalf" not in m
+    g = nm.gradient_macros(gsum.assign(bk_consistency=0.3, bq_consistency=0.9))
+    assert g["PrecUnitRoundoffSpanLog"][0] == 13 and g["PrecGradRedundantCount"][0] == 1
+    r = nm.run_macros(head_dim=16, num_heads=2, seq_len=8, batch=2, grad_batches=4, ratio_points=5,
+                      ratio_log10_min=-1, ratio_log10_max=2)
+    assert r["PrecDominance"][0] == nm.DOMINANCE and r["PrecFailureProbability"][0] == "10^{-6}"
+    crossing = nm.accuracy_crossing(df, law)
+    fig = nm.plot_error_vs_bias(df, law, ["float32"])
+    assert len(fig.axes) == 1 and len(fig.axes[0].lines) >= 3
+    fig2 = nm.plot_accuracy(df, crossing, ["float32"])
+    assert len(fig2.axes) == 1 and nm.plot_accuracy(df, crossing, ["float64"]) is None
+    fig3 = nm.plot_gradient(gsum.assign(unit_roundoff=[2.0**-24, 2.0**-11], ratio_median=[1e-7, 1e-4]))
+    assert len(fig3.axes) == 2
+    for f in (fig, fig2, fig3):
+        plt.close(f)

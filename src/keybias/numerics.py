@@ -53,6 +53,18 @@ DEVICES = ("cpu", "cuda", "mps")
 TORCH_DTYPES = {name: getattr(torch, name) for name in DTYPES}
 # Std of round-to-nearest error in units of u|x| for a log-uniform mantissa.
 RHO = math.sqrt(1.0 / (8.0 * math.log(2.0)))
+# Law fit (method constants, printed in the paper as macros): fit where the change is at
+# least DOMINANCE times the measured floor (subtracting the floor is well conditioned) and
+# the RMS predicted score-error std is at most VALIDITY (first-order model valid); the floor
+# is the median change over magnitudes |b_k|/|k| <= FLOOR_RATIO.
+DOMINANCE = 3.0
+VALIDITY = 0.1
+FLOOR_RATIO = 0.1
+# Error growth that defines the accuracy crossing ("the error doubles").
+CROSSING_FACTOR = 2.0
+# dtype -> the spelled-out suffix of per-dtype macro names.
+DTYPE_MACRO = {"float64": "FloatSixtyFour", "float32": "FloatThirtyTwo",
+               "bfloat16": "BfloatSixteen", "float16": "FloatSixteen"}
 
 PARAMETERS: dict[str, Param] = {
     "dtypes": Param(str, many=True, choices=DTYPES, help="working precisions"),
@@ -355,7 +367,7 @@ def error_sweep(
     return pd.DataFrame(rows)
 
 
-def add_floor(df: pd.DataFrame, floor_ratio: float = 0.1) -> pd.DataFrame:
+def add_floor(df: pd.DataFrame, floor_ratio: float = FLOOR_RATIO) -> pd.DataFrame:
     """Add the measured floor of each (dtype, path): the median delta_rms over magnitudes
     <= floor_ratio (the smallest one if none), and delta_bias_rms = sqrt(delta^2 - floor^2),
     the part of the change that the key bias adds (NaN where delta <= floor)."""
@@ -371,7 +383,7 @@ def add_floor(df: pd.DataFrame, floor_ratio: float = 0.1) -> pd.DataFrame:
     return out
 
 
-def fit_mask(df: pd.DataFrame, *, dominance: float = 3.0, validity: float = 0.1) -> pd.Series:
+def fit_mask(df: pd.DataFrame, *, dominance: float = DOMINANCE, validity: float = VALIDITY) -> pd.Series:
     """Rows where the law is fitted: the change exceeds `dominance` times the measured floor
     (so subtracting the floor is well conditioned) and the first-order model is valid
     (RMS predicted score-error std at most `validity`)."""
@@ -441,7 +453,7 @@ def pooled_slope(df: pd.DataFrame, *, mask: pd.Series | None = None) -> pd.DataF
     return pd.DataFrame(rows)
 
 
-def accuracy_crossing(df: pd.DataFrame, law: pd.DataFrame, factor: float = 2.0) -> pd.DataFrame:
+def accuracy_crossing(df: pd.DataFrame, law: pd.DataFrame, factor: float = CROSSING_FACTOR) -> pd.DataFrame:
     """Per dtype and path, the smallest |b_k|/|k| where the error against the float64
     reference exceeds `factor` times the error with b_k = 0 (log-interpolated on the grid),
     and the crossing that the calibrated model predicts: the run with b_k has error
@@ -670,54 +682,289 @@ def normal_quantile(failure_probability: float = verdict.FAILURE_PROBABILITY) ->
 def crossing_check(crossing: pd.DataFrame, law: pd.DataFrame, grid_step_log10: float) -> pd.DataFrame:
     """Compare measured and predicted accuracy crossings (float64 is the reference and has
     none). The allowance is half a grid step (the measured crossing is interpolated on the
-    grid) plus z times the scatter of the model constant in that fit (z = `normal_quantile`)."""
+    grid) plus z times the scatter of the model constant in that fit (z = `normal_quantile`).
+    A row where only one of the two crosses within the grid gets deviation inf."""
     z = normal_quantile()
     m = crossing.merge(law[["dtype", "path", "model_scatter_log10"]], on=["dtype", "path"], how="left")
-    m = m[np.isfinite(m["crossing"]) & np.isfinite(m["crossing_pred"])].copy()
-    m["deviation_log10"] = np.abs(np.log10(m["crossing"] / m["crossing_pred"]))
+    measured, predicted = np.isfinite(m["crossing"]), np.isfinite(m["crossing_pred"])
+    # neither crosses (no error to double): nothing to compare; only one crosses: a miss (inf)
+    m = m[measured | predicted].copy()
+    both = np.isfinite(m["crossing"]) & np.isfinite(m["crossing_pred"])
+    m["deviation_log10"] = np.where(both, np.abs(np.log10(m["crossing"] / m["crossing_pred"])), np.inf)
     m["allowance_log10"] = grid_step_log10 / 2 + z * m["model_scatter_log10"].fillna(0.0)
     return m
 
 
+def failure_probability_tex(p: float = verdict.FAILURE_PROBABILITY) -> str:
+    """p as LaTeX math: `10^{-6}` for a power of ten, else a x 10^{b}."""
+    from keybias.export import format_number
+
+    e = math.log10(p)
+    return f"10^{{{round(e)}}}" if abs(e - round(e)) < 1e-12 else format_number(p)
+
+
+def unit_roundoff_span_log2(dtypes) -> float:
+    """log2(max u / min u) over the given dtypes (u from keybias.verdict.UNIT_ROUNDOFF)."""
+    us = [verdict.unit_roundoff(d) for d in dtypes]
+    if not us:
+        return math.nan
+    return math.log2(max(us) / min(us))
+
+
+def _span_tex(dtypes) -> str:
+    span = unit_roundoff_span_log2(dtypes)
+    return f"2^{round(span)}" if math.isfinite(span) else "an undefined range"
+
+
+def _max_or_nan(series) -> float:
+    series = pd.Series(series, dtype=float)
+    return float(series.max()) if len(series) else math.nan
+
+
+def _min_or_nan(series) -> float:
+    series = pd.Series(series, dtype=float)
+    return float(series.min()) if len(series) else math.nan
+
+
 def precision_claims(law, pooled, errors, checks, gsum, seq_len) -> list[dict]:
-    """The findings of notebook 03 as claims (id, statement, value, bound, comparison), each
-    bound from the rounding model, the verdict rule or the fit's own uncertainty."""
+    """The findings of notebook 03 as claims (claim_id, statement, value, bound, comparison),
+    each bound from the rounding model, the verdict rule or the fit's own uncertainty. An
+    empty selection gives NaN (the claim fails). Claims about float32/float64, or about
+    scaling across dtypes, are left out when the run has no such data (one dtype, or only
+    half precisions)."""
     ok_err = errors[errors["status"].eq("ok")]
-    ok_g = gsum[gsum["status"].eq("ok")]
-    zs = (pooled["slope"] - 1).abs() / pooled["allowance"]
+    ok_g = gsum[gsum["status"].eq("ok")] if "status" in gsum else gsum.iloc[0:0]
+    p_tex = f"{verdict.FAILURE_PROBABILITY:g}"
+    run_dtypes = list(dict.fromkeys(ok_err["dtype"]))
+    # every dtype that ran must have a pooled slope: a dtype without a fit fails the claim
+    zs = pd.Series({d: math.nan for d in run_dtypes}, dtype=float)
+    for _, row in pooled.iterrows():
+        zs[row["dtype"]] = abs(row["slope"] - 1) / row["allowance"]
+    # every (dtype, path) that ran must have a model constant
+    ran = ok_err[["dtype", "path"]].drop_duplicates()
+    covered = ran.merge(law[["dtype", "path", "model_constant"]], on=["dtype", "path"], how="left") if len(law) else None
+    model_dev = (math.nan if covered is None or len(covered) == 0 or not np.isfinite(covered["model_constant"]).all()
+                 else float(np.abs(np.log10(covered["model_constant"])).max()))
     claims = [
         dict(claim_id="precision-output-change-within-tolerance",
              statement="For every dtype, code path and key-bias magnitude, the largest output change that b_k causes stays within the rounding tolerance of the verdict rule.",
-             value=float((ok_err["delta_max"] / ok_err["tolerance"]).max()), bound=1.0, comparison="<="),
+             value=_max_or_nan(ok_err["delta_max"] / ok_err["tolerance"]), bound=1.0, comparison="<="),
         dict(claim_id="precision-law-slope-one",
-             statement="For every dtype, the fitted log-log slope of the b_k-induced output change against |b_k|/|k| equals 1 within z standard errors (z for p = 1e-6) plus the largest relative score error in the fitted range (the second-order terms the model drops).",
+             statement=f"For every dtype, the fitted log-log slope of the b_k-induced output change against |b_k|/|k| equals 1 within z standard errors (z for p = {p_tex}) plus the largest relative score error in the fitted range (the second-order terms the model drops).",
              value=float(zs.max()) if len(zs) and zs.notna().all() else math.nan, bound=1.0, comparison="<="),
         dict(claim_id="precision-rounding-model-constant",
-             statement="Across dtypes and code paths, the first-order rounding model predicts the measured change within a factor lambda (the probabilistic rounding constant).",
-             value=float(np.abs(np.log10(law["model_constant"])).max()), bound=math.log10(verdict.LAMBDA), comparison="<="),
+             statement="Across dtypes and code paths, the first-order rounding model predicts the measured change within a factor lambda (the probabilistic rounding constant of Higham & Mary).",
+             value=model_dev,
+             bound=math.log10(verdict.LAMBDA), comparison="<="),
         dict(claim_id="precision-accuracy-crossing-law",
              statement="The magnitude |b_k|/|k| at which the error against float64 doubles agrees with the prediction of the calibrated rounding model, within half a grid step plus z times the scatter of the calibration.",
-             value=float((checks["deviation_log10"] / checks["allowance_log10"]).max()) if len(checks) else math.nan,
+             value=_max_or_nan(checks["deviation_log10"] / checks["allowance_log10"]) if len(checks) else math.nan,
              bound=1.0, comparison="<="),
         dict(claim_id="precision-bk-gradient-within-tolerance",
              statement="For every dtype and code path, every entry of the b_k gradient stays within the rounding tolerance of the verdict rule.",
-             value=float(ok_g["grad_over_tol_max"].max()), bound=1.0, comparison="<="),
-        dict(claim_id="precision-bk-gradient-verdict-float32",
-             statement="In float32 and float64, where the b_q gradient (positive control) exceeds the tolerance, the verdict rule classifies the b_k gradient as redundant on every path.",
-             value=float(ok_g[ok_g["dtype"].isin(["float32", "float64"])]["verdict"].ne(verdict.REDUNDANT).sum()),
-             bound=0.0, comparison="=="),
-        dict(claim_id="precision-bk-gradient-scales-with-u",
-             statement="The ratio |grad b_k| / |grad b_q| divided by the unit roundoff varies across dtypes and paths by less than lambda sqrt(n), while u itself spans 2^45.",
-             value=float(ok_g["ratio_over_u"].max() / ok_g["ratio_over_u"].min()),
-             bound=verdict.LAMBDA * math.sqrt(seq_len), comparison="<="),
+             value=_max_or_nan(ok_g["grad_over_tol_max"]) if len(ok_g) else math.nan, bound=1.0, comparison="<="),
+    ]
+    wide = [d for d in ("float32", "float64") if len(ok_g) and ok_g["dtype"].eq(d).any()]
+    if wide:
+        sel = ok_g[ok_g["dtype"].isin(wide)]
+        claims.append(dict(
+            claim_id="precision-bk-gradient-verdict-float32",
+            statement=f"In {' and '.join(wide)}, where the b_q gradient (positive control) exceeds the tolerance, the verdict rule classifies the b_k gradient as redundant on every path.",
+            value=float(sel["verdict"].ne(verdict.REDUNDANT).sum()), bound=0.0, comparison="=="))
+    g_dtypes = list(dict.fromkeys(ok_g["dtype"])) if len(ok_g) else []
+    if len(g_dtypes) >= 2:
+        claims.append(dict(
+            claim_id="precision-bk-gradient-scales-with-u",
+            statement=f"The ratio |grad b_k| / |grad b_q| divided by the unit roundoff varies across dtypes and paths by less than lambda sqrt(n), while u itself spans {_span_tex(g_dtypes)}.",
+            value=float(ok_g["ratio_over_u"].max() / ok_g["ratio_over_u"].min()),
+            bound=verdict.LAMBDA * math.sqrt(seq_len), comparison="<="))
+    claims += [
         dict(claim_id="precision-bk-gradient-no-direction",
-             statement="The b_k gradients of independent batches point in unrelated directions: their mean pairwise cosine stays within what isotropic noise reaches (p = 1e-6).",
-             value=float((ok_g["bk_mean_cos"].abs() / ok_g["cos_bound"]).max()), bound=1.0, comparison="<="),
+             statement=f"The b_k gradients of independent batches point in unrelated directions: their mean pairwise cosine stays within what isotropic noise reaches (p = {p_tex}).",
+             value=_max_or_nan(ok_g["bk_mean_cos"].abs() / ok_g["cos_bound"]) if len(ok_g) else math.nan,
+             bound=1.0, comparison="<="),
         dict(claim_id="precision-bq-gradient-consistent",
-             statement="The b_q gradients of the same batches share a direction: their mean pairwise cosine exceeds what isotropic noise reaches (p = 1e-6).",
-             value=float((ok_g["bq_mean_cos"] / ok_g["cos_bound"]).min()), bound=1.0, comparison=">"),
+             statement=f"The b_q gradients of the same batches share a direction: their mean pairwise cosine exceeds what isotropic noise reaches (p = {p_tex}).",
+             value=_min_or_nan(ok_g["bq_mean_cos"] / ok_g["cos_bound"]) if len(ok_g) else math.nan,
+             bound=1.0, comparison=">"),
     ]
     return claims
+
+
+# ----------------------------------------------------------------------------- macros
+def run_macros(*, head_dim, num_heads, seq_len, batch, grad_batches, ratio_points,
+               ratio_log10_min, ratio_log10_max) -> dict[str, tuple]:
+    """Macros for the parameters and method constants of the run: name -> (value, digits)."""
+    return {
+        "PrecHeadDim": (int(head_dim), 3), "PrecNumHeads": (int(num_heads), 3),
+        "PrecSeqLen": (int(seq_len), 3), "PrecBatch": (int(batch), 3),
+        "PrecGradBatches": (int(grad_batches), 3), "PrecRatioPoints": (int(ratio_points), 3),
+        "PrecRatioMin": (10.0**ratio_log10_min, 3), "PrecRatioMax": (10.0**ratio_log10_max, 3),
+        "PrecLambda": (verdict.LAMBDA, 2), "PrecZ": (normal_quantile(), 2), "PrecRho": (RHO, 2),
+        "PrecDominance": (int(DOMINANCE) if float(DOMINANCE).is_integer() else DOMINANCE, 2),
+        "PrecValidity": (VALIDITY, 2),
+        "PrecFailureProbability": (failure_probability_tex(), 3),
+        "PrecInvSqrtTwo": (1 / math.sqrt(2), 2),
+        "PrecSqrtBatchesInv": (1 / math.sqrt(grad_batches), 2),
+    }
+
+
+def law_macros(errors: pd.DataFrame, law: pd.DataFrame, pooled: pd.DataFrame) -> dict[str, tuple]:
+    """Macros of the law fit: pooled slope per dtype (with SE, allowance, fit points and the
+    second-order size), model constants by kernel family (wide dtypes; SDPA in half
+    precision; other paths in half precision), extremes. name -> (value, digits)."""
+    out: dict[str, tuple] = {}
+    for _, p in pooled.iterrows():
+        if p["dtype"] not in DTYPE_MACRO or not np.isfinite(p["slope"]):
+            continue
+        name = DTYPE_MACRO[p["dtype"]]
+        out["PrecSlope" + name] = (float(p["slope"]), 4)
+        out["PrecFitPoints" + name] = (int(p["points"]), 3)
+        out["PrecSlopeSe" + name] = (float(p["slope_se"]), 2)
+        out["PrecSlopeAllow" + name] = (float(p["allowance"]), 2)
+        out["PrecSecondOrder" + name] = (float(p["second_order"]), 2)
+    if len(law):
+        half = law["dtype"].isin(["bfloat16", "float16"])
+        sdpa = law["path"].str.startswith("sdpa")
+        for name, sel in [("Wide", ~half), ("SdpaHalf", half & sdpa), ("OtherHalf", half & ~sdpa)]:
+            if sel.any():
+                out["PrecModelConst" + name] = (float(law.loc[sel, "model_constant"].mean()), 2)
+        out["PrecModelConstMin"] = (float(law["model_constant"].min()), 2)
+        out["PrecModelConstMax"] = (float(law["model_constant"].max()), 2)
+        out["PrecLawResidMax"] = (float(law["resid_log10"].max()), 2)
+    ok = errors[errors["status"].eq("ok")]
+    out["PrecOutputTolMax"] = (_max_or_nan(ok["delta_max"] / ok["tolerance"]), 2)
+    return out
+
+
+def crossing_macros(errors: pd.DataFrame, crossing: pd.DataFrame, checks: pd.DataFrame) -> dict[str, tuple]:
+    """Macros of the accuracy crossing: range per dtype and overall, the largest deviation
+    from the prediction, the largest relative error per half dtype. name -> (value, digits)."""
+    out: dict[str, tuple] = {}
+    for dtype, c in crossing.groupby("dtype", sort=False):
+        c = c["crossing"].dropna()
+        if len(c) and dtype in DTYPE_MACRO:
+            out["PrecCrossMin" + DTYPE_MACRO[dtype]] = (float(c.min()), 2)
+            out["PrecCrossMax" + DTYPE_MACRO[dtype]] = (float(c.max()), 2)
+    ok = errors[errors["status"].eq("ok")]
+    for dtype in ("bfloat16", "float16"):
+        e = ok[ok["dtype"] == dtype]
+        if len(e):
+            out["PrecErrMax" + DTYPE_MACRO[dtype]] = (float(e["err_rms"].max()), 2)
+    fin = crossing["crossing"].dropna() if len(crossing) else pd.Series(dtype=float)
+    out["PrecCrossMin"] = (_min_or_nan(fin), 2)
+    out["PrecCrossMax"] = (_max_or_nan(fin), 2)
+    out["PrecCrossDevMax"] = (_max_or_nan(checks["deviation_log10"]) if len(checks) else math.nan, 2)
+    return out
+
+
+def gradient_macros(gsum: pd.DataFrame) -> dict[str, tuple]:
+    """Macros of the gradient summary (ok rows only), including log2 of the span of u over
+    the dtypes whose gradients were measured. name -> (value, digits)."""
+    okg = gsum[gsum["status"].eq("ok")]
+    span = unit_roundoff_span_log2(list(dict.fromkeys(okg["dtype"])))
+    return {
+        "PrecUnitRoundoffSpanLog": (int(round(span)) if math.isfinite(span) else span, 3),
+        "PrecRatioOverUMin": (_min_or_nan(okg["ratio_over_u"]), 2),
+        "PrecRatioOverUMax": (_max_or_nan(okg["ratio_over_u"]), 2),
+        "PrecBkCosMax": (_max_or_nan(okg["bk_mean_cos"].abs()), 2),
+        "PrecBqCosMin": (_min_or_nan(okg["bq_mean_cos"]), 2),
+        "PrecCosBoundMin": (_min_or_nan(okg["cos_bound"]), 2),
+        "PrecBkConsistencyMax": (_max_or_nan(okg["bk_consistency"]), 2),
+        "PrecBqConsistencyMin": (_min_or_nan(okg["bq_consistency"]), 2),
+        "PrecGradTolMax": (_max_or_nan(okg["grad_over_tol_max"]), 2),
+        "PrecGradRedundantCount": (int(okg["verdict"].eq(verdict.REDUNDANT).sum()), 3),
+        "PrecGradInvalidCount": (int(okg["verdict"].eq(verdict.INVALID).sum()), 3),
+        "PrecGradCaseCount": (len(okg), 3),
+    }
+
+
+# ----------------------------------------------------------------------------- figures
+def plot_error_vs_bias(errors: pd.DataFrame, law: pd.DataFrame, dtypes):
+    """One panel per dtype: RMS change y(b_k) - y(0) per path (markers), the fitted law over
+    its fitted range (dashed), the rounding model (grey) and the verdict tolerance for the
+    largest entry (dotted). Returns the figure."""
+    import matplotlib.pyplot as plt
+
+    ok = errors[errors["status"].eq("ok")]
+    fig, axes = plt.subplots(1, len(dtypes), figsize=(3.2 * len(dtypes), 3.0), sharex=True, squeeze=False)
+    for ax, dtype in zip(axes[0], dtypes, strict=True):
+        for i, (path, g) in enumerate(ok[ok["dtype"].eq(dtype)].groupby("path", sort=False)):
+            color = f"C{i}"
+            ax.loglog(g["ratio"], g["delta_rms"], "o", ms=3, color=color, label=path)
+            f = law[(law["dtype"] == dtype) & (law["path"] == path)] if len(law) else law
+            if len(f) and np.isfinite(f["slope"].iloc[0]):
+                r = np.geomspace(f["ratio_min"].iloc[0], f["ratio_max"].iloc[0], 20)
+                ax.loglog(r, f["const"].iloc[0] * r ** f["slope"].iloc[0], "--", color=color, lw=1)
+            if path in ("explicit", "mha"):  # the model differs only between the core paths and mha
+                ax.loglog(g["ratio"], g["pred_rms"], "-", color="0.6", lw=1, label="model" if i == 0 else None)
+            if i == 0:
+                ax.loglog(g["ratio"], g["tolerance"], ":", color="k", lw=1, label="tolerance")
+        ax.set_title(dtype)
+        ax.set_xlabel(r"$\|b_k\| / \|k\|$")
+    axes[0][0].set_ylabel("RMS output change")
+    axes[0][0].legend(fontsize=6, loc="upper left")
+    fig.tight_layout()
+    return fig
+
+
+def plot_accuracy(errors: pd.DataFrame, crossing: pd.DataFrame, dtypes, factor: float = CROSSING_FACTOR):
+    """One panel per dtype below float64: error against float64 with b_k over the error
+    without it, per path, with the level `factor` (dashed) and the measured crossings
+    (dotted). Returns the figure (None if only float64 ran)."""
+    import matplotlib.pyplot as plt
+
+    ok = errors[errors["status"].eq("ok")]
+    low = [d for d in dtypes if d != "float64"]
+    if not low:
+        return None
+    fig, axes = plt.subplots(1, len(low), figsize=(3.2 * len(low), 3.0), sharey=True, squeeze=False)
+    for ax, dtype in zip(axes[0], low, strict=True):
+        for i, (path, g) in enumerate(ok[ok["dtype"].eq(dtype)].groupby("path", sort=False)):
+            ax.loglog(g["ratio"], g["err_rms"] / g["err0_rms"], "o-", ms=3, lw=1, color=f"C{i}", label=path)
+            c = crossing[(crossing["dtype"] == dtype) & (crossing["path"] == path)]["crossing"]
+            if len(c) and np.isfinite(c.iloc[0]):
+                ax.axvline(c.iloc[0], color=f"C{i}", lw=0.6, ls=":")
+        ax.axhline(factor, color="k", lw=0.8, ls="--")
+        ax.set_title(dtype)
+        ax.set_xlabel(r"$\|b_k\| / \|k\|$")
+    axes[0][0].set_ylabel("error with $b_k$ / error without")
+    axes[0][-1].legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def plot_gradient(gsum: pd.DataFrame):
+    """Left: |g_bk|/|g_bq| against u per path, with the line u. Right: mean pairwise cosine
+    across batches of the b_k and b_q gradients with the isotropic-noise bound. Returns the
+    figure."""
+    import matplotlib.pyplot as plt
+
+    okg = gsum[gsum["status"].eq("ok")]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(8.5, 3.2))
+    for i, (path, g) in enumerate(okg.groupby("path", sort=False)):
+        ax1.loglog(g["unit_roundoff"], g["ratio_median"], "o", color=f"C{i}", label=path)
+    u = np.array(sorted(okg["unit_roundoff"].unique()))
+    ax1.loglog(u, u, "k--", lw=0.8, label="$u$")
+    ax1.set_xlabel("unit roundoff $u$")
+    ax1.set_ylabel(r"$\|g_{b_k}\| / \|g_{b_q}\|$")
+    ax1.legend(fontsize=7)
+    labels = [f"{d}\n{p}" for d, p in zip(okg["dtype"], okg["path"], strict=True)]
+    x = np.arange(len(okg))
+    ax2.bar(x - 0.2, okg["bk_mean_cos"], 0.4, label="$b_k$")
+    ax2.bar(x + 0.2, okg["bq_mean_cos"], 0.4, label="$b_q$")
+    ax2.plot(x, okg["cos_bound"], "k_", ms=10, label="noise bound")
+    ax2.plot(x, -okg["cos_bound"], "k_", ms=10)
+    ax2.set_xticks(x, labels, rotation=90, fontsize=6)
+    ax2.set_ylabel("mean pairwise cosine across batches")
+    ax2.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def gradient_table_with_devices(gsum: pd.DataFrame, absent: pd.DataFrame) -> str:
+    """`gradient_table` of the measured rows plus one not-run row per absent device."""
+    return gradient_table(pd.concat([gsum, absent.assign(dtype="all", path="all")], ignore_index=True))
 
 
 def law_table(law: pd.DataFrame) -> str:
