@@ -218,3 +218,123 @@ def test_verdict_flags_a_real_change(data):
     tol = T.key_bias_verdicts(model, data["x_test"][:100])["tolerance"].iloc[0]
     assert float((yk - y0).abs().max()) <= tol
     assert float((yq - y0).abs().max()) > tol
+
+
+# ----------------------------------------------------------------------------- claims, macros, tables
+
+
+def _claims(claims):
+    """id -> holds, computed the way the Recorder does."""
+    ops = {"<=": lambda a, b: a <= b, ">=": lambda a, b: a >= b}
+    return {c[0]: bool(ops[c[4]](c[2], c[3])) for c in claims}
+
+
+def _pairs(acc_kept=0.90, div_kept=1e-6):
+    import pandas as pd
+
+    rows = []
+    for opt in ("sgd", "adam"):
+        for seed in (0, 1):
+            rows.append({"optimizer": opt, "seed": seed, "identical_steps": 3 + seed, "test_acc_removed": 0.90,
+                         "test_acc_kept": acc_kept if (opt, seed) == ("adam", 1) else 0.90,
+                         "acc_standard_error": 0.02, "max_loss_rel_diff": 1e-6, "max_loss_rel_diff_control": 2e-6,
+                         "final_divergence_kept": div_kept if (opt, seed) == ("adam", 1) else 1e-6,
+                         "final_divergence_control": 2e-6})
+    frame = pd.DataFrame(rows)
+    frame["acc_diff"] = (frame["test_acc_kept"] - frame["test_acc_removed"]).abs()
+    return frame
+
+
+def test_pair_results_macros_and_claims_pass_and_fail():
+    claims, macros = T.pair_results(_pairs())
+    assert all(_claims(claims).values())
+    assert macros["TrainIdenticalStepsAdam"] == 3 and macros["TrainDivergenceRatio"] == pytest.approx(0.5)
+    assert macros["TrainAccRemovedSgd"] == pytest.approx(0.90)
+    # the bound in each statement is the constant the claim checks
+    assert f"within {T.ACC_Z_BOUND} binomial" in claims[0][1] and claims[0][3] == T.ACC_Z_BOUND
+    # built to fail: accuracy off by 5 standard errors, divergence 50x the control
+    held = _claims(T.pair_results(_pairs(acc_kept=0.80, div_kept=1e-4))[0])
+    assert held == {"train-accuracy-agrees-kept-removed": False, "train-divergence-within-rounding-control": False}
+    # a missing value must fail, not be skipped by max()
+    assert _claims(T.pair_results(_pairs(div_kept=float("nan")))[0])["train-divergence-within-rounding-control"] is False
+
+
+def _bias(*, drift_scale=1.0, decayed_norm=0.30, optimizers=("sgd", "adam", "adamw", "adamw_bias_decay")):
+    import pandas as pd
+
+    rows = []
+    for opt in optimizers:
+        for seed in (0, 1):
+            adam = opt.startswith("adam")
+            rows.append({
+                "setting": opt, "optimizer": opt, "eps": 1e-8, "dtype": "float32", "seed": seed,
+                "drift_b_k": (0.03 + 0.01 * seed) * (drift_scale if opt in ("adam", "adamw") else 1.0)
+                if adam else 1e-9,
+                "predicted_drift": 0.03 if adam else np.nan, "sgd_bound": np.nan if adam else 1e-3,
+                "decayed_norm": decayed_norm if opt == "adamw_bias_decay" else np.nan,
+                "norm_b_k": 0.31, "norm_b_q": 0.2, "norm_b_v": 0.3, "test_acc": 0.8 + 0.1 * seed,
+                "grad_rms_b_k": 1e-9, "grad_rms_b_q": 1e-2, "max_grad_over_tolerance": 1e-4,
+            })
+    return pd.DataFrame(rows)
+
+
+def test_bias_results_pass_and_fail():
+    claims, macros = T.bias_results(_bias())
+    held = _claims(claims)
+    assert set(held) == {"train-bk-gradient-within-rounding", "train-sgd-bk-stays-put",
+                         "train-adam-drift-matches-noise-prediction", "train-adamw-bias-decay-shrinks-bk"}
+    assert all(held.values())
+    assert macros["TrainDriftAdamEpsEight"] == pytest.approx(0.035)  # mean over seeds
+    assert macros["TrainAccAdamEpsEight"] == pytest.approx(0.85)
+    assert macros["TrainDriftAdamMax"] == pytest.approx(0.04)  # max over every Adam-family run and seed
+    # built to fail: the drift 4x the noise prediction, the decayed norm far from the measured one
+    held = _claims(T.bias_results(_bias(drift_scale=4.0, decayed_norm=0.5))[0])
+    assert not held["train-adam-drift-matches-noise-prediction"]
+    assert not held["train-adamw-bias-decay-shrinks-bk"]
+    # the noise claim excludes AdamW with decay on biases, whose drift is mostly the decay itself
+    far = _bias()
+    far.loc[far["optimizer"] == "adamw_bias_decay", "drift_b_k"] = 0.1
+    assert _claims(T.bias_results(far)[0])["train-adam-drift-matches-noise-prediction"]
+    assert T.bias_results(far)[1]["TrainDriftAdamMax"] == pytest.approx(0.1)
+    # no decay runs in the profile: that claim (and its macro) is not recorded at all
+    claims, macros = T.bias_results(_bias(optimizers=("sgd", "adam")))
+    assert "train-adamw-bias-decay-shrinks-bk" not in _claims(claims) and "TrainDecayDev" not in macros
+    # a missing prediction (NaN) fails instead of passing
+    nan_pred = _bias()
+    nan_pred.loc[nan_pred["optimizer"] == "adamw_bias_decay", "predicted_drift"] = np.nan
+    assert not _claims(T.bias_results(nan_pred)[0])["train-adamw-bias-decay-shrinks-bk"]
+    with pytest.raises(ValueError, match="empty"):
+        T.bias_results(_bias().iloc[:0])
+
+
+def test_bound_macros_match_claim_bounds():
+    bounds = T.bound_macros()
+    claims = T.pair_results(_pairs())[0] + T.bias_results(_bias())[0]
+    by_id = {c[0]: c[3] for c in claims}
+    assert by_id["train-accuracy-agrees-kept-removed"] == bounds["TrainAccZBound"]
+    assert by_id["train-divergence-within-rounding-control"] == bounds["TrainDivergenceBound"]
+    assert by_id["train-adam-drift-matches-noise-prediction"] == math.log2(bounds["TrainAdamFactorBound"])
+    assert by_id["train-adamw-bias-decay-shrinks-bk"] == bounds["TrainDecayDevBound"]
+    assert all(re.fullmatch(r"[A-Za-z]+", k) for k in bounds)
+
+
+def test_verdict_results_and_tables():
+    import pandas as pd
+
+    rows = [{"setting": s, "optimizer": o, "seed": 0, "layer": layer, "verdict": v, "delta": 1e-7,
+             "tolerance": 1e-6, "logit_delta": 1e-6, "prediction_changes": 0}
+            for s, o, vs in (("SGD", "sgd", ("invalid", "invalid")), ("Adam_x", "adam", ("redundant", "invalid")))
+            for layer, v in enumerate(vs)]
+    verdicts = pd.DataFrame(rows)
+    claims, macros = T.verdict_results(verdicts)
+    assert all(_claims(claims).values())
+    assert macros["TrainVerdictRedundant"] == 1 and macros["TrainVerdictInvalid"] == 3
+    table = T.verdict_table(verdicts)
+    assert list(table["redundant"]) == [0, 1]
+    latex = T.verdict_table_latex(table)
+    assert r"\toprule" in latex and r"Adam\_x" in latex and latex.count(r"\\") == 3
+    # built to fail: a not_redundant layer, and an Adam run with no powered layer
+    verdicts.loc[verdicts.index[2], "verdict"] = "not_redundant"
+    assert not any(_claims(T.verdict_results(verdicts)[0]).values())
+    bias_latex = T.bias_table_latex(T.bias_table(_bias()))
+    assert "--" in bias_latex  # SGD has no Adam prediction

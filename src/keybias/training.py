@@ -912,3 +912,279 @@ def setting_macro_name(optimizer: str, eps: float, dtype: str) -> str:
     if dtype == "bfloat16":
         name += "BfloatSixteen"
     return name
+
+
+# ----------------------------------------------------------------------------- claims, macros, tables
+#
+# The bounds of the claims. Each is also written as a macro (Train...Bound) so that the paper
+# states exactly the number the claim checks.
+
+ACC_Z_BOUND = 2  # final accuracies agree within this many binomial standard errors of the test set
+DIVERGENCE_RATIO_BOUND = 10  # kept-vs-removed divergence / one-ulp-control divergence (same order)
+GRAD_RATIO_BOUND = 1  # |g_bk| / rounding tolerance of the verdict rule
+SGD_RATIO_BOUND = 1  # SGD drift / (lr / (1 - mu) * sum_t tol_t * sqrt(n))
+ADAM_FACTOR_BOUND = 2  # measured / predicted Adam drift within this factor either way
+DECAY_DEV_BOUND = 2  # |norm - decayed norm| / predicted walk, with weight decay on biases
+
+# Optimizers whose drift the noise model of `predicted_adam_drift` describes: Adam-family runs
+# WITHOUT weight decay on b_k. With decay on biases (adamw_bias_decay) the drift is dominated
+# by the deterministic shrinkage (1 - lr wd)^T, checked by its own claim instead.
+ADAM_NOISE_OPTIMIZERS = ("adam", "adamw")
+
+_OPTIMIZER_MACRO = {"sgd": "Sgd", "sgd_momentum": "SgdMomentum", "adam": "Adam", "adamw": "AdamW",
+                    "adamw_bias_decay": "AdamWBiasDecay"}
+
+
+def _strict_max(values) -> float:
+    """Max that propagates NaN (pandas' max skips it) and is NaN on no data, so a claim built on it
+    fails rather than passes when a value is missing."""
+    arr = np.asarray(values, dtype=float)
+    return float(np.max(arr)) if arr.size else math.nan
+
+
+def _require_columns(frame: pd.DataFrame, name: str, columns) -> None:
+    missing = [c for c in columns if c not in frame.columns]
+    if missing:
+        raise ValueError(f"{name} lacks columns {missing}")
+
+
+def bound_macros() -> dict[str, object]:
+    """The claim bounds as macros (the same constants the claims compare against)."""
+    return {
+        "TrainAccZBound": ACC_Z_BOUND,
+        "TrainDivergenceBound": DIVERGENCE_RATIO_BOUND,
+        "TrainGradRatioBound": GRAD_RATIO_BOUND,
+        "TrainSgdRatioBound": SGD_RATIO_BOUND,
+        "TrainAdamFactorBound": ADAM_FACTOR_BOUND,
+        "TrainDecayDevBound": DECAY_DEV_BOUND,
+    }
+
+
+def config_macros(*, n_train: int, n_test: int, n_params: int, n_settings: int, seeds: list[int],
+                  bias_seeds: list[int], steps: int, batch_size: int, embed_dim: int, num_heads: int,
+                  num_layers: int, patch: int, lr_sgd: float, lr_adam: float, momentum: float,
+                  weight_decay: float, key_bias_init: float, **_ignored) -> dict[str, object]:
+    """Macros for the setup of the runs (data sizes, model, optimizer settings, counts)."""
+    from keybias.export import format_number
+
+    def one(x):  # one significant digit for parameters such as 0.003
+        return format_number(float(x), 1)
+
+    return {
+        "TrainNTrain": int(n_train), "TrainNTest": int(n_test), "TrainNParams": int(n_params),
+        "TrainEmbedDim": int(embed_dim), "TrainHeads": int(num_heads), "TrainLayers": int(num_layers),
+        "TrainTokens": (8 // patch) ** 2, "TrainSteps": int(steps), "TrainBatch": int(batch_size),
+        "TrainSeeds": len(seeds), "TrainBiasSeeds": len(bias_seeds),
+        "TrainLrSgd": one(lr_sgd), "TrainLrAdam": one(lr_adam), "TrainMomentum": one(momentum),
+        "TrainWeightDecay": one(weight_decay), "TrainKeyBiasInit": one(key_bias_init),
+        "TrainEpsDefault": one(DEFAULT_EPS), "TrainBiasSettings": int(n_settings),
+    }
+
+
+def pair_results(pairs: pd.DataFrame) -> tuple[list[tuple], dict[str, object]]:
+    """Claims and macros of the kept-vs-removed comparison (`pair_summary` output).
+
+    Macros per optimizer (Sgd, Adam, ...): fewest bit-identical steps over seeds, mean final
+    accuracy removed/kept over seeds, and the max over seeds of the accuracy difference, the
+    step-by-step relative loss difference (kept and control) and the final divergence (kept and
+    control). Claims: max |acc diff| / standard error <= ACC_Z_BOUND and max divergence ratio
+    kept / control <= DIVERGENCE_RATIO_BOUND, each over optimizers and seeds (NaN, so failing,
+    when a value is missing)."""
+    _require_columns(pairs, "pairs", ["optimizer", "identical_steps", "test_acc_removed", "test_acc_kept",
+                                      "acc_diff", "acc_standard_error", "max_loss_rel_diff",
+                                      "max_loss_rel_diff_control", "final_divergence_kept",
+                                      "final_divergence_control"])
+    if pairs.empty:
+        raise ValueError("pairs is empty: no kept-vs-removed run to summarize")
+    macros: dict[str, object] = {}
+    for opt, g in pairs.groupby("optimizer", sort=False):
+        key = _OPTIMIZER_MACRO[opt]
+        macros[f"TrainIdenticalSteps{key}"] = int(g["identical_steps"].min())
+        macros[f"TrainAccRemoved{key}"] = float(g["test_acc_removed"].mean())
+        macros[f"TrainAccKept{key}"] = float(g["test_acc_kept"].mean())
+        macros[f"TrainMaxAccDiff{key}"] = _strict_max(g["acc_diff"])
+        macros[f"TrainLossRelDiff{key}"] = _strict_max(g["max_loss_rel_diff"])
+        macros[f"TrainLossRelDiffControl{key}"] = _strict_max(g["max_loss_rel_diff_control"])
+        macros[f"TrainDivergence{key}"] = _strict_max(g["final_divergence_kept"])
+        macros[f"TrainDivergenceControl{key}"] = _strict_max(g["final_divergence_control"])
+    acc_z = _strict_max(pairs["acc_diff"] / pairs["acc_standard_error"])
+    div_ratio = _strict_max(pairs["final_divergence_kept"] / pairs["final_divergence_control"])
+    macros["TrainAccStandardError"] = _strict_max(pairs["acc_standard_error"])
+    macros["TrainAccZ"] = acc_z
+    macros["TrainDivergenceRatio"] = div_ratio
+    claims = [
+        ("train-accuracy-agrees-kept-removed",
+         f"Final test accuracy with and without the key bias agrees within {ACC_Z_BOUND} binomial standard "
+         "errors of the test set, for every optimizer and seed (max |difference| / standard error).",
+         acc_z, ACC_Z_BOUND, "<="),
+        ("train-divergence-within-rounding-control",
+         f"The kept-b_k run ends within the same order of magnitude (at most {DIVERGENCE_RATIO_BOUND} times) "
+         "of the removed-b_k run as a run whose initial weights differ by one unit in the last place, in "
+         "relative parameter distance (max ratio over optimizers and seeds).",
+         div_ratio, DIVERGENCE_RATIO_BOUND, "<="),
+    ]
+    return claims, macros
+
+
+def bias_results(bias: pd.DataFrame) -> tuple[list[tuple], dict[str, object]]:
+    """Claims and macros of the bias study (`bias_summary` output).
+
+    - train-bk-gradient-within-rounding: max |g_bk| / tolerance over all runs <= GRAD_RATIO_BOUND;
+    - train-sgd-bk-stays-put (only if the profile has SGD runs): max drift / SGD bound <= SGD_RATIO_BOUND;
+    - train-adam-drift-matches-noise-prediction (only if it has Adam, or AdamW without decay on
+      biases): max |log2(measured / predicted)| <= log2(ADAM_FACTOR_BOUND);
+    - train-adamw-bias-decay-shrinks-bk (only if it has adamw_bias_decay runs): max
+      |norm - decayed norm| / predicted walk <= DECAY_DEV_BOUND.
+    A claim whose runs are absent from the profile is not recorded (nor its macros); a NaN value
+    (a missing prediction) makes it fail. Per-setting macros TrainDrift<S>, TrainPred<S>,
+    TrainAcc<S> are MEANS over seeds; TrainDriftAdamMax is the max drift over every Adam-family
+    run (all optimizers, eps, dtypes, seeds, weight decay included)."""
+    _require_columns(bias, "bias", ["setting", "optimizer", "eps", "dtype", "seed", "drift_b_k",
+                                    "predicted_drift", "sgd_bound", "decayed_norm", "norm_b_k", "test_acc",
+                                    "grad_rms_b_k", "grad_rms_b_q", "max_grad_over_tolerance"])
+    if bias.empty:
+        raise ValueError("bias is empty: no bias-study run to summarize")
+    claims: list[tuple] = []
+    macros: dict[str, object] = {}
+    grad_ratio = _strict_max(bias["max_grad_over_tolerance"])
+    macros["TrainGradRatio"] = grad_ratio
+    claims.append(("train-bk-gradient-within-rounding",
+                   "At every step of every run the b_k gradient lies within the rounding tolerance of the verdict "
+                   "rule (max over steps, layers and runs of |g_bk| / tolerance).",
+                   grad_ratio, GRAD_RATIO_BOUND, "<="))
+    sgd = bias[bias["optimizer"].str.startswith("sgd")]
+    if len(sgd):
+        sgd_ratio = _strict_max(sgd["drift_b_k"] / sgd["sgd_bound"])
+        macros["TrainSgdRatio"] = sgd_ratio
+        claims.append(("train-sgd-bk-stays-put",
+                       "Under SGD and SGD with momentum, b_k moves no more than the sum of its per-step rounding "
+                       "tolerances times the learning rate allows (max drift / bound).",
+                       sgd_ratio, SGD_RATIO_BOUND, "<="))
+    noise = bias[bias["optimizer"].isin(ADAM_NOISE_OPTIMIZERS)]
+    if len(noise):
+        log_err = _strict_max(np.abs(np.log2(noise["drift_b_k"] / noise["predicted_drift"])))
+        macros["TrainAdamLogErr"] = log_err
+        macros["TrainAdamFactor"] = 2.0**log_err
+        claims.append(("train-adam-drift-matches-noise-prediction",
+                       "Under Adam (every eps and dtype) and AdamW without weight decay on biases, the measured "
+                       "drift of b_k agrees with the random-walk prediction from the measured gradient noise and "
+                       f"eps within a factor of {ADAM_FACTOR_BOUND} (max |log2(measured/predicted)|; AdamW with "
+                       "weight decay on biases is covered by train-adamw-bias-decay-shrinks-bk).",
+                       log_err, math.log2(ADAM_FACTOR_BOUND), "<="))
+    decay = bias[bias["optimizer"] == "adamw_bias_decay"]
+    if len(decay):
+        decay_dev = _strict_max((decay["norm_b_k"] - decay["decayed_norm"]).abs() / decay["predicted_drift"])
+        macros["TrainDecayDev"] = decay_dev
+        claims.append(("train-adamw-bias-decay-shrinks-bk",
+                       "With weight decay on biases, ||b_k|| follows (1 - lr wd)^T ||b_k(0)|| within "
+                       f"{DECAY_DEV_BOUND} times the predicted Adam random walk (max deviation / predicted walk).",
+                       decay_dev, DECAY_DEV_BOUND, "<="))
+    adam_family = bias[bias["optimizer"].str.startswith("adam")]
+    if len(adam_family):
+        macros["TrainDriftAdamMax"] = _strict_max(adam_family["drift_b_k"])
+    for (opt, eps, dtype), g in bias.groupby(["optimizer", "eps", "dtype"], sort=False):
+        name = setting_macro_name(opt, float(eps), dtype)
+        macros[f"TrainDrift{name}"] = float(g["drift_b_k"].mean())
+        if g["predicted_drift"].notna().all():
+            macros[f"TrainPred{name}"] = float(g["predicted_drift"].mean())
+        macros[f"TrainAcc{name}"] = float(g["test_acc"].mean())
+    for dtype, word in (("float32", "FloatThirtyTwo"), ("bfloat16", "BfloatSixteen")):
+        d = bias[bias["dtype"] == dtype]
+        if len(d):
+            macros[f"TrainGradRmsKey{word}"] = float(d["grad_rms_b_k"].median())
+            macros[f"TrainGradRmsQuery{word}"] = float(d["grad_rms_b_q"].median())
+    return claims, macros
+
+
+def _fmt(value) -> str:
+    from keybias.export import format_number
+
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "--"
+    return "$" + format_number(float(value), 2) + "$"
+
+
+def _latex_text(text: str) -> str:
+    return str(text).replace("_", r"\_").replace("%", r"\%").replace("&", r"\&")
+
+
+def _tabular(header: list[str], rows: list[list[str]]) -> str:
+    body = [r"\begin{tabular}{l" + "r" * (len(header) - 1) + "}", r"\toprule", " & ".join(header) + r" \\",
+            r"\midrule"]
+    body += [" & ".join(r) + r" \\" for r in rows]
+    body += [r"\bottomrule", r"\end{tabular}"]
+    return "\n".join(body)
+
+
+def bias_table(bias: pd.DataFrame) -> pd.DataFrame:
+    """Per setting, means over seeds: test accuracy, final ||b_q||, ||b_v||, drift of b_k, predicted
+    drift (Adam family; NaN otherwise) and the RMS of the b_k gradient."""
+    return bias.groupby("setting", sort=False).agg(
+        acc=("test_acc", "mean"), norm_q=("norm_b_q", "mean"), norm_v=("norm_b_v", "mean"),
+        drift=("drift_b_k", "mean"), predicted=("predicted_drift", "mean"),
+        grad_k=("grad_rms_b_k", "mean")).reset_index()
+
+
+def bias_table_latex(table: pd.DataFrame) -> str:
+    """The `bias_table` as a booktabs tabular ("--" where there is no prediction)."""
+    header = ["setting", "test acc.", r"$\|b_q\|$", r"$\|b_v\|$", r"drift of $b_k$", "predicted", r"RMS $g_{b_k}$"]
+    rows = [[_latex_text(r["setting"])] + [_fmt(r[c]) for c in ("acc", "norm_q", "norm_v", "drift", "predicted",
+                                                                  "grad_k")]
+            for _, r in table.iterrows()]
+    return _tabular(header, rows)
+
+
+def verdict_table(verdicts: pd.DataFrame) -> pd.DataFrame:
+    """Per setting, over seeds and layers: counts of each verdict and the largest output change,
+    tolerance and logit change."""
+    return verdicts.groupby("setting", sort=False).agg(
+        layers=("verdict", "size"),
+        redundant=("verdict", lambda v: int((v == verdict.REDUNDANT).sum())),
+        invalid=("verdict", lambda v: int((v == verdict.INVALID).sum())),
+        not_redundant=("verdict", lambda v: int((v == verdict.NOT_REDUNDANT).sum())),
+        max_delta=("delta", "max"), max_tolerance=("tolerance", "max"),
+        max_logit_delta=("logit_delta", "max")).reset_index()
+
+
+def verdict_table_latex(table: pd.DataFrame) -> str:
+    header = ["setting", "layers", "redundant", "invalid", "not red.", r"max $\Delta$", "tolerance",
+              r"max $\Delta$logit"]
+    rows = [[_latex_text(r["setting"]), str(int(r["layers"])), str(int(r["redundant"])), str(int(r["invalid"])),
+             str(int(r["not_redundant"]))] + [_fmt(r[c]) for c in ("max_delta", "max_tolerance", "max_logit_delta")]
+            for _, r in table.iterrows()]
+    return _tabular(header, rows)
+
+
+def verdict_results(verdicts: pd.DataFrame) -> tuple[list[tuple], dict[str, object]]:
+    """Claims and macros of the end-of-training verdicts (`run_bias_study`'s second output).
+
+    - train-drifted-bk-never-changes-function: number of not_redundant verdicts <= 0;
+    - train-drift-verdict-has-power (only if the profile has Adam-family runs): min over those
+      runs of the number of redundant (powered) layers >= 1."""
+    _require_columns(verdicts, "verdicts", ["setting", "seed", "optimizer", "verdict", "logit_delta",
+                                            "prediction_changes"])
+    if verdicts.empty:
+        raise ValueError("verdicts is empty: no trained model to test")
+    counts = verdicts["verdict"].value_counts()
+    n_not = int(counts.get(verdict.NOT_REDUNDANT, 0))
+    macros: dict[str, object] = {
+        "TrainVerdictRedundant": int(counts.get(verdict.REDUNDANT, 0)),
+        "TrainVerdictNotRedundant": n_not,
+        "TrainVerdictInvalid": int(counts.get(verdict.INVALID, 0)),
+        "TrainVerdictTotal": len(verdicts),
+        "TrainMaxLogitDelta": _strict_max(verdicts["logit_delta"]),
+        "TrainPredictionChanges": int(verdicts.groupby(["setting", "seed"])["prediction_changes"].first().sum()),
+    }
+    claims: list[tuple] = [
+        ("train-drifted-bk-never-changes-function",
+         "No trained key bias, under any optimizer, eps or dtype, changes an attention output beyond rounding "
+         "(number of not_redundant verdicts).", n_not, 0, "<="),
+    ]
+    adam = verdicts[verdicts["optimizer"].str.startswith("adam")]
+    if len(adam):
+        powered = adam.groupby(["setting", "seed"])["verdict"].apply(lambda v: int((v == verdict.REDUNDANT).sum()))
+        claims.append(("train-drift-verdict-has-power",
+                       "The verdict could see a change of the drifted size in at least one layer of every "
+                       "Adam-family run (min over those runs of the number of redundant layers).",
+                       int(powered.min()), 1, ">="))
+    return claims, macros
