@@ -5,6 +5,7 @@ import os
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 from torch import nn
@@ -265,3 +266,92 @@ def test_allocator_check_not_run_without_gpu():
         assert row["status"] == "not run" and row["match"] is None
     else:
         assert cost.allocator_check(256, "adam", "cuda")["match"]
+
+
+# ----------------------------------------------------------------------------- notebook summaries
+
+
+def test_memory_latex_and_claims_pass_and_fail():
+    layer = cost.per_layer_memory(cost.LAYER_WIDTHS)
+    memory = cost.memory_table().merge(cost.check_architectures(using="torch")[["architecture", "match"]], on="architecture")
+    tex = cost.memory_latex(memory)
+    assert tex.startswith(r"\begin{tabular}") and r"\bottomrule" in tex and "GPT-2 XL & 1600 & 48" in tex
+    assert "76{,}800" in tex  # GPT-2 XL's b_k with LaTeX thousands
+    claims, macros = cost.memory_claims(layer, memory)
+    fraction, counts = claims
+    assert "0.0325% at E = 768" in fraction[1]  # generated from the data
+    assert fraction[2] == pytest.approx(fraction[3]) and counts[2] == 0
+    assert macros["CostBertEmbedDim"] == 768 and macros["CostBkParamsGptXL"] == 48 * 1600
+    # a count that does not match its module makes the count claim fail
+    broken = memory.assign(match=[False] + [True] * (len(memory) - 1))
+    assert cost.memory_claims(layer, broken)[0][1][2] == 1
+    with pytest.raises(ValueError, match="768"):
+        cost.memory_claims(layer[layer["embed_dim"] != 768], memory)
+
+
+def _synthetic(saving=0.01, predicted_s=0.01, control_width=0.02, n=6, slower=0):
+    """ratios (no_bk and control per config) and the byte-model frame, for training totals
+    and inference forwards: no_bk ratio 1 - saving with CI +-0.005, control around 1."""
+    rows = []
+    for i in range(n):
+        for mode, phase in (("training", "total"), ("inference", "forward")):
+            cfg = dict(device="cpu", attention="self", mode=mode, embed_dim=64 * (i + 1), seq_len=16, batch=1,
+                       num_heads=1, phase=phase, numerator_median_s=1.0 - saving, denominator_median_s=1.0)
+            s = -0.05 if i < slower else saving
+            rows.append({**cfg, "ratio": "no_bk", "value": 1 - s, "ci_low": 1 - s - 0.005, "ci_high": 1 - s + 0.005})
+            rows.append({**cfg, "ratio": "control", "value": 1.0, "ci_low": 1 - control_width / 2,
+                         "ci_high": 1 + control_width / 2})
+            rows.append({**cfg, "ratio": "no_bias_mha", "value": 0.97, "ci_low": 0.96, "ci_high": 0.98})
+    ratios = pd.DataFrame(rows)
+    ratios["ci_width"] = ratios["ci_high"] - ratios["ci_low"]
+    ratios["contains_one"] = (ratios["ci_low"] <= 1) & (ratios["ci_high"] >= 1)
+    model = cost.predict_saving(ratios, {"bandwidth_bytes_per_s": 1e30, "small_op_s": predicted_s / 2},
+                                {64 * (i + 1): predicted_s / 2 for i in range(n)})
+    return ratios, model
+
+
+def test_timing_claims_saving_against_the_model_alone():
+    ratios, model = _synthetic(saving=0.01, predicted_s=0.02)
+    claims, macros = cost.timing_claims(ratios, model)
+    by_id = {c[0]: c for c in claims}
+    value, bound = by_id["cost-training-saving-not-above-model"][2:4]
+    assert value == 1.0 and value >= bound
+    assert by_id["cost-control-ci-contains-one"][2] == 1.0
+    assert macros["CostTrainNotAboveModel"] == 6 and macros["CostSlower"] == 0
+    assert macros["CostDistinguishableByChance"] == "0.30"  # (1 - LEVEL) / 2 * 12
+    assert macros["CostLevelPercent"] == 95
+    # a saving far above what the removed work predicts fails, however wide the control is
+    ratios, model = _synthetic(saving=0.10, predicted_s=0.01, control_width=0.5)
+    value, bound = {c[0]: c for c in cost.timing_claims(ratios, model)[0]}["cost-training-saving-not-above-model"][2:4]
+    assert value == 0.0 and value < bound
+
+
+def test_timing_claims_count_slower_and_largest_point():
+    ratios, model = _synthetic(slower=2)
+    _, macros = cost.timing_claims(ratios, model)
+    assert macros["CostSlower"] == 4 and macros["CostSlowerTraining"] == 2 and macros["CostSlowerInference"] == 2
+    assert macros["CostSlowestHighPercent"] < 0
+    assert macros["CostLargestPointSavingPercent"] == pytest.approx(1.0)
+    assert "$E=" in macros["CostLargestPointSavingWhere"]
+    # no training rows: the training claim is not recorded rather than passing on nothing
+    inf = ratios[ratios["mode"] == "inference"]
+    claims, _ = cost.timing_claims(inf, model[model["mode"] == "inference"])
+    assert [c[0] for c in claims] == ["cost-control-ci-contains-one"]
+
+
+def test_with_not_run_adds_reasoned_rows_for_absent_devices():
+    ratios, model = _synthetic(n=1)
+    out = cost.with_not_run(ratios, "cpu", passes=("training",), attentions=("self",))
+    assert (out.loc[out["device"] == "cpu", "status"] == "measured").all()
+    if not torch.cuda.is_available():
+        extra = out[out["device"] == "cuda"]
+        assert set(extra["status"]) == {"not run"} and (extra["reason"] != "").all()
+        assert len(extra) == len(cost.RATIOS)
+        assert set(cost.with_not_run(model, "cpu")["ratio"].dropna()) == {"no_bk"}
+
+
+def test_time_ratio_figure_draws_every_panel():
+    ratios, model = _synthetic(n=2)
+    fig = cost.time_ratio_figure(ratios, model, base_embed_dim=64, base_seq_len=16, base_batch=1,
+                                 attentions=["self"], passes=["training"], device="cpu", threads=1)
+    assert len(fig.axes) == 3 and fig.axes[0].get_xlabel() == "embed_dim"

@@ -50,6 +50,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from keybias.export import format_number
 from keybias.params import Param
 
 PARAMETERS = {
@@ -87,6 +88,12 @@ MACHINE_SPECIFIC_OUTPUTS = [
     "steps/06_cost.json",  # timing claims carry measured values
 ]
 
+# Widths whose nn.MultiheadAttention layer counts are checked (include the architectures' widths).
+LAYER_WIDTHS = (64, 128, 256, 512, 768, 1024, 1280, 1600, 2048)
+# Confidence level of every bootstrap interval; chance rates below derive from it.
+LEVEL = 0.95
+# Tail probability below which a count of interval misses is no longer put down to chance.
+CHANCE_TAIL = 1e-3
 OPTIMIZER_STATES = {"sgd": 0, "sgd_momentum": 1, "adam": 2}
 IMPLEMENTATIONS = ("explicit", "explicit_no_bk", "explicit_control", "explicit_no_bias", "mha", "mha_no_bias")
 # ratio name -> (numerator, denominator)
@@ -534,7 +541,7 @@ STATISTICS = ("median_of_ratios", "ratio_of_medians")
 
 
 def bootstrap_ratio(
-    num, den, *, n_boot: int = 2000, seed: int = 0, level: float = 0.95, statistic: str = "median_of_ratios"
+    num, den, *, n_boot: int = 2000, seed: int = 0, level: float = LEVEL, statistic: str = "median_of_ratios"
 ) -> tuple[float, float, float]:
     """Ratio of paired timings with a percentile bootstrap CI (repetitions resampled jointly).
 
@@ -801,16 +808,22 @@ def summary_numbers(ratios: pd.DataFrame, model: pd.DataFrame) -> dict:
         "control_contains_one": int(ctrl["contains_one"].sum()),
         "control_width_median": float(ctrl["ci_width"].median()),
         "control_width_max": float(ctrl["ci_width"].max()),
-        "control_coverage_bound": binomial_lower_fraction(n, 0.95, 1e-3),
+        "control_coverage_bound": binomial_lower_fraction(n, LEVEL, CHANCE_TAIL),
         "nobk_distinguishable": int(main["distinguishable_from_zero"].sum()),
         "nobk_n": len(main),
         "nobk_distinguishable_training": int(main.loc[main["mode"] == "training", "distinguishable_from_zero"].sum()),
         "nobk_n_training": int((main["mode"] == "training").sum()),
         "nobk_distinguishable_inference": int(main.loc[main["mode"] == "inference", "distinguishable_from_zero"].sum()),
         "nobk_n_inference": int((main["mode"] == "inference").sum()),
-        "train_saving_ci_high_max": float(train["saving_ci_high"].max()) if len(train) else float("nan"),
         "train_predicted_max": float(train["predicted_saving"].max()) if len(train) else float("nan"),
-        "train_saving_bound": float(train["predicted_saving"].max() + ctrl["ci_width"].max()) if len(train) else float("nan"),
+        # one-sided: the lower end of the saving's interval does not exceed the byte model's
+        # prediction for the same configuration (no widening by the measurement noise)
+        "train_n": len(train),
+        "train_not_above_model": int((train["saving_ci_low"] <= train["predicted_saving"]).sum()),
+        "train_not_above_model_bound": binomial_lower_fraction(len(train), 1 - (1 - LEVEL) / 2, CHANCE_TAIL),
+        "nobk_slower": int((main["saving_ci_high"] < 0).sum()),
+        "nobk_slower_training": int((train["saving_ci_high"] < 0).sum()),
+        "nobk_slower_inference": int((main.loc[main["mode"] == "inference", "saving_ci_high"] < 0).sum()),
     }
 
 
@@ -826,6 +839,215 @@ def binomial_lower_fraction(n: int, p: float, tail: float) -> float:
             return k / n
         cdf += pk
     return 1.0
+
+
+# --------------------------------------------------------------------------- notebook summaries
+
+
+def _thousands(n) -> str:
+    return f"{int(n):,}".replace(",", "{,}")
+
+
+def memory_latex(memory: pd.DataFrame) -> str:
+    """The booktabs tabular of `memory_table` for the paper (counts with LaTeX thousands)."""
+    lines = [r"\begin{tabular}{lrrrrrr}", r"\toprule",
+             r"Architecture & $E$ & layers & parameters & $b_k$ & $b_k$ of attn.\ (\%) & $b_k$ of model (\%) \\",
+             r"\midrule"]
+    for r in memory.itertuples():
+        lines.append(f"{r.architecture} & {r.embed_dim} & {r.layers} & {_thousands(r.model_params)} & "
+                     f"{_thousands(r.bk_params)} & {100 * r.bk_fraction_of_attention_layer:.4f} & "
+                     f"{100 * r.bk_fraction_of_model:.4f} \\\\")
+    lines += [r"\bottomrule", r"\end{tabular}"]
+    return "\n".join(lines)
+
+
+def memory_claims(layer: pd.DataFrame, memory: pd.DataFrame) -> tuple[list[tuple], dict]:
+    """Claims (id, statement, value, bound, comparison) and macros on memory.
+
+    The BERT-base layer share is read from the real module row of `layer` (per_layer_memory)
+    and compared exactly with the formula 1/(4E+4); the statement's numbers come from the data.
+    """
+    arch = memory.set_index("architecture")
+    bert = arch.loc["BERT-base"]
+    e = int(bert.embed_dim)
+    by_e = layer.set_index("embed_dim")
+    if e not in by_e.index:
+        raise ValueError(f"per_layer_memory must include embed_dim={e} (BERT-base)")
+    row = by_e.loc[e]
+    pct_module = 100 * float(row.bk_params_module) / float(row.layer_params_module)
+    pct_formula = 100 * e / mha_param_count(e)
+    claims = [
+        ("cost-bk-attention-layer-fraction-e768",
+         f"Removing b_k saves 1/(4E+4) of an attention layer's parameters, {pct_formula:.4f}% at E = {e}, "
+         "counted in nn.MultiheadAttention.", pct_module, pct_formula, "=="),
+        ("cost-memory-counts-match-modules",
+         "The b_k and whole-model parameter counts of all reference architectures equal those of the real modules.",
+         int((~layer["match"]).sum() + (~memory["match"]).sum()), 0, "=="),
+    ]
+    xl = arch.loc["GPT-2 XL"]
+    macros = {
+        "CostBkFractionLayerPercent": pct_formula,
+        "CostBertEmbedDim": e,
+        "CostBkParamsBertBase": int(bert.bk_params),
+        "CostBkParamsGptXL": int(xl.bk_params),
+        "CostBkAdamBytesGptXL": int(xl.bk_training_adam_bytes),
+        "CostModelFractionMaxPercent": float(100 * memory.bk_fraction_of_model.max()),
+        "CostModelFractionMinPercent": float(100 * memory.bk_fraction_of_model.min()),
+        "CostArchitectureCount": len(memory),
+    }
+    return claims, macros
+
+
+def with_not_run(frame: pd.DataFrame, device: str, passes=PASSES, attentions=ATTENTIONS) -> pd.DataFrame:
+    """The measured rows (status 'measured') plus `not_run_rows` for every device of
+    `device_status` that was not run, with its reason: what the timing CSVs store."""
+    out = frame.copy()
+    out["status"], out["reason"] = "measured", ""
+    absent = device_status(device)
+    absent = absent[absent["status"] == "not run"]
+    extra = [not_run_rows(r.device, r.reason, passes, attentions) for r in absent.itertuples()]
+    if "ratio" in out and out["ratio"].nunique() == 1:  # the byte-model table holds no_bk only
+        extra = [x[x["ratio"] == out["ratio"].iloc[0]] for x in extra]
+    return pd.concat([out, *extra], ignore_index=True) if extra else out
+
+
+MAIN_VIEWS = (("inference", "forward", "inference (forward)"), ("training", "total", "training step (fwd+bwd+Adam)"))
+
+
+def main_view(frame: pd.DataFrame) -> pd.DataFrame:
+    """Rows of the headline phases: inference forward and the whole training step."""
+    keep = np.zeros(len(frame), dtype=bool)
+    for mode, phase, _ in MAIN_VIEWS:
+        keep |= ((frame["mode"] == mode) & (frame["phase"] == phase)).to_numpy()
+    return frame[keep]
+
+
+def _panel_rows(frame: pd.DataFrame, axis: str, base: dict) -> pd.DataFrame:
+    sel = frame
+    for k, v in base.items():
+        if k != axis:
+            sel = sel[sel[k] == v]
+    return sel.sort_values(axis)
+
+
+def time_ratio_figure(ratios: pd.DataFrame, model: pd.DataFrame, *, base_embed_dim: int, base_seq_len: int,
+                      base_batch: int, attentions, passes, device: str, threads: int):
+    """B/A with its CI against each size axis (others at the base point), the control band
+    and the byte model's predicted ratio; one row of panels per headline phase."""
+    import matplotlib.pyplot as plt
+
+    base = {"embed_dim": base_embed_dim, "seq_len": base_seq_len, "batch": base_batch}
+    views = [v for v in MAIN_VIEWS if v[0] in passes]
+    fig, axs = plt.subplots(len(views), 3, figsize=(10, 3.2 * len(views)), squeeze=False, sharey="row")
+    for i, (mode, phase, title) in enumerate(views):
+        sub = ratios[(ratios["mode"] == mode) & (ratios["phase"] == phase)]
+        pred_all = model[(model["mode"] == mode) & (model["phase"] == phase)]
+        for j, axis in enumerate(base):
+            ax = axs[i][j]
+            for k, att in enumerate(attentions):
+                main = _panel_rows(sub[(sub["ratio"] == "no_bk") & (sub["attention"] == att)], axis, base)
+                ctrl = _panel_rows(sub[(sub["ratio"] == "control") & (sub["attention"] == att)], axis, base)
+                shift = 1.0 + 0.04 * (k - 0.5)
+                ax.errorbar(main[axis] * shift, main["value"],
+                            yerr=[main["value"] - main["ci_low"], main["ci_high"] - main["value"]],
+                            fmt="o-", capsize=3, label=f"B/A ({att})")
+                ax.fill_between(ctrl[axis], ctrl["ci_low"], ctrl["ci_high"], color="grey", alpha=0.15,
+                                label="control CI" if k == 0 else None)
+                pred = _panel_rows(pred_all[pred_all["attention"] == att], axis, base)
+                ax.plot(pred[axis], 1 - pred["predicted_saving"], ls="--", lw=1, color=f"C{k}",
+                        label=f"byte model ({att})")
+            ax.axhline(1.0, color="k", lw=0.8)
+            ax.set_xscale("log", base=2)
+            ax.set_xlabel(axis)
+            if j == 0:
+                ax.set_ylabel(f"time ratio, {title}")
+    axs[0][0].legend(fontsize=7)
+    fig.suptitle(f"Key bias removed (B) vs present (A), {device}, {threads} thread(s); machine-specific", fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def _where(r) -> str:
+    return f"{r.attention}-attention {r['mode']}, $E={int(r.embed_dim)}$, $L={int(r.seq_len)}$, $B={int(r.batch)}$"
+
+
+def cuda_sentence(device: str) -> str:
+    """One sentence for the paper on the CUDA rows: measured on which GPU, or why not run."""
+    if device == "cuda":
+        return f"The same benchmark ran on a CUDA GPU ({torch.cuda.get_device_name(0)})."
+    status = device_status(device).set_index("device")
+    if "cuda" in status.index:
+        return "The CUDA rows read ``not run'' (" + status.loc["cuda", "reason"] + ")."
+    return ""
+
+
+def timing_claims(ratios: pd.DataFrame, model: pd.DataFrame) -> tuple[list[tuple], dict]:
+    """Claims and macros of the timing sweep (values only; run facts are added by the caller).
+
+    - control coverage: identical implementations give intervals containing 1 in at least
+      the share a Binomial(n, LEVEL) reaches except with probability CHANCE_TAIL;
+    - training saving not above the model: per training configuration the lower end of the
+      saving's interval is at most the byte-and-overhead model's prediction for that
+      configuration (a bound from the model alone); a one-sided LEVEL interval misses with
+      probability (1-LEVEL)/2, so the share that must hold is the binomial quantile of that.
+    No training rows: the training claim is not recorded (the caller's profile has none).
+    """
+    s = summary_numbers(ratios, model)
+    if s["control_n"] == 0:
+        raise ValueError("no control rows: run_benchmark produced no headline phases")
+    claims = [("cost-control-ci-contains-one",
+               "Two identical implementations timed against each other give a ratio CI containing 1 in the expected share of configurations.",
+               s["control_contains_one"] / s["control_n"], s["control_coverage_bound"], ">=")]
+    view = main_view(model)
+    chance = (1 - LEVEL) / 2
+    macros = {
+        "CostLevelPercent": round(100 * LEVEL),
+        "CostControlWidthMedianPercent": 100 * s["control_width_median"],
+        "CostControlWidthMaxPercent": 100 * s["control_width_max"],
+        "CostControlContainsOne": s["control_contains_one"],
+        "CostControlCount": s["control_n"],
+        "CostControlExcludesOne": s["control_n"] - s["control_contains_one"],
+        "CostDistinguishable": s["nobk_distinguishable"],
+        "CostComparisons": s["nobk_n"],
+        "CostDistinguishableByChance": format_number(chance * s["nobk_n"], 2),
+        "CostDistinguishableTraining": s["nobk_distinguishable_training"],
+        "CostComparisonsTraining": s["nobk_n_training"],
+        "CostDistinguishableInference": s["nobk_distinguishable_inference"],
+        "CostComparisonsInference": s["nobk_n_inference"],
+        "CostSlower": s["nobk_slower"],
+        "CostSlowerTraining": s["nobk_slower_training"],
+        "CostSlowerInference": s["nobk_slower_inference"],
+    }
+    excluded, nominal = s["control_n"] - s["control_contains_one"], (1 - LEVEL) * s["control_n"]
+    level_miss = f"{100 * (1 - LEVEL):g}"
+    macros["CostControlVerdict"] = (
+        rf"more than the nominal {level_miss}\%, so the intervals are somewhat optimistic on this machine"
+        if excluded > nominal else rf"in line with the nominal {level_miss}\%")
+    clear = view.loc[view["saving_ci_low"].idxmax()]  # the most clearly positive saving
+    point = view.loc[view["measured_saving"].idxmax()]  # the largest point estimate
+    for tag, r in (("LargestSaving", clear), ("LargestPointSaving", point)):
+        macros[f"Cost{tag}Percent"] = 100 * float(r.measured_saving)
+        macros[f"Cost{tag}LowPercent"] = 100 * float(r.saving_ci_low)
+        macros[f"Cost{tag}HighPercent"] = 100 * float(r.saving_ci_high)
+        macros[f"Cost{tag}Where"] = _where(r)
+    slowest = view.loc[view["saving_ci_high"].idxmin()]  # the most clearly slower configuration
+    macros["CostSlowestWhere"] = _where(slowest)
+    macros["CostSlowestLowPercent"] = 100 * float(slowest.saving_ci_low)
+    macros["CostSlowestHighPercent"] = 100 * float(slowest.saving_ci_high)
+    nb = main_view(ratios[ratios["ratio"] == "no_bias_mha"])
+    macros["CostNoBiasMhaMedianPercent"] = 100 * float(1 - nb["value"].median())
+    if s["train_n"]:
+        claims.append((
+            "cost-training-saving-not-above-model",
+            "In (at least the expected share of) training configurations the measured saving from removing b_k "
+            "is not significantly larger than the byte-and-overhead model of the removed work predicts for that configuration.",
+            s["train_not_above_model"] / s["train_n"], s["train_not_above_model_bound"], ">="))
+        macros.update({
+            "CostTrainPredictedMaxPercent": 100 * s["train_predicted_max"],
+            "CostTrainNotAboveModel": s["train_not_above_model"],
+            "CostTrainCount": s["train_n"],
+        })
+    return claims, macros
 
 
 # --------------------------------------------------------------------------- command line

@@ -252,10 +252,10 @@ def _variant(model, name: str, key_norms: list[float], scale: float, gen: torch.
 
 VARIANTS = ("strip_key_bias", "zero_key_bias", "random_key_bias", "fold_value_bias",
             "strip_and_fold", "random_query_bias_control")
-# Run in float64 too (when asked): the float64 check of the surgery tools and of a large
-# random b_k. zero_key_bias computes exactly what strip_key_bias computes (adding 0.0), and
-# the control needs no sharper tolerance, so their float32 rows use the analytic bound.
-FLOAT64_VARIANTS = ("strip_key_bias", "random_key_bias", "fold_value_bias", "strip_and_fold")
+# Every variant, the positive control included, also runs in float64 when float64 is asked
+# for: float64 rows then have their own control (power by their own rule) and every float32
+# row gets the measured tolerance of its float64 twin.
+FLOAT64_VARIANTS = VARIANTS
 
 
 def embedding_changes(n_sentences: int, batch_size: int, max_length: int,
@@ -307,9 +307,7 @@ def embedding_changes(n_sentences: int, batch_size: int, max_length: int,
                 other, _ = embed(model, tok, texts, noise_batch_size, max_length)
                 run["rebatch_unchanged"] = (other, stats, None)
             gen = torch.Generator().manual_seed(seed)
-            for name in VARIANTS:
-                if dtype == "float64" and "float32" in dtypes and name not in FLOAT64_VARIANTS:
-                    continue  # (the control is last: the generator stays in step)
+            for name in VARIANTS if dtype == "float32" else FLOAT64_VARIANTS:
                 m, report = _variant(model, name, key_norms, random_bias_scale, gen)
                 emb, st = embed(m, tok, texts, batch_size, max_length, capture=True)
                 run[name] = (emb, st, report)
@@ -348,9 +346,9 @@ def embedding_changes(n_sentences: int, batch_size: int, max_length: int,
         sel = changes["dtype"] == dtype
         floor_rows = changes.loc[changes["variant"] == "rebatch_unchanged"]
         floor = float(floor_rows.loc[floor_rows["dtype"] == dtype, "max_abs_diff"].iloc[0]) if (floor_rows["dtype"] == dtype).any() else math.nan
-        # the control changes the function itself, so any dtype's control run serves
-        control_rows = changes.loc[changes["variant"] == "random_query_bias_control"]
-        control = float(control_rows["max_abs_diff"].min())
+        # each dtype's verdicts use that dtype's own positive control
+        control_rows = changes.loc[(changes["variant"] == "random_query_bias_control") & sel]
+        control = float(control_rows["max_abs_diff"].min()) if len(control_rows) else math.nan
         changes.loc[sel, "noise_floor"] = floor
         changes.loc[sel, "over_noise_floor"] = changes.loc[sel, "max_abs_diff"] / floor if floor else math.inf
         changes.loc[sel, "verdict"] = [
@@ -370,7 +368,8 @@ def reference_savings() -> pd.DataFrame:
 
     BERT-base/large and ViT-B go through the surgery tools themselves (meta tensors, no
     weights, no download); GPT-2 packs q/k/v in one Conv1D `c_attn`, which the tools do
-    not handle, so its count comes from the config (n_layer * n_embd per bias).
+    not handle, so its count is read off the module (`gpt2_packed_bias_slice`); `config_count`
+    (layers * hidden size) is the independent count from the config.
     """
     os.environ["HF_HUB_OFFLINE"] = "1"
     os.environ["TRANSFORMERS_OFFLINE"] = "1"
@@ -391,8 +390,8 @@ def reference_savings() -> pd.DataFrame:
         total = sum(p.numel() for p in model.parameters())
         if name == "gpt2":
             layers, width = cfg.n_layer, cfg.n_embd
-            strip_saved = fold_saved = layers * width
-            how = "config (Conv1D c_attn: not handled by the tool)"
+            strip_saved = fold_saved = gpt2_packed_bias_slice(model, "key")
+            how = "key slice of the packed Conv1D c_attn biases (not handled by the tool)"
         else:
             layers, width = cfg.num_hidden_layers, cfg.hidden_size
             strip_saved = surgery.strip_key_bias(model)["parameters_saved"]
@@ -405,20 +404,163 @@ def reference_savings() -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def adam_drift_prediction(results_dir: str | os.PathLike) -> str:
-    """What notebook 04 measured and predicted for the b_k drift, if its data exist.
+def gpt2_packed_bias_slice(model, which: str = "key") -> int:
+    """Entries of the q, k or v slice of every GPT-2 `attn.c_attn.bias` in `model`.
 
-    Its prediction needs the learning rate, step count and gradient noise of the training
-    run, which are not published for the pretrained weights, so this only reports it."""
-    files = sorted(Path(results_dir, "data").glob("training_*.csv"))
-    if not files:
-        return "not available (notebook 04 has not written results/data/training_*.csv)"
-    found = []
-    for f in files:
-        frame = pd.read_csv(f)
-        cols = [c for c in frame.columns
-                if ("b_k" in c or "bk" in c) and ("norm" in c or "drift" in c)] + \
-               [c for c in frame.columns if c == "predicted_drift"]
-        for c in cols:
-            found.append(f"{f.name}:{c} median {frame[c].median():.3g}, max {frame[c].max():.3g}")
-    return "; ".join(found) if found else f"available ({', '.join(f.name for f in files)}) but no b_k column"
+    c_attn computes [q | k | v] = x W + b with W of shape (E, 3E), so the slice of `which`
+    is b[i*E:(i+1)*E] with E = c_attn.weight.shape[0]."""
+    index = {"query": 0, "key": 1, "value": 2}
+    if which not in index:
+        raise ValueError(f"which={which!r} not allowed; allowed: {list(index)}")
+    total = 0
+    for name, module in model.named_modules():
+        if name.endswith("attn.c_attn") and getattr(module, "bias", None) is not None:
+            e = module.weight.shape[0]
+            total += module.bias[index[which] * e:(index[which] + 1) * e].numel()
+    return total
+
+
+# --------------------------------------------------------------------------- notebook summaries
+
+DTYPE_TAGS = {"float32": "FloatThirtyTwo", "float64": "FloatSixtyFour"}
+VARIANT_TAGS = {"strip_key_bias": "Strip", "zero_key_bias": "Zero", "random_key_bias": "Random",
+                "fold_value_bias": "Fold", "strip_and_fold": "Both", "random_query_bias_control": "Control",
+                "rebatch_unchanged": "Noise"}
+CHANGE_CLAIMS = (("strip_key_bias", "Removing the key bias with strip_key_bias"),
+                 ("zero_key_bias", "Setting every key bias to zero"),
+                 ("random_key_bias", "Setting every key bias to a large random vector"),
+                 ("fold_value_bias", "Folding the value bias with fold_value_bias"),
+                 ("strip_and_fold", "Stripping b_k and folding b_v together"))
+MODEL_TAGS = {"bert-base": "BertBase", "bert-large": "BertLarge", "vit-base": "ViTBase", "gpt2": "GPTTwo"}
+
+
+def bias_norms_figure(norms: pd.DataFrame):
+    """Norms of b_q, b_k, b_v by layer (log scale)."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5, 3))
+    for col, label in (("bq_norm", "$b_q$"), ("bk_norm", "$b_k$"), ("bv_norm", "$b_v$")):
+        ax.plot(norms["layer"], norms[col], marker="o", label=label)
+    ax.set_yscale("log")
+    ax.set_xlabel("layer")
+    ax.set_ylabel("Euclidean norm")
+    ax.set_title("all-MiniLM-L6-v2: learned attention biases")
+    ax.legend()
+    return fig
+
+
+def bias_norms_latex(norms: pd.DataFrame) -> str:
+    """The per-layer bias table for the paper (a tabular body)."""
+    table = norms.rename(columns={
+        "bq_norm": r"$\|b_q\|$", "bk_norm": r"$\|b_k\|$", "bv_norm": r"$\|b_v\|$",
+        "wk_fro_over_sqrt_din": r"$\|W_k\|_F/\sqrt{d}$", "key_norm_median": "$m_k$",
+        "bk_over_key_norm": r"$\|b_k\|/m_k$"})
+    return table.to_latex(index=False, escape=False, float_format="%.3g")
+
+
+def parameters_saved(changes: pd.DataFrame, info: dict, reference: pd.DataFrame) -> pd.DataFrame:
+    """MiniLM's row (counted by the surgery reports on the loaded model) on top of the
+    reference models of `reference_savings`."""
+    strip = int(info["strip_report"]["parameters_saved"])
+    both = changes.loc[changes["variant"] == "strip_and_fold", "parameters_saved"]
+    if both.empty:
+        raise ValueError("changes has no strip_and_fold row")
+    minilm = {"model": "all-MiniLM-L6-v2", "layers": info["n_layers"], "hidden_size": info["hidden_size"],
+              "total_parameters": info["n_parameters"], "key_bias_parameters": strip,
+              "value_bias_parameters": int(both.max()) - strip,
+              "config_count": info["n_layers"] * info["hidden_size"],
+              "fraction_key_bias": strip / info["n_parameters"],
+              "counted_by": "strip_key_bias / fold_value_bias on the loaded model"}
+    return pd.concat([pd.DataFrame([minilm]), reference], ignore_index=True)
+
+
+def parameters_saved_latex(savings: pd.DataFrame) -> str:
+    shown = savings[["model", "layers", "hidden_size", "total_parameters", "key_bias_parameters",
+                     "value_bias_parameters", "fraction_key_bias"]].copy()
+    shown["fraction_key_bias"] = 100 * shown["fraction_key_bias"]
+    return shown.rename(columns={
+        "hidden_size": "hidden", "total_parameters": "parameters", "key_bias_parameters": "$b_k$ removed",
+        "value_bias_parameters": "$b_v$ folded", "fraction_key_bias": r"$b_k$ share (\%)",
+    }).to_latex(index=False, escape=False, float_format="%.4f")
+
+
+def changes_table(changes: pd.DataFrame) -> pd.DataFrame:
+    """The embedding-change table as shown in the paper (1 - min cosine instead of min cosine)."""
+    shown = changes[["dtype", "variant", "max_abs_diff", "min_cosine", "over_noise_floor", "tolerance",
+                     "tolerance_kind", "verdict"]].copy()
+    shown["min_cosine"] = 1 - shown["min_cosine"]
+    return shown.rename(columns={"max_abs_diff": "max abs diff", "min_cosine": "1 - min cosine",
+                                 "over_noise_floor": "/ noise floor", "tolerance_kind": "tolerance from"})
+
+
+def pretrained_claims(changes: pd.DataFrame, norms: pd.DataFrame, info: dict,
+                      savings: pd.DataFrame) -> tuple[list[tuple], dict]:
+    """Claims (id, statement, value, bound, comparison) and macros of notebook 05.
+
+    Change claims compare max_abs_diff with that row's tolerance (measured against the float64
+    twin where one ran, analytic otherwise; `tolerance_kind` says which); each dtype's positive
+    control must exceed its own tolerance. Rows that the run has not got give '(not run)'
+    macros and no claim. Counts are compared with the config's layers * hidden size.
+    """
+    rows = {(r.dtype, r.variant): r for r in changes.itertuples()}
+    ratio = norms["bk_norm"] / norms["bq_norm"]
+    claims = [("pretrained-bk-smaller-than-bq",
+               "In every layer of all-MiniLM-L6-v2 the learned key bias is smaller than the query bias.",
+               float(ratio.max()), 1.0, "<")]
+    macros: dict[str, Any] = {
+        "PretSentences": info["sentences"], "PretLayers": info["n_layers"], "PretHidden": info["hidden_size"],
+        "PretParams": info["n_parameters"], "PretThreads": info["num_threads"],
+        "PretBkNormMin": norms["bk_norm"].min(), "PretBkNormMax": norms["bk_norm"].max(),
+        "PretBqNormMin": norms["bq_norm"].min(), "PretBqNormMax": norms["bq_norm"].max(),
+        "PretBvNormMin": norms["bv_norm"].min(), "PretBvNormMax": norms["bv_norm"].max(),
+        "PretBkOverKeyMax": norms["bk_over_key_norm"].max(),
+        "PretKeyNormMin": norms["key_norm_median"].min(), "PretKeyNormMax": norms["key_norm_median"].max(),
+        "PretBkOverBqMax": ratio.max(),
+    }
+    for dtype, tag in DTYPE_TAGS.items():
+        for variant, short in VARIANT_TAGS.items():
+            r = rows.get((dtype, variant))
+            for kind, value in (("Diff", "max_abs_diff"), ("CosGap", None), ("Tol", "tolerance"),
+                                ("OverNoise", "over_noise_floor")):
+                if r is None:
+                    macros[f"Pret{short}{kind}{tag}"] = r"\text{(not run)}"
+                else:
+                    macros[f"Pret{short}{kind}{tag}"] = float(1 - r.min_cosine if value is None else getattr(r, value))
+        control = rows.get((dtype, "random_query_bias_control"))
+        if control is not None:
+            claims.append((f"pretrained-control-detected-{dtype}",
+                           f"A random query bias of the same size changes the {dtype} embeddings by more than the rounding tolerance.",
+                           float(control.max_abs_diff), float(control.tolerance), ">"))
+        for variant, what in CHANGE_CLAIMS:
+            r = rows.get((dtype, variant))
+            if r is None:
+                continue
+            claims.append((f"pretrained-{variant.replace('_', '-')}-within-rounding-{dtype}",
+                           f"{what} changes the {dtype} sentence embeddings of all-MiniLM-L6-v2 by no more than the rounding tolerance.",
+                           float(r.max_abs_diff), float(r.tolerance), "<="))
+    f32 = changes[changes["dtype"] == "float32"]
+    measured = int((f32["tolerance_kind"] == "measured").sum())
+    macros["PretTolMeasuredCount"] = measured
+    macros["PretTolRowCount"] = len(f32)
+    macros["PretTolSentence"] = (
+        "Every float32 row uses this measured tolerance." if measured == len(f32) else
+        f"Without float64 runs ({len(f32) - measured} of {len(f32)} float32 rows here) the tolerance is "
+        "the analytic bound of the verdict rule instead.")
+    saved = int(info["strip_report"]["parameters_saved"])
+    macros["PretSavedStrip"] = saved
+    macros["PretSavedBoth"] = int(changes.loc[changes["variant"] == "strip_and_fold", "parameters_saved"].max())
+    claims.append(("pretrained-strip-saves-layers-times-hidden",
+                   "strip_key_bias removes one hidden-size vector per layer from all-MiniLM-L6-v2.",
+                   saved, info["n_layers"] * info["hidden_size"], "=="))
+    for s in savings[savings["model"].isin(MODEL_TAGS)].itertuples():
+        tag = MODEL_TAGS[s.model]
+        macros[f"PretSaved{tag}"] = int(s.key_bias_parameters)
+        macros[f"PretTotal{tag}"] = int(s.total_parameters)
+        macros[f"PretFraction{tag}"] = 100 * float(s.fraction_key_bias)
+        statement = (f"The key-bias slices of the packed c_attn biases of a {s.model} model built from its standard "
+                     "config hold layers times hidden size parameters." if s.model == "gpt2" else
+                     f"strip_key_bias removes layers times hidden size key-bias parameters from a {s.model} model "
+                     "built from its standard config.")
+        claims.append((f"pretrained-saved-{s.model}-matches-config", statement,
+                       int(s.key_bias_parameters), int(s.config_count), "=="))
+    return claims, macros
