@@ -125,3 +125,66 @@ def test_hf_families_offline():
     qwen = _measure(family="hf", case="HF qwen2", variant="qwen2", hf_attn_implementation="sdpa")
     assert gpt2["verdict"] == "redundant", gpt2.get("reason")
     assert qwen["verdict"] == "not_redundant", qwen.get("reason")
+
+
+def test_fully_masked_row_recorded_not_hidden():
+    """A6 fails for the masked query: NaN on the explicit-softmax path, the out_proj bias on SDPA's."""
+    nan = _measure(mask="fully_masked_row", need_weights=True, mode="eval")
+    zero = _measure(mask="fully_masked_row", need_weights=False, mode="eval")
+    assert nan["masked_row_output"] == "nan" and nan["nonfinite_outputs"] == 8 * 2  # E=8 entries x batch 2
+    assert zero["masked_row_output"] == "out_proj_bias" and zero["nonfinite_outputs"] == 0
+    assert nan["verdict"] == zero["verdict"] == "redundant"  # the rows that see a key
+    kv = _measure(mask="fully_masked_row", add_bias_kv=True, option="add_bias_kv", mode="eval")
+    assert kv["masked_row_output"] == "appended_slots" and kv["nonfinite_outputs"] == 0
+    plain = _measure(mode="eval")
+    assert plain["nonfinite_outputs"] == 0 and plain["masked_row_output"] == ""
+
+
+def _small_sweep():
+    cfgs = S.build_configs(**_kw(options=["plain", "add_zero_attn", "bias_false"],
+                                 masks=["none", "fully_masked_row", "is_causal_only"]))
+    return cfgs, S.run_sweep(cfgs, [1.0], progress=False)
+
+
+def test_expected_measurable_is_a_true_lower_bound():
+    cfgs, df = _small_sweep()
+    n = S.expected_measurable(cfgs)
+    assert n == (df.status == "measured").sum()  # exact here: bias_false, is_causal_only, devices
+    assert n < len(cfgs)
+    assert S.config_target(cfgs, "paper") == S.TARGET_CONFIGS
+    assert S.config_target(cfgs, "smoke") == n
+
+
+def test_invariance_claims_hold_then_fail():
+    cfgs, df = _small_sweep()
+    out = S.invariance_claims(df, seconds=2.0, min_configs=S.expected_measurable(cfgs))
+    claims = {c[0]: c for c in out["claims"]}
+    ops = {"<=": lambda a, b: a <= b, ">=": lambda a, b: a >= b}
+    assert all(ops[c[4]](c[2], c[3]) for c in claims.values()), claims
+    assert out["macros"]["InvConfigCount"] == (df.status == "measured").sum() < out["macros"]["InvConfigTotal"]
+    # a mixed category says how many of each prediction it checked
+    zero = claims["invariance-mha-add-zero-attn"][1]
+    assert "expected redundant" in zero and "expected not redundant" in zero
+    assert "invariance-fully-masked-row-output" in claims
+    # a wrong verdict makes the matching claims fail
+    bad = df.copy()
+    i = bad.index[(bad.status == "measured") & (bad.verdict == "redundant")][0]
+    bad.loc[i, "verdict"] = "not_redundant"
+    worse = {c[0]: c for c in S.invariance_claims(bad, seconds=2.0, min_configs=1)["claims"]}
+    assert worse["invariance-matches-theory"][2] == 1
+    # too few measured configurations fails the count claim
+    few = {c[0]: c for c in S.invariance_claims(df, seconds=2.0, min_configs=10**6)["claims"]}
+    assert not few["invariance-config-count"][2] >= few["invariance-config-count"][3]
+
+
+def test_invariance_claims_without_data_do_not_pass():
+    _, df = _small_sweep()
+    nored = df[df.expected != "redundant"]
+    out = S.invariance_claims(nored, seconds=1.0, min_configs=1)
+    noise = {c[0]: c for c in out["claims"]}["invariance-float64-noise-floor"]
+    assert noise[2] != noise[2]  # NaN: the claim fails instead of passing on nothing
+    nomask = df[df["mask"] != "fully_masked_row"]
+    skipped = dict(S.invariance_claims(nomask, seconds=1.0, min_configs=1)["skipped"])
+    assert "invariance-fully-masked-row-output" in skipped
+    with pytest.raises(ValueError):
+        S.invariance_claims(df, seconds=0.0, min_configs=1)
