@@ -42,3 +42,12 @@ def test_counterexamples():
 
 def test_fold_grid_is_exact_only_on_the_simplex():
     assert symbolic.fold_grid([1, 2, 3])["residual_zero"].all()
+
+
+def test_jacobian_ones_grid():
+    assert symbolic.jacobian_ones_grid([1, 2, 4])["jacobian_ones_zero"].all()
+
+
+def test_score_split_finds_the_shift_itself():
+    split = symbolic.key_bias_enters_as_shift()
+    assert split["holds"] and split["shift"] != 0

@@ -21,6 +21,7 @@ import ast
 import datetime as dt
 import fnmatch
 import hashlib
+import io
 import json
 import logging
 import os
@@ -503,6 +504,8 @@ def compare_results(reference: Path, candidate: Path, rtol: float = 1e-6) -> lis
             problems.append(f"{rel}: shape or columns differ")
             continue
         for col in a.columns:
+            if col == "seconds" or col.endswith("_seconds"):
+                continue  # wall time of a step, machine-specific
             x, y = a[col], b[col]
             if pd.api.types.is_numeric_dtype(x) and pd.api.types.is_numeric_dtype(y):
                 diff = (x - y).abs() > rtol * (x.abs() + y.abs()) + 1e-300
@@ -542,9 +545,8 @@ def bundle(root: Path = ROOT) -> Path:
         info = tarfile.TarInfo("keybias/SHA256SUMS")
         data = sums.encode()
         info.size = len(data)
-        import io
-
         tar.addfile(info, io.BytesIO(data))
+    os.chmod(tmp, 0o644)
     os.replace(tmp, out)
     return out
 
