@@ -97,9 +97,9 @@ def test_compare_results_ignores_timings(tmp_path):
     for name in ("a", "b"):
         d = tmp_path / name / "data"
         d.mkdir(parents=True)
-        (d / "x.csv").write_text(f"v,seconds\n1.0,{1 if name == 'a' else 3}\n")
+        (d / "x.csv").write_text(f"v,seconds,ok\n1.0,{1 if name == 'a' else 3},True\n")
         (d / "cost_timing_cpu.csv").write_text(f"t\n{1 if name == 'a' else 2}\n")
         (tmp_path / name / "claims.json").write_text(json.dumps([{"id": "c", "holds": True}]))
     assert pipeline.compare_results(tmp_path / "a", tmp_path / "b") == []
-    (tmp_path / "b" / "data" / "x.csv").write_text("v,seconds\n1.5,3\n")
+    (tmp_path / "b" / "data" / "x.csv").write_text("v,seconds,ok\n1.5,3,True\n")
     assert pipeline.compare_results(tmp_path / "a", tmp_path / "b") == ["data/x.csv: column v differs in 1 rows"]

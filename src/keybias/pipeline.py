@@ -507,7 +507,8 @@ def compare_results(reference: Path, candidate: Path, rtol: float = 1e-6) -> lis
             if col == "seconds" or col.endswith("_seconds"):
                 continue  # wall time of a step, machine-specific
             x, y = a[col], b[col]
-            if pd.api.types.is_numeric_dtype(x) and pd.api.types.is_numeric_dtype(y):
+            numeric = [pd.api.types.is_numeric_dtype(v) and not pd.api.types.is_bool_dtype(v) for v in (x, y)]
+            if all(numeric):
                 diff = (x - y).abs() > rtol * (x.abs() + y.abs()) + 1e-300
                 if (diff & ~(x.isna() & y.isna())).any():
                     problems.append(f"{rel}: column {col} differs in {int(diff.sum())} rows")
