@@ -9,6 +9,14 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers",
+        "claim_mutation(*claim_ids): the test feeds the named test claims' own code data or a model "
+        "that violates the claimed property and asserts the claim then fails",
+    )
+
+
 @pytest.fixture(scope="session")
 def smoke_results(tmp_path_factory):
     """Every notebook run once with the smoke profile into a scratch results folder."""

@@ -30,6 +30,7 @@ _COMPARISONS = {
     ">": operator.gt,
     "==": operator.eq,
 }
+CLAIM_KINDS = ("test", "consistency", "implied")
 _MACRO_NAME = re.compile(r"^[A-Za-z]+$")
 _FILE_NAME = re.compile(r"^[A-Za-z0-9_\-]+$")
 
@@ -89,6 +90,7 @@ class Recorder:
         self.macros: dict[str, str] = {}
         self.claims: list[dict[str, Any]] = []
         self.outputs: list[str] = []
+        self.figure_alt: dict[str, str] = {}
 
     def _path(self, sub: str, name: str, suffix: str) -> Path:
         path = self.root / sub / f"{_check_file_name(name)}{suffix}"
@@ -100,8 +102,14 @@ class Recorder:
         atomic_write_text(path, frame.to_csv(index=False, float_format="%.9g"))
         return path
 
-    def figure(self, fig, name: str) -> tuple[Path, Path]:
-        """Save a matplotlib figure as PDF (for the paper) and PNG (for reading)."""
+    def figure(self, fig, name: str, alt: str | None = None) -> tuple[Path, Path]:
+        """Save a matplotlib figure as PDF (for the paper) and PNG (for reading).
+
+        `alt` says in words what the figure shows; it is kept in the step record
+        (`figures_alt`) so the rendered notebook and the index page can use it as alt text.
+        """
+        if alt is not None:
+            self.figure_alt[name] = alt
         paths = []
         for suffix, options in ((".pdf", {"metadata": {"CreationDate": None}}), (".png", {"dpi": 150})):
             path = self._path("figures", name, suffix)
@@ -147,10 +155,26 @@ class Recorder:
         value: float,
         bound: float,
         comparison: str = "<=",
+        *,
+        kind: str | None = None,
+        implied_by: list[str] | str | None = None,
+        bound_origin: str | None = None,
+        min_detectable: float | None = None,
     ) -> dict[str, Any]:
-        """Record a claim: it holds when `value <comparison> bound`."""
+        """Record a claim: it holds when `value <comparison> bound`.
+
+        `kind` is `test` (plausible data could contradict it), `consistency` (a bookkeeping
+        cross-check) or `implied` (follows from the claims named in `implied_by`).
+        `bound_origin` says in one phrase where the bound comes from (theory, a held-out
+        calibration, the issue), and `min_detectable` is, for a "no effect" claim, the
+        smallest effect its positive control shows it would have seen.
+        """
         if comparison not in _COMPARISONS:
             raise ValueError(f"comparison {comparison!r} not one of {sorted(_COMPARISONS)}")
+        if kind is not None and kind not in CLAIM_KINDS:
+            raise ValueError(f"claim {claim_id!r}: kind {kind!r} not one of {CLAIM_KINDS}")
+        if kind == "implied" and not implied_by:
+            raise ValueError(f"claim {claim_id!r} is 'implied' but names no claim in implied_by")
         if any(c["id"] == claim_id for c in self.claims):
             raise ValueError(f"claim {claim_id!r} recorded twice")
         value = float(value)
@@ -166,9 +190,20 @@ class Recorder:
             "notebook": self.notebook,
             "device": self.device,
             "profile": self.profile,
+            "kind": kind,
         }
+        if implied_by:
+            record["implied_by"] = [implied_by] if isinstance(implied_by, str) else list(implied_by)
+        if bound_origin is not None:
+            record["bound_origin"] = bound_origin
+        if min_detectable is not None:
+            record["min_detectable"] = float(min_detectable)
         self.claims.append(record)
         return record
+
+    def claims_from(self, claims) -> list[dict[str, Any]]:
+        """Record claims given as tuples (positional arguments of `claim`) or dicts (keywords)."""
+        return [self.claim(**c) if isinstance(c, dict) else self.claim(*c) for c in claims]
 
     def finish(self) -> dict[str, Any]:
         """Write the macros file and the step record (claims and output list)."""
@@ -181,6 +216,7 @@ class Recorder:
             "profile": self.profile,
             "device": self.device,
             "claims": self.claims,
+            "figures_alt": dict(sorted(self.figure_alt.items())),
             "outputs": sorted(set(self.outputs)),
         }
         atomic_write_text(

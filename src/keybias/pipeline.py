@@ -345,6 +345,13 @@ class Build:
         return claims
 
     def check_claims(self, claims: list[dict]) -> None:
+        from keybias.claims import contract_errors
+
+        broken = contract_errors(claims, self.profile, self.root)
+        for message in broken:
+            log(f"CLAIM CONTRACT: {message}")
+        if broken:
+            raise BuildError(f"{len(broken)} claim contract error(s); see above")
         failed = [c for c in claims if not c["holds"]]
         for c in failed:
             log(
