@@ -102,6 +102,15 @@ class Recorder:
         atomic_write_text(path, frame.to_csv(index=False, float_format="%.9g"))
         return path
 
+    def machine_csv(self, frame: pd.DataFrame, name: str) -> Path:
+        """Write machine-specific data (wall times, thread counts) to `machine/<name>.csv`.
+
+        `make verify` never compares these files; data files under `data/` hold no timings.
+        """
+        path = self._path("machine", name, ".csv")
+        atomic_write_text(path, frame.to_csv(index=False, float_format="%.9g"))
+        return path
+
     def figure(self, fig, name: str, alt: str | None = None) -> tuple[Path, Path]:
         """Save a matplotlib figure as PDF (for the paper) and PNG (for reading).
 

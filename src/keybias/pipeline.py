@@ -287,14 +287,13 @@ class Build:
 
     def _scrub_and_render(self, executed: Path) -> None:
         """Drop this machine's absolute paths from the executed notebook, then render HTML."""
-        import nbformat
-        from nbconvert import HTMLExporter
-
         text = executed.read_text()
         for prefix in {str(self.root), str(Path(sys.prefix))}:
             text = text.replace(prefix + "/", "").replace(prefix, ".")
         atomic_write_text(executed, text)
-        html, _ = HTMLExporter().from_notebook_node(nbformat.reads(text, as_version=4))
+        from keybias.render import render_notebook_html
+
+        html = render_notebook_html(text, name=executed.stem, profile=self.profile, device=self.device)
         atomic_write_text(executed.with_suffix(".html"), html)
 
     def _publish(self, name: str, staging: Path, step: dict) -> None:
