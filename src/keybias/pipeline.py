@@ -344,18 +344,26 @@ class Build:
         return claims
 
     def check_claims(self, claims: list[dict]) -> None:
-        from keybias.claims import contract_errors
+        """Stop, naming each claim, on a broken contract (keybias.claims) or a failing claim.
+
+        When the contract holds, the headline counts (claims by kind, independent tests per
+        dtype) are written to `<results>/macros/claims.tex`.
+        """
+        from keybias.claims import contract_errors, write_headline_macros
 
         broken = contract_errors(claims, self.profile, self.root)
         for message in broken:
             log(f"CLAIM CONTRACT: {message}")
         if broken:
             raise BuildError(f"{len(broken)} claim contract error(s); see above")
+        if getattr(self, "results", None) is not None:
+            write_headline_macros(self.results, claims)
         failed = [c for c in claims if not c["holds"]]
         for c in failed:
+            why = " (NaN: an empty selection or non-finite data)" if c["value"] != c["value"] else ""
             log(
                 f"CLAIM FAILS: {c['id']} ({c['notebook']}): {c['statement']} "
-                f"value {c['value']:.6g} {c.get('comparison', '<=')} bound {c['bound']:.6g} is false"
+                f"value {c['value']:.6g} {c.get('comparison', '<=')} bound {c['bound']:.6g} is false{why}"
             )
         if failed:
             raise BuildError(
@@ -445,25 +453,10 @@ def latex_escape(text: str) -> str:
 
 
 def claims_table(claims: list[dict]) -> str:
-    """A longtable of every claim: id, statement, value, comparison, bound and verdict."""
-    from keybias.export import format_number
+    """The claims appendix, grouped by kind (see `keybias.claims.claims_table`)."""
+    from keybias.claims import claims_table as grouped_table
 
-    symbols = {"<=": r"\le", "<": "<", ">=": r"\ge", ">": ">", "==": "="}
-    rows = [
-        r"\begin{longtable}{>{\raggedright\arraybackslash}p{0.25\linewidth}>{\raggedright\arraybackslash}p{0.47\linewidth}r}",
-        r"\toprule claim & statement & check \\ \midrule \endhead",
-    ]
-    for c in claims:
-        check = (
-            f"${format_number(c['value'])} {symbols[c.get('comparison', '<=')]} "
-            f"{format_number(c['bound'])}$ {'holds' if c['holds'] else 'FAILS'}"
-        )
-        breakable_id = latex_escape(c["id"]).replace("-", "-{}\\allowbreak{}")
-        rows.append(
-            rf"\texttt{{\footnotesize {breakable_id}}} & \footnotesize {latex_escape(c['statement'])} & \footnotesize {check} \\"
-        )
-    rows += [r"\bottomrule", r"\end{longtable}"]
-    return "\n".join(rows) + "\n"
+    return grouped_table(claims)
 
 
 def provenance_macros(prov: dict) -> str:

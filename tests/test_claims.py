@@ -1,0 +1,209 @@
+"""The claim contract: finite reductions, kinds, manifest, mutation register, headline counts."""
+
+import json
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from conftest import ROOT
+from keybias import claims as C
+from keybias import pipeline
+
+
+def claim(cid, notebook="01_x", kind="test", holds=True, **extra):
+    return {"id": cid, "statement": f"{cid} holds", "value": 0.5, "bound": 1.0, "comparison": "<=",
+            "holds": holds, "notebook": notebook, "device": "cpu", "profile": "smoke", "kind": kind,
+            "bound_origin": "theory", **extra}
+
+
+def write_manifest(root, profile, claims):
+    for nb, entries in C.manifest_from_claims(claims).items():
+        path = C.manifest_path(profile, nb, root)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(C.manifest_text(profile, nb, entries))
+
+
+# -- finite reductions ------------------------------------------------------------------------
+def test_finite_max_fails_on_nan_and_empty_input_instead_of_skipping():
+    assert C.finite_max([1.0, 3.0, 2.0], "x") == 3.0
+    assert math.isnan(C.finite_max([1.0, float("nan"), 2.0], "x")), "a NaN entry was skipped"
+    assert math.isnan(C.finite_max(pd.Series([1.0, np.inf]), "x"))
+    assert math.isnan(C.finite_max([], "x")), "an empty selection gave a number"
+    assert math.isnan(C.finite_max(pd.Series([], dtype=float), "x"))
+    assert C.finite_max([1.0, float("nan"), 2.0], "x", drop_nonfinite=True) == 2.0
+    assert math.isnan(C.finite_max([float("nan")], "x", drop_nonfinite=True))
+    assert C.finite_median([3.0, 1.0, 2.0], "x") == 2.0
+    assert C.finite_min([3.0, 1.0], "x") == 1.0 and C.finite_mean([1.0, 3.0], "x") == 2.0
+
+
+def test_finite_values_names_what_is_wrong():
+    with pytest.raises(C.NonFiniteValues, match=r"noise floor: 1 of 3 entries are not finite"):
+        C.finite_values([1.0, float("nan"), 2.0], "noise floor")
+    with pytest.raises(C.EmptySelection, match="noise floor: the selection is empty"):
+        C.finite_values([], "noise floor")
+    with pytest.raises(C.EmptySelection):
+        C.finite_max([], "x", strict=True)
+
+
+def test_nan_from_an_empty_selection_fails_the_claim(tmp_path):
+    from keybias.export import Recorder
+
+    rec = Recorder("99_test", tmp_path, profile="smoke", device="cpu")
+    empty = pd.Series([], dtype=float)
+    record = rec.claim("empty-max", "max below one", C.finite_max(empty, "nothing"), 1.0, "<=",
+                       kind="test", bound_origin="theory")
+    assert record["holds"] is False and math.isnan(record["value"])
+
+
+# -- contract ---------------------------------------------------------------------------------
+def test_contract_accepts_a_clean_run(tmp_path):
+    run = [claim("a"), claim("b", kind="consistency"), claim("c", kind="implied", implied_by=["a"])]
+    write_manifest(tmp_path, "smoke", run)
+    assert C.contract_errors(run, "smoke", tmp_path) == []
+
+
+@pytest.mark.parametrize(
+    ("broken", "message"),
+    [
+        (claim("a", kind=None), "claim 'a' has no kind"),
+        (claim("a", kind="guess"), "claim 'a' has kind 'guess'"),
+        (claim("a", kind="implied"), "claim 'a' is implied but names no claim"),
+        (claim("a", kind="implied", implied_by=["ghost"]), "implied by 'ghost', which the run did not produce"),
+        (claim("a", kind="test", implied_by=["b"]), "has implied_by but kind 'test'"),
+        (claim("a", bound_origin=""), "claim 'a' does not state its bound's origin"),
+    ],
+)
+def test_contract_names_each_broken_claim(tmp_path, broken, message):
+    run = [broken, claim("b")]
+    write_manifest(tmp_path, "smoke", [claim("a"), claim("b")])
+    errors = C.contract_errors(run, "smoke", tmp_path)
+    assert any(message in e for e in errors), errors
+
+
+def test_contract_enforces_the_manifest(tmp_path):
+    manifest = [claim("a"), claim("b", notebook="02_y"), claim("c", kind="consistency")]
+    write_manifest(tmp_path, "smoke", manifest)
+    missing = C.contract_errors([claim("a"), claim("c", kind="consistency")], "smoke", tmp_path)
+    assert missing == [
+        "claim 'b' (02_y, test) is in params/claims/smoke/02_y.json but the run did not produce it"
+    ]
+    extra = C.contract_errors([*manifest, claim("new-one")], "smoke", tmp_path)
+    assert len(extra) == 1 and "claim 'new-one' (01_x) is not in params/claims/smoke/01_x.json" in extra[0]
+    kind_changed = C.contract_errors([claim("a"), claim("b", notebook="02_y"), claim("c")], "smoke", tmp_path)
+    assert len(kind_changed) == 1 and "claim 'c' has kind 'test' but" in kind_changed[0]
+    assert "no claim manifest" in C.contract_errors(manifest, "paper", tmp_path)[0]
+
+
+def test_deleting_a_claim_from_a_step_record_fails_the_pipeline_check_naming_it(tmp_path, capsys):
+    """The committed smoke manifest, replayed as a run, passes; without one claim it fails by name."""
+    manifest = C.load_manifest("smoke", ROOT)
+    assert manifest, "params/claims/smoke/ holds no manifest"
+    run = [
+        claim(cid, notebook=nb, kind=kind, **({"implied_by": [i for i in ids if i != cid][:1]} if kind == "implied" else {}))
+        for nb, ids in manifest.items() for cid, kind in ids.items()
+    ]
+    build = pipeline.Build.__new__(pipeline.Build)
+    build.profile, build.root, build.results = "smoke", ROOT, tmp_path
+    build.check_claims(run)
+    assert (tmp_path / "macros" / "claims.tex").exists()
+    victim = next(c for c in run if c["kind"] == "test")
+    with pytest.raises(pipeline.BuildError, match="contract"):
+        build.check_claims([c for c in run if c is not victim])
+    assert f"claim {victim['id']!r}" in capsys.readouterr().err
+
+
+def test_pipeline_check_names_a_claim_that_fails_on_nan(tmp_path, capsys):
+    run = [claim("fine"), claim("nan-claim", holds=False, value=float("nan"))]
+    write_manifest(tmp_path, "smoke", run)
+    build = pipeline.Build.__new__(pipeline.Build)
+    build.profile, build.root, build.results = "smoke", tmp_path, tmp_path / "results"
+    with pytest.raises(pipeline.BuildError, match="nan-claim"):
+        build.check_claims(run)
+    assert "empty selection or non-finite data" in capsys.readouterr().err
+
+
+# -- manifest command -------------------------------------------------------------------------
+def test_manifest_command_writes_only_the_notebooks_of_the_run(tmp_path):
+    write_manifest(tmp_path, "smoke", [claim("kept", notebook="02_other"), claim("old", notebook="01_x")])
+    steps = tmp_path / "results" / "steps"
+    steps.mkdir(parents=True)
+    step = {"notebook": "01_x", "profile": "smoke", "claims": [claim("new"), claim("n2", kind="consistency")]}
+    (steps / "01_x.json").write_text(json.dumps(step))
+    args = ["--root", str(tmp_path), "manifest", "--profile", "smoke", "--results", str(tmp_path / "results")]
+    assert C.main(args) == 1, "a changed manifest must be reported without --write"
+    assert C.main([*args, "--write"]) == 0
+    assert C.load_manifest("smoke", tmp_path) == {
+        "01_x": {"n2": "consistency", "new": "test"},
+        "02_other": {"kept": "test"},
+    }
+    assert C.main(args) == 0, "the manifest now matches the run"
+
+
+# -- mutation register ------------------------------------------------------------------------
+def test_mutation_register_collects_markers_without_running_tests(tmp_path):
+    tests = tmp_path / "tests"
+    tests.mkdir()
+    (tests / "test_fake.py").write_text(
+        "import pytest\n"
+        "def pytest_configure(config):\n    pass\n"
+        "@pytest.mark.claim_mutation('covered-claim', 'other')\n"
+        "def test_breaks_it():\n    raise SystemExit('a mutation register must not run tests')\n"
+    )
+    (tests / "conftest.py").write_text(
+        "def pytest_configure(config):\n"
+        "    config.addinivalue_line('markers', 'claim_mutation(*ids): mutation')\n"
+    )
+    found = C.collect_mutations(tmp_path)
+    assert found == {"covered-claim": ["tests/test_fake.py::test_breaks_it"],
+                     "other": ["tests/test_fake.py::test_breaks_it"]}
+    report = C.mutation_report({"01_x": {"covered-claim": "test", "bare": "test", "other": "consistency"}}, found)
+    assert report["missing"] == ["bare"] and report["score"] == 0.5
+    assert report["not_test_markers"] == ["other"]
+
+
+def test_every_test_claim_of_the_manifest_has_a_mutation_test():
+    """The register over the committed paper manifest (fails until every notebook is converted)."""
+    result = subprocess.run([sys.executable, "-m", "keybias.claims", "mutations", "--profile", "paper"],
+                            cwd=ROOT, capture_output=True, text=True)
+    assert "mutation score:" in result.stdout, result.stdout + result.stderr
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+
+
+# -- headline counts --------------------------------------------------------------------------
+def test_headline_counts_count_only_independent_tests():
+    claims = [claim("a"), claim("b", holds=False), claim("c", kind="consistency"),
+              claim("d", kind="implied", implied_by=["a"])]
+    verdicts = pd.DataFrame({
+        "dtype": ["float64", "float64", "float32", "float32", "float32", "bfloat16"],
+        "verdict": ["redundant", "not_redundant", "redundant", "redundant", "skipped", "not_redundant"],
+        "expected": ["redundant", "not_redundant", "redundant", "not_redundant", "redundant", "redundant"],
+        "independent": [True, True, True, False, True, True],
+    })
+    counts = C.headline_counts(claims, verdicts)
+    assert counts["ClaimsTotal"] == 4 and counts["ClaimsTest"] == 2 and counts["ClaimsTestHolding"] == 1
+    assert counts["ClaimsConsistency"] == 1 and counts["ClaimsImplied"] == 1
+    assert (counts["IndepTestsFloatSixtyFour"], counts["IndepContradictionsFloatSixtyFour"]) == (2, 0)
+    # the contradicting float32 row is implied, so it is not a test (and not a contradiction)
+    assert (counts["IndepTestsFloatThirtyTwo"], counts["IndepContradictionsFloatThirtyTwo"]) == (1, 0)
+    assert counts["ImpliedVerdictsFloatThirtyTwo"] == 1
+    assert (counts["IndepTestsBfloatSixteen"], counts["IndepContradictionsBfloatSixteen"]) == (1, 1)
+    assert counts["IndepTestsTotal"] == 4 and counts["IndepContradictionsTotal"] == 1
+    text = C.headline_macros(counts)
+    assert r"\newcommand{\IndepTestsFloatThirtyTwo}{1}" in text and r"\newcommand{\ClaimsTest}{2}" in text
+    with pytest.raises(ValueError, match="independent"):
+        C.headline_counts(claims, verdicts.drop(columns="independent"))
+
+
+def test_claims_table_groups_by_kind_with_bound_origin():
+    table = C.claims_table([claim("t1", bound_origin="float64 rounding theory"),
+                            claim("c1", kind="consistency"), claim("i1", kind="implied", implied_by=["t1"]),
+                            claim("t2", holds=False, min_detectable=1e-3)])
+    tests_at, cons_at, implied_at = (table.index(C.latex_escape(C.KIND_TITLES[k])) for k in C.CLAIM_KINDS)
+    assert tests_at < table.index("t2") < cons_at < table.index("c1") < implied_at < table.index("i1")
+    assert "Bound: float64 rounding theory." in table and "FAILS" in table
+    assert r"Implied by} \texttt{\footnotesize t1}" in table
+    assert table.rstrip().endswith(r"\bottomrule" + "\n" + r"\end{longtable}")
