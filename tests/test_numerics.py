@@ -13,6 +13,7 @@ import pytest
 import torch
 import yaml
 
+from keybias import claims as C
 from keybias import numerics as nm
 from keybias import verdict
 
@@ -238,43 +239,166 @@ def _claim_inputs():
     df = nm.add_floor(_synthetic(1.0))
     law = nm.fit_law(df)
     pooled = nm.pooled_slope(df)
-    df["delta_max"], df["tolerance"] = df["delta_rms"], 1.0
+    df["delta_max"], df["tolerance"] = df["delta_rms"], 0.5
     checks = nm.crossing_check(nm.accuracy_crossing(df, law), law, 0.25)
     gsum = pd.DataFrame({"dtype": ["float32", "float16"], "path": "explicit", "status": "ok",
-                         "grad_over_tol_max": 1e-3, "verdict": ["redundant", "invalid"],
+                         "grad_over_tol_max": 1e-3, "control_over_tol_min": [100.0, 0.01],
+                         "verdict": ["redundant", "invalid"], "unit_roundoff": [2.0**-24, 2.0**-11],
                          "ratio_over_u": [0.5, 0.2], "bk_mean_cos": [0.01, -0.02],
                          "bq_mean_cos": [0.8, 0.7], "cos_bound": 0.2})
-    return law, pooled, df, checks, gsum
+    grads = pd.DataFrame({"dtype": ["float32", "float16"], "path": "explicit", "status": "ok",
+                          "unit_roundoff": [2.0**-24, 2.0**-11], "ratio": [0.5 * 2.0**-24, 0.2 * 2.0**-11]})
+    return law, pooled, df, checks, gsum, grads
 
 
-def test_precision_claims_hold_on_consistent_data_and_fail_on_bad():
-    law, pooled, df, checks, gsum = _claim_inputs()
-    claims = {c["claim_id"]: c for c in nm.precision_claims(law, pooled, df, checks, gsum, 16)}
-    ops = {"<=": lambda v, b: v <= b, "==": lambda v, b: v == b, ">": lambda v, b: v > b}
-    assert all(ops[c["comparison"]](c["value"], c["bound"]) for c in claims.values())
-    assert "2^13" in claims["precision-bk-gradient-scales-with-u"]["statement"]
-    assert claims["precision-bk-gradient-verdict-float32"]["statement"].startswith("In float32,")
-    # a float32 gradient verdict that is not redundant fails the verdict claim
-    bad = gsum.assign(verdict=["invalid", "invalid"])
-    c = {c["claim_id"]: c for c in nm.precision_claims(law, pooled, df, checks, bad, 16)}
-    assert c["precision-bk-gradient-verdict-float32"]["value"] == 1.0
-    # a dtype that ran without a law fit makes the slope and model-constant claims NaN (fail)
+def _holds(claims) -> dict[str, bool]:
+    return {cid: r["holds"] for cid, r in C.evaluate(claims).items()}
+
+
+def test_precision_claims_hold_on_consistent_data():
+    law, pooled, df, checks, gsum, grads = _claim_inputs()
+    claims = nm.precision_claims(law, pooled, df, checks, gsum, grads, 16)
+    assert all(_holds(claims).values()), _holds(claims)
+    by_id = {c["claim_id"]: c for c in claims}
+    assert "2^13" in by_id["precision-bk-gradient-scales-with-u"]["statement"]
+    assert all(c["kind"] == "test" and c["bound_origin"] for c in claims)
+    # the tolerance claim judges only the powered row (float32), and says what it could have seen
+    assert by_id["precision-bk-gradient-within-tolerance"]["min_detectable"] == pytest.approx(0.01)
+
+
+def test_gradient_tolerance_claim_ignores_unpowered_rows_and_fails_without_any():
+    law, pooled, df, checks, gsum, grads = _claim_inputs()
+    # an unpowered float16 row far outside the tolerance is not judged by the tolerance claim
+    loud = gsum.assign(grad_over_tol_max=[1e-3, 50.0])
+    assert _holds(nm.precision_claims(law, pooled, df, checks, loud, grads, 16))["precision-bk-gradient-within-tolerance"]
+    # with no powered row at all the claim has no data and fails
+    weak = gsum.assign(control_over_tol_min=0.5)
+    assert not _holds(nm.precision_claims(law, pooled, df, checks, weak, grads, 16))["precision-bk-gradient-within-tolerance"]
+
+
+def test_output_claim_judges_only_magnitudes_whose_tolerance_is_below_the_output():
+    law, pooled, df, checks, gsum, grads = _claim_inputs()
+    vacuous = df.assign(tolerance=np.where(df["ratio"] > 100, 10.0, 0.5), delta_max=np.where(df["ratio"] > 100, 5.0, 1e-6))
+    claim = next(c for c in nm.precision_claims(law, pooled, vacuous, checks, gsum, grads, 16)
+                 if c["claim_id"] == "precision-output-change-within-tolerance")
+    assert claim["value"] < 1 and claim["min_detectable"] == pytest.approx(0.5)
+    nothing_judged = df.assign(tolerance=10.0)
+    assert not _holds(nm.precision_claims(law, pooled, nothing_judged, checks, gsum, grads, 16))[
+        "precision-output-change-within-tolerance"]
+
+
+def test_precision_claims_fail_when_a_dtype_has_no_fit():
+    law, pooled, df, checks, gsum, grads = _claim_inputs()
     extra = pd.concat([df, df.assign(dtype="float16")], ignore_index=True)
-    c = {c["claim_id"]: c for c in nm.precision_claims(law, pooled, extra, checks, gsum, 16)}
+    c = {c["claim_id"]: c for c in nm.precision_claims(law, pooled, extra, checks, gsum, grads, 16)}
     assert math.isnan(c["precision-law-slope-one"]["value"])
     assert math.isnan(c["precision-rounding-model-constant"]["value"])
 
 
 def test_precision_claims_with_no_data_fail_or_are_left_out():
-    law, pooled, df, checks, gsum = _claim_inputs()
-    empty_g = gsum.iloc[0:0]
-    claims = {c["claim_id"]: c for c in nm.precision_claims(law.iloc[0:0], pooled.iloc[0:0], df.iloc[0:0],
-                                                             checks.iloc[0:0], empty_g, 16)}
-    assert "precision-bk-gradient-verdict-float32" not in claims
+    law, pooled, df, checks, gsum, grads = _claim_inputs()
+    claims = {c["claim_id"]: c for c in nm.precision_claims(
+        law.iloc[0:0], pooled.iloc[0:0], df.iloc[0:0], checks.iloc[0:0], gsum.iloc[0:0], grads.iloc[0:0], 16)}
     assert "precision-bk-gradient-scales-with-u" not in claims
     assert all(math.isnan(c["value"]) for c in claims.values())
-    one = {c["claim_id"] for c in nm.precision_claims(law, pooled, df, checks, gsum.iloc[:1], 16)}
+    one = {c["claim_id"] for c in nm.precision_claims(law, pooled, df, checks, gsum.iloc[:1], grads, 16)}
     assert "precision-bk-gradient-scales-with-u" not in one  # one dtype: no scaling to test
+
+
+# ----------------------------------------------------------------------------- mutation tests
+@pytest.mark.claim_mutation("precision-law-slope-one")
+@pytest.mark.parametrize("alpha", [1 - 1.5 * nm.SLOPE_MARGIN, 1 + 1.5 * nm.SLOPE_MARGIN, 0.5, 2.0])
+def test_slope_claim_fails_on_a_law_of_another_slope(alpha):
+    law, pooled, df, checks, gsum, grads = _claim_inputs()
+    bent = nm.add_floor(_synthetic(alpha))
+    bent["delta_max"], bent["tolerance"] = bent["delta_rms"], 0.5
+    claims = nm.precision_claims(nm.fit_law(bent), nm.pooled_slope(bent), bent, checks, gsum, grads, 16)
+    assert not _holds(claims)["precision-law-slope-one"]
+
+
+def test_slope_claim_states_the_smallest_deviation_it_detects():
+    law, pooled, df, checks, gsum, grads = _claim_inputs()
+    vague = pooled.assign(slope_se=0.05, detectable_dev=nm.SLOPE_MARGIN + nm.normal_quantile() * 0.05)
+    claim = next(c for c in nm.precision_claims(law, vague, df, checks, gsum, grads, 16)
+                 if c["claim_id"] == "precision-law-slope-one")
+    assert claim["min_detectable"] == pytest.approx(nm.SLOPE_MARGIN + nm.normal_quantile() * 0.05)
+
+
+@pytest.mark.claim_mutation("precision-rounding-model-constant")
+def test_model_constant_claim_fails_when_the_model_is_off_by_more_than_lambda():
+    law, pooled, df, checks, gsum, grads = _claim_inputs()
+    off = df.assign(pred_rms=df["pred_rms"] / (3 * verdict.LAMBDA))
+    claims = nm.precision_claims(nm.fit_law(off), pooled, off, checks, gsum, grads, 16)
+    assert not _holds(claims)["precision-rounding-model-constant"]
+
+
+@pytest.mark.claim_mutation("precision-accuracy-crossing-law")
+def test_crossing_claim_fails_when_the_calibration_mispredicts():
+    law, pooled, df, checks, gsum, grads = _claim_inputs()
+    miscalibrated = law.assign(model_constant=law["model_constant"] * 10)
+    bad_checks = nm.crossing_check(nm.accuracy_crossing(df, miscalibrated), miscalibrated, 0.25)
+    assert not _holds(nm.precision_claims(law, pooled, df, bad_checks, gsum, grads, 16))["precision-accuracy-crossing-law"]
+
+
+@pytest.mark.claim_mutation("precision-bq-gradient-consistent")
+def test_control_claim_fails_when_the_bq_gradient_has_no_direction():
+    law, pooled, df, checks, gsum, grads = _claim_inputs()
+    aimless = gsum.assign(bq_mean_cos=[0.01, 0.1])
+    assert not _holds(nm.precision_claims(law, pooled, df, checks, aimless, grads, 16))["precision-bq-gradient-consistent"]
+
+
+_ATTENTION = nm.attention
+
+
+def _attention_with_zero_slot(q, k, v, path):
+    """add_zero_attn: one more key/value slot of zeros, after the key bias (breaks A1)."""
+    zero = torch.zeros_like(k[..., :1, :])
+    return _ATTENTION(q, torch.cat([k, zero], -2), torch.cat([v, zero], -2), path)
+
+
+def _attention_keys_as_values(q, k, v, path):
+    """A shared key/value projection: the biased keys are also the values (breaks A7)."""
+    return _ATTENTION(q, k, k, path)
+
+
+def _measured_claims(monkeypatch, mutant=None):
+    if mutant is not None:
+        monkeypatch.setattr(nm, "attention", mutant)
+    sizes = dict(head_dim=16, num_heads=1, seq_len=8, batch=4, seed=0, progress=False)
+    dtypes, paths = ["float64", "float32"], ["explicit"]
+    errors = nm.add_floor(nm.error_sweep(dtypes, paths, ratios=[0.03, 10.0, 1000.0], **sizes))
+    grads = nm.gradient_sweep(dtypes, paths, batches=12, **sizes)
+    law, pooled, _, checks, _, _ = _claim_inputs()
+    return _holds(nm.precision_claims(law, pooled, errors, checks, nm.gradient_summary(grads), grads, 8))
+
+
+MEASURED = ["precision-output-change-within-tolerance", "precision-bk-gradient-within-tolerance",
+            "precision-bk-gradient-noise-scale", "precision-bk-gradient-scales-with-u",
+            "precision-bk-gradient-no-direction", "precision-bq-gradient-consistent"]
+
+
+def test_measured_claims_hold_for_nn_attention(monkeypatch):
+    holds = _measured_claims(monkeypatch)
+    assert all(holds[c] for c in MEASURED), holds
+
+
+@pytest.mark.claim_mutation(*MEASURED[:-1])
+def test_measured_claims_fail_when_keys_are_reused_as_values(monkeypatch):
+    """b_k then reaches the output through the values: a real, directed gradient."""
+    holds = _measured_claims(monkeypatch, _attention_keys_as_values)
+    assert not any(holds[c] for c in MEASURED[:-1]), holds
+
+
+@pytest.mark.claim_mutation(*MEASURED[:4])
+def test_measured_claims_fail_with_an_extra_key_slot(monkeypatch):
+    """A zero key slot after the bias (add_zero_attn) makes b_k change outputs and gradients.
+
+    Its b_k gradient sum_i q_i c_i has no direction across batches (the queries have zero
+    mean), so the direction claim does not see this break; the size claims do.
+    """
+    holds = _measured_claims(monkeypatch, _attention_with_zero_slot)
+    assert not any(holds[c] for c in MEASURED[:4]), holds
+    assert holds["precision-bk-gradient-no-direction"]
 
 
 def test_macros_and_figures_from_summaries():
@@ -283,21 +407,28 @@ def test_macros_and_figures_from_summaries():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    law, pooled, df, checks, gsum = _claim_inputs()
+    from keybias import style
+
+    style.apply()
+    law, pooled, df, checks, gsum, grads = _claim_inputs()
     m = nm.law_macros(df, law, pooled)
     assert m["PrecSlopeFloatThirtyTwo"][0] == pytest.approx(1.0, abs=0.05)
     assert m["PrecModelConstWide"][0] == pytest.approx(2.0, rel=0.02) and "PrecModelConstSdpaHalf" not in m
-    g = nm.gradient_macros(gsum.assign(bk_consistency=0.3, bq_consistency=0.9))
+    g = nm.gradient_macros(gsum.assign(bk_consistency=0.3, bq_consistency=0.9), grads, 16)
     assert g["PrecUnitRoundoffSpanLog"][0] == 13 and g["PrecGradRedundantCount"][0] == 1
+    assert g["PrecGradPoweredCount"][0] == 1 and g["PrecGradPoweredDtypes"][0] == "float32"
     r = nm.run_macros(head_dim=16, num_heads=2, seq_len=8, batch=2, grad_batches=4, ratio_points=5,
                       ratio_log10_min=-1, ratio_log10_max=2)
     assert r["PrecDominance"][0] == nm.DOMINANCE and r["PrecFailureProbability"][0] == "10^{-6}"
     crossing = nm.accuracy_crossing(df, law)
     fig = nm.plot_error_vs_bias(df, law, ["float32"])
-    assert len(fig.axes) == 1 and len(fig.axes[0].lines) >= 3
+    assert len(fig.axes[0].lines) >= 3
     fig2 = nm.plot_accuracy(df, crossing, ["float32"])
     assert len(fig2.axes) == 1 and nm.plot_accuracy(df, crossing, ["float64"]) is None
-    fig3 = nm.plot_gradient(gsum.assign(unit_roundoff=[2.0**-24, 2.0**-11], ratio_median=[1e-7, 1e-4]))
+    fig3 = nm.plot_gradient(gsum.assign(ratio_median=[1e-7, 1e-4]))
     assert len(fig3.axes) == 2
     for f in (fig, fig2, fig3):
+        assert f.get_figwidth() == pytest.approx(style.FULL_WIDTH)
+        assert style.smallest_font_pt(f) >= style.MIN_FONT_PT
+        assert all(ax.get_legend() is None for ax in f.axes), "legends go outside the axes"
         plt.close(f)

@@ -39,6 +39,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from keybias import verdict
+from keybias.claims import finite_max, finite_min
 from keybias.params import DTYPES, Param
 
 # Code paths: the attention product written out, F.scaled_dot_product_attention with each
@@ -62,6 +63,11 @@ VALIDITY = 0.1
 FLOOR_RATIO = 0.1
 # Error growth that defines the accuracy crossing ("the error doubles").
 CROSSING_FACTOR = 2.0
+# Margin of the slope-1 law, fixed before the data: over the fitted range the first-order
+# model drops terms of relative size up to VALIDITY, so a slope within VALIDITY of 1 agrees
+# with the model. A true deviation beyond SLOPE_MARGIN + z SE fails the claim with
+# probability at least 1 - p/2: that is the smallest deviation the claim detects.
+SLOPE_MARGIN = VALIDITY
 # dtype -> the spelled-out suffix of per-dtype macro names.
 DTYPE_MACRO = {"float64": "FloatSixtyFour", "float32": "FloatThirtyTwo",
                "bfloat16": "BfloatSixteen", "float16": "FloatSixteen"}
@@ -78,6 +84,7 @@ PARAMETERS: dict[str, Param] = {
     "ratio_points": Param(int, minimum=3, maximum=200, help="magnitudes on the log grid"),
     "grad_batches": Param(int, minimum=3, maximum=512, help="independent batches for gradients"),
     "seed": Param(int, minimum=0),
+    "calibration_seed": Param(int, minimum=0, help="seed of the held-out run that calibrates the crossing prediction"),
 }
 
 
@@ -267,7 +274,7 @@ def _mha_setting(e, num_heads, batch, seq_len, seed, dtype, device):
 
 def error_sweep(
     dtypes, paths, *, head_dim: int, num_heads: int, seq_len: int, batch: int,
-    ratios, seed: int = 0, device: str = "cpu", progress: bool = True,
+    ratios, seed: int = 0, device: str = "cpu", progress: bool = False,
 ) -> pd.DataFrame:
     """Output change caused by b_k and output accuracy, per dtype, path and |b_k|/|k|.
 
@@ -285,7 +292,7 @@ def error_sweep(
     ratios = np.asarray(ratios, dtype=float)
     if ratios.ndim != 1 or ratios.size == 0 or not np.all(np.isfinite(ratios)) or np.any(ratios <= 0):
         raise ValueError(f"ratios must be a non-empty list of positive numbers, got {ratios!r}")
-    from tqdm.auto import tqdm
+    from tqdm import tqdm
 
     e = head_dim * num_heads
     direction = _direction(num_heads, head_dim, seed)
@@ -435,9 +442,11 @@ def fit_law(df: pd.DataFrame, *, mask: pd.Series | None = None) -> pd.DataFrame:
 
 
 def pooled_slope(df: pd.DataFrame, *, mask: pd.Series | None = None) -> pd.DataFrame:
-    """Per dtype, one common slope over all paths (an intercept per path), with its SE, and
-    the allowance for |slope - 1|: z standard errors plus the largest RMS score-error std in
-    the fitted range (the relative size of the terms the first-order model drops)."""
+    """Per dtype, one common slope over all paths (an intercept per path), with its SE,
+    `slope_dev` = |slope - 1| (judged against the fixed SLOPE_MARGIN) and `detectable_dev`
+    = SLOPE_MARGIN + z SE, the smallest true deviation the judgement detects with
+    probability 1 - p/2. `second_order` is the largest RMS score-error std in the fitted
+    range, the relative size of the terms the model drops."""
     mask = fit_mask(df) if mask is None else mask
     rows = []
     for dtype, g in df[mask].groupby("dtype", sort=False):
@@ -449,7 +458,8 @@ def pooled_slope(df: pd.DataFrame, *, mask: pd.Series | None = None) -> pd.DataF
         rows.append({"dtype": dtype, "points": fit["points"], "slope": fit["slope"],
                      "slope_se": fit["slope_se"], "resid_log10": fit["resid_log10"],
                      "second_order": second_order,
-                     "allowance": normal_quantile() * fit["slope_se"] + second_order})
+                     "slope_dev": abs(fit["slope"] - 1),
+                     "detectable_dev": SLOPE_MARGIN + normal_quantile() * fit["slope_se"]})
     return pd.DataFrame(rows)
 
 
@@ -506,7 +516,7 @@ def _core_grads(q, k, v, dy, path):
 
 def gradient_sweep(
     dtypes, paths, *, head_dim: int, num_heads: int, seq_len: int, batch: int,
-    batches: int, seed: int = 0, device: str = "cpu", progress: bool = True,
+    batches: int, seed: int = 0, device: str = "cpu", progress: bool = False,
 ) -> pd.DataFrame:
     """Gradients of b_q and b_k (at b_k = 0) over `batches` independent batches, per dtype
     and path (forward and backward in that dtype). Loss sum(y * dy) with dy = w + noise for
@@ -518,7 +528,7 @@ def gradient_sweep(
     dtypes, paths, head_dim, num_heads, seq_len, batch, device = _check_common(
         dtypes, paths, head_dim, num_heads, seq_len, batch, device)
     batches = _check_size("batches", batches, 3)
-    from tqdm.auto import tqdm
+    from tqdm import tqdm
 
     e = head_dim * num_heads
     w = torch.randn(1, num_heads, 1, head_dim, generator=_gen(seed + 31), dtype=torch.float64)
@@ -716,76 +726,113 @@ def _span_tex(dtypes) -> str:
     return f"2^{round(span)}" if math.isfinite(span) else "an undefined range"
 
 
-def _max_or_nan(series) -> float:
-    series = pd.Series(series, dtype=float)
-    return float(series.max()) if len(series) else math.nan
+def _ratio_max(num, den, what: str) -> float:
+    """max(num / den) over the selection; NaN if empty or not finite (the claim then fails)."""
+    return finite_max(np.asarray(num, dtype=float) / np.asarray(den, dtype=float), what)
 
 
-def _min_or_nan(series) -> float:
-    series = pd.Series(series, dtype=float)
-    return float(series.min()) if len(series) else math.nan
+def powered_outputs(errors: pd.DataFrame) -> pd.DataFrame:
+    """The measured rows (dtype, path, magnitude) whose rounding tolerance is below the RMS
+    output: there a break that moves the output by its own size would exceed the tolerance.
+    At large |b_k| in half precision the worst-case tolerance exceeds the output itself, and
+    "within tolerance" says nothing; those magnitudes are judged by the rounding-model claim."""
+    ok = errors[errors["status"].eq("ok")]
+    return ok[ok["tolerance"] < ok["ref_rms"]]
 
 
-def precision_claims(law, pooled, errors, checks, gsum, seq_len) -> list[dict]:
-    """The findings of notebook 03 as claims (claim_id, statement, value, bound, comparison),
-    each bound from the rounding model, the verdict rule or the fit's own uncertainty. An
-    empty selection gives NaN (the claim fails). Claims about float32/float64, or about
-    scaling across dtypes, are left out when the run has no such data (one dtype, or only
-    half precisions)."""
+def powered_gradients(gsum: pd.DataFrame) -> pd.DataFrame:
+    """The (dtype, path) rows where the b_q gradient, the positive control, exceeds the
+    rounding tolerance in every batch: only there could the tolerance see a gradient of the
+    size a real bias has, so only there does "within tolerance" say anything."""
+    ok = gsum[gsum["status"].eq("ok")] if "status" in gsum else gsum.iloc[0:0]
+    return ok[ok["control_over_tol_min"] > 1]
+
+
+def precision_claims(law, pooled, errors, checks, gsum, grads, seq_len) -> list[dict]:
+    """The findings of notebook 03 as claims (keyword dicts for `Recorder.claim`), each with
+    its kind, the origin of its bound and, for "no effect" claims, the smallest effect it
+    would have seen. Pure: tests hand it doctored data or a mutated model's measurements.
+    Every reduction is over an explicit selection; an empty one gives NaN, which fails.
+
+    law, pooled: `fit_law` / `pooled_slope` of the main run; checks: `crossing_check` of the
+    main run's crossings against the model calibrated on the held-out seed; gsum, grads:
+    `gradient_summary` and the per-batch rows of `gradient_sweep`.
+    """
     ok_err = errors[errors["status"].eq("ok")]
+    judged = powered_outputs(errors)
     ok_g = gsum[gsum["status"].eq("ok")] if "status" in gsum else gsum.iloc[0:0]
+    ok_b = grads[grads["status"].eq("ok")] if "status" in grads else grads.iloc[0:0]
+    powered = powered_gradients(gsum)
     p_tex = f"{verdict.FAILURE_PROBABILITY:g}"
     run_dtypes = list(dict.fromkeys(ok_err["dtype"]))
     # every dtype that ran must have a pooled slope: a dtype without a fit fails the claim
-    zs = pd.Series({d: math.nan for d in run_dtypes}, dtype=float)
+    slope_dev = pd.Series({d: math.nan for d in run_dtypes}, dtype=float)
+    detectable = slope_dev.copy()
     for _, row in pooled.iterrows():
-        zs[row["dtype"]] = abs(row["slope"] - 1) / row["allowance"]
+        slope_dev[row["dtype"]] = row["slope_dev"]
+        detectable[row["dtype"]] = row["detectable_dev"]
     # every (dtype, path) that ran must have a model constant
     ran = ok_err[["dtype", "path"]].drop_duplicates()
-    covered = ran.merge(law[["dtype", "path", "model_constant"]], on=["dtype", "path"], how="left") if len(law) else None
-    model_dev = (math.nan if covered is None or len(covered) == 0 or not np.isfinite(covered["model_constant"]).all()
-                 else float(np.abs(np.log10(covered["model_constant"])).max()))
+    covered = ran.merge(law[["dtype", "path", "model_constant"]], on=["dtype", "path"], how="left") if len(law) else ran.assign(model_constant=math.nan)
+    lam_sqrt_n = verdict.LAMBDA * math.sqrt(seq_len)
     claims = [
-        dict(claim_id="precision-output-change-within-tolerance",
-             statement="For every dtype, code path and key-bias magnitude, the largest output change that b_k causes stays within the rounding tolerance of the verdict rule.",
-             value=_max_or_nan(ok_err["delta_max"] / ok_err["tolerance"]), bound=1.0, comparison="<="),
-        dict(claim_id="precision-law-slope-one",
-             statement=f"For every dtype, the fitted log-log slope of the b_k-induced output change against |b_k|/|k| equals 1 within z standard errors (z for p = {p_tex}) plus the largest relative score error in the fitted range (the second-order terms the model drops).",
-             value=float(zs.max()) if len(zs) and zs.notna().all() else math.nan, bound=1.0, comparison="<="),
-        dict(claim_id="precision-rounding-model-constant",
-             statement="Across dtypes and code paths, the first-order rounding model predicts the measured change within a factor lambda (the probabilistic rounding constant of Higham & Mary).",
-             value=model_dev,
-             bound=math.log10(verdict.LAMBDA), comparison="<="),
-        dict(claim_id="precision-accuracy-crossing-law",
-             statement="The magnitude |b_k|/|k| at which the error against float64 doubles agrees with the prediction of the calibrated rounding model, within half a grid step plus z times the scatter of the calibration.",
-             value=_max_or_nan(checks["deviation_log10"] / checks["allowance_log10"]) if len(checks) else math.nan,
+        dict(claim_id="precision-output-change-within-tolerance", kind="test",
+             bound_origin="verdict rule's rounding bound for each magnitude's own scores and values (theory)",
+             min_detectable=_ratio_max(judged["tolerance"], judged["ref_rms"], "tolerance over output RMS"),
+             statement="For every dtype, code path and key-bias magnitude whose rounding tolerance lies below the RMS output, the largest output change that b_k causes stays within the tolerance for that magnitude; the smallest detectable change, relative to the RMS output, is given for the worst judged magnitude.",
+             value=_ratio_max(judged["delta_max"], judged["tolerance"], "output change over tolerance"),
              bound=1.0, comparison="<="),
-        dict(claim_id="precision-bk-gradient-within-tolerance",
-             statement="For every dtype and code path, every entry of the b_k gradient stays within the rounding tolerance of the verdict rule.",
-             value=_max_or_nan(ok_g["grad_over_tol_max"]) if len(ok_g) else math.nan, bound=1.0, comparison="<="),
+        dict(claim_id="precision-law-slope-one", kind="test",
+             bound_origin="fixed margin: the first-order model's validity limit VALIDITY, set before the run",
+             min_detectable=finite_max(detectable, "detectable slope deviation per dtype"),
+             statement=f"For every dtype, the pooled log-log slope of the b_k-induced output change against |b_k|/|k| is within the fixed margin of 1 that the first-order model allows; a true slope farther from 1 than the margin plus z standard errors (z for p = {p_tex}), the smallest detectable deviation, would have failed it.",
+             value=finite_max(slope_dev, "slope deviation per dtype") / SLOPE_MARGIN, bound=1.0, comparison="<="),
+        dict(claim_id="precision-rounding-model-constant", kind="test",
+             bound_origin="probabilistic rounding constant lambda of Higham and Mary (theory)",
+             statement="Across dtypes and code paths, the first-order rounding model predicts the measured change within a factor lambda (the probabilistic rounding constant of Higham & Mary).",
+             value=finite_max(np.abs(np.log10(covered["model_constant"].to_numpy(dtype=float))), "model constants (log10)"),
+             bound=math.log10(verdict.LAMBDA), comparison="<="),
+        dict(claim_id="precision-accuracy-crossing-law", kind="test",
+             bound_origin="half a grid step plus z times the scatter of the model constant calibrated on a held-out seed",
+             statement="The magnitude |b_k|/|k| at which the error against float64 doubles agrees with the prediction of the rounding model calibrated on a held-out seed, within half a grid step plus z times the scatter of that calibration.",
+             value=_ratio_max(checks["deviation_log10"], checks["allowance_log10"], "crossing deviation over allowance")
+             if len(checks) else math.nan,
+             bound=1.0, comparison="<="),
+        dict(claim_id="precision-bk-gradient-within-tolerance", kind="test",
+             bound_origin="verdict rule's rounding bound from the measured query, value and upstream-gradient magnitudes (theory)",
+             min_detectable=_ratio_max(1.0 / powered["control_over_tol_min"].to_numpy(dtype=float),
+                                       np.ones(len(powered)), "tolerance over control"),
+             statement="In every dtype and code path where the b_q gradient (positive control) exceeds the rounding tolerance, every entry of the b_k gradient stays within it; the smallest b_k gradient it would have seen, as a fraction of the b_q gradient, is given for the worst case.",
+             value=finite_max(powered["grad_over_tol_max"], "b_k gradient over tolerance (powered rows)"),
+             bound=1.0, comparison="<="),
+        dict(claim_id="precision-bk-gradient-noise-scale", kind="test",
+             bound_origin="rounding of n-term row sums: lambda sqrt(n) u times the measured b_q gradient (theory)",
+             min_detectable=finite_max(lam_sqrt_n * ok_b["unit_roundoff"], "largest noise bound"),
+             statement="In every dtype, code path and batch, |grad b_k| / |grad b_q| stays below lambda sqrt(n) u, the size of rounding noise in row sums of n terms: the b_k gradient is no larger than rounding noise at the scale of the measured gradients.",
+             value=_ratio_max(ok_b["ratio"], lam_sqrt_n * ok_b["unit_roundoff"], "gradient ratio over noise bound"),
+             bound=1.0, comparison="<="),
     ]
-    wide = [d for d in ("float32", "float64") if len(ok_g) and ok_g["dtype"].eq(d).any()]
-    if wide:
-        sel = ok_g[ok_g["dtype"].isin(wide)]
-        claims.append(dict(
-            claim_id="precision-bk-gradient-verdict-float32",
-            statement=f"In {' and '.join(wide)}, where the b_q gradient (positive control) exceeds the tolerance, the verdict rule classifies the b_k gradient as redundant on every path.",
-            value=float(sel["verdict"].ne(verdict.REDUNDANT).sum()), bound=0.0, comparison="=="))
     g_dtypes = list(dict.fromkeys(ok_g["dtype"])) if len(ok_g) else []
     if len(g_dtypes) >= 2:
         claims.append(dict(
-            claim_id="precision-bk-gradient-scales-with-u",
+            claim_id="precision-bk-gradient-scales-with-u", kind="test",
+            bound_origin="lambda sqrt(n), the spread rounding noise allows (theory)",
             statement=f"The ratio |grad b_k| / |grad b_q| divided by the unit roundoff varies across dtypes and paths by less than lambda sqrt(n), while u itself spans {_span_tex(g_dtypes)}.",
-            value=float(ok_g["ratio_over_u"].max() / ok_g["ratio_over_u"].min()),
-            bound=verdict.LAMBDA * math.sqrt(seq_len), comparison="<="))
+            value=finite_max(ok_g["ratio_over_u"], "ratio over u") / finite_min(ok_g["ratio_over_u"], "ratio over u"),
+            bound=lam_sqrt_n, comparison="<="))
+    # a consistent component of relative size a (to the noise) gives mean cosine a^2 / (1 + a^2)
+    cos_bound = ok_g["cos_bound"].to_numpy(dtype=float) if len(ok_g) else np.array([])
     claims += [
-        dict(claim_id="precision-bk-gradient-no-direction",
-             statement=f"The b_k gradients of independent batches point in unrelated directions: their mean pairwise cosine stays within what isotropic noise reaches (p = {p_tex}).",
-             value=_max_or_nan(ok_g["bk_mean_cos"].abs() / ok_g["cos_bound"]) if len(ok_g) else math.nan,
+        dict(claim_id="precision-bk-gradient-no-direction", kind="test",
+             bound_origin=f"isotropic-noise bound on the mean pairwise cosine at p = {p_tex} (theory)",
+             min_detectable=finite_max(np.sqrt(cos_bound / np.clip(1 - cos_bound, 1e-12, None)), "detectable consistent component"),
+             statement=f"The b_k gradients of independent batches point in unrelated directions: their mean pairwise cosine stays within what isotropic noise reaches (p = {p_tex}); a consistent component of the size given, relative to the noise, would have exceeded it.",
+             value=finite_max(ok_g["bk_mean_cos"].abs().to_numpy(dtype=float) / cos_bound, "b_k cosine over bound"),
              bound=1.0, comparison="<="),
-        dict(claim_id="precision-bq-gradient-consistent",
-             statement=f"The b_q gradients of the same batches share a direction: their mean pairwise cosine exceeds what isotropic noise reaches (p = {p_tex}).",
-             value=_min_or_nan(ok_g["bq_mean_cos"] / ok_g["cos_bound"]) if len(ok_g) else math.nan,
+        dict(claim_id="precision-bq-gradient-consistent", kind="test",
+             bound_origin=f"isotropic-noise bound on the mean pairwise cosine at p = {p_tex} (theory)",
+             statement=f"Positive control: the b_q gradients of the same batches share a direction, their mean pairwise cosine exceeding what isotropic noise reaches (p = {p_tex}).",
+             value=finite_min(ok_g["bq_mean_cos"].to_numpy(dtype=float) / cos_bound, "b_q cosine over bound"),
              bound=1.0, comparison=">"),
     ]
     return claims
@@ -810,7 +857,7 @@ def run_macros(*, head_dim, num_heads, seq_len, batch, grad_batches, ratio_point
 
 
 def law_macros(errors: pd.DataFrame, law: pd.DataFrame, pooled: pd.DataFrame) -> dict[str, tuple]:
-    """Macros of the law fit: pooled slope per dtype (with SE, allowance, fit points and the
+    """Macros of the law fit: pooled slope per dtype (with SE, detectable deviation, fit points and the
     second-order size), model constants by kernel family (wide dtypes; SDPA in half
     precision; other paths in half precision), extremes. name -> (value, digits)."""
     out: dict[str, tuple] = {}
@@ -821,7 +868,7 @@ def law_macros(errors: pd.DataFrame, law: pd.DataFrame, pooled: pd.DataFrame) ->
         out["PrecSlope" + name] = (float(p["slope"]), 4)
         out["PrecFitPoints" + name] = (int(p["points"]), 3)
         out["PrecSlopeSe" + name] = (float(p["slope_se"]), 2)
-        out["PrecSlopeAllow" + name] = (float(p["allowance"]), 2)
+        out["PrecSlopeDetectable" + name] = (float(p["detectable_dev"]), 2)
         out["PrecSecondOrder" + name] = (float(p["second_order"]), 2)
     if len(law):
         half = law["dtype"].isin(["bfloat16", "float16"])
@@ -833,7 +880,14 @@ def law_macros(errors: pd.DataFrame, law: pd.DataFrame, pooled: pd.DataFrame) ->
         out["PrecModelConstMax"] = (float(law["model_constant"].max()), 2)
         out["PrecLawResidMax"] = (float(law["resid_log10"].max()), 2)
     ok = errors[errors["status"].eq("ok")]
-    out["PrecOutputTolMax"] = (_max_or_nan(ok["delta_max"] / ok["tolerance"]), 2)
+    out["PrecOutputTolMax"] = (_ratio_max(ok["delta_max"], ok["tolerance"], "output change over tolerance"), 2)
+    judged = powered_outputs(errors)
+    out["PrecOutputMinDetectable"] = (_ratio_max(judged["tolerance"], judged["ref_rms"], "tolerance over output RMS"), 2)
+    out["PrecOutputJudgedCount"] = (len(judged), 3)
+    out["PrecOutputRowCount"] = (len(ok), 3)
+    out["PrecOutputJudgedRatioMaxHalf"] = (finite_max(judged.loc[judged["dtype"].isin(["bfloat16", "float16"]), "ratio"],
+                                                      "largest judged magnitude in half precision"), 2)
+    out["PrecSlopeMargin"] = (SLOPE_MARGIN, 2)
     return out
 
 
@@ -852,27 +906,40 @@ def crossing_macros(errors: pd.DataFrame, crossing: pd.DataFrame, checks: pd.Dat
         if len(e):
             out["PrecErrMax" + DTYPE_MACRO[dtype]] = (float(e["err_rms"].max()), 2)
     fin = crossing["crossing"].dropna() if len(crossing) else pd.Series(dtype=float)
-    out["PrecCrossMin"] = (_min_or_nan(fin), 2)
-    out["PrecCrossMax"] = (_max_or_nan(fin), 2)
-    out["PrecCrossDevMax"] = (_max_or_nan(checks["deviation_log10"]) if len(checks) else math.nan, 2)
+    out["PrecCrossMin"] = (finite_min(fin, "crossings"), 2)
+    out["PrecCrossMax"] = (finite_max(fin, "crossings"), 2)
+    out["PrecCrossDevMax"] = (finite_max(checks["deviation_log10"], "crossing deviations"), 2)
     return out
 
 
-def gradient_macros(gsum: pd.DataFrame) -> dict[str, tuple]:
+def gradient_macros(gsum: pd.DataFrame, grads: pd.DataFrame, seq_len: int) -> dict[str, tuple]:
     """Macros of the gradient summary (ok rows only), including log2 of the span of u over
-    the dtypes whose gradients were measured. name -> (value, digits)."""
+    the dtypes whose gradients were measured, the powered cases of the tolerance claim and
+    what the gradient claims could have detected. name -> (value, digits)."""
     okg = gsum[gsum["status"].eq("ok")]
+    okb = grads[grads["status"].eq("ok")]
     span = unit_roundoff_span_log2(list(dict.fromkeys(okg["dtype"])))
+    powered = powered_gradients(gsum)
+    lam_sqrt_n = verdict.LAMBDA * math.sqrt(seq_len)
+    cos_bound = okg["cos_bound"].to_numpy(dtype=float)
     return {
+        "PrecGradPoweredCount": (len(powered), 3),
+        "PrecGradPoweredDtypes": (", ".join(dict.fromkeys(powered["dtype"])) or "none", 3),
+        "PrecGradMinDetectable": (finite_max(1.0 / powered["control_over_tol_min"].to_numpy(dtype=float),
+                                             "tolerance over control"), 2),
+        "PrecGradNoiseBoundFactor": (lam_sqrt_n, 2),
+        "PrecGradNoiseScaleMax": (_ratio_max(okb["ratio"], lam_sqrt_n * okb["unit_roundoff"], "ratio over bound"), 2),
+        "PrecBkCosMinDetectable": (finite_max(np.sqrt(cos_bound / np.clip(1 - cos_bound, 1e-12, None)),
+                                              "detectable consistent component"), 2),
         "PrecUnitRoundoffSpanLog": (int(round(span)) if math.isfinite(span) else span, 3),
-        "PrecRatioOverUMin": (_min_or_nan(okg["ratio_over_u"]), 2),
-        "PrecRatioOverUMax": (_max_or_nan(okg["ratio_over_u"]), 2),
-        "PrecBkCosMax": (_max_or_nan(okg["bk_mean_cos"].abs()), 2),
-        "PrecBqCosMin": (_min_or_nan(okg["bq_mean_cos"]), 2),
-        "PrecCosBoundMin": (_min_or_nan(okg["cos_bound"]), 2),
-        "PrecBkConsistencyMax": (_max_or_nan(okg["bk_consistency"]), 2),
-        "PrecBqConsistencyMin": (_min_or_nan(okg["bq_consistency"]), 2),
-        "PrecGradTolMax": (_max_or_nan(okg["grad_over_tol_max"]), 2),
+        "PrecRatioOverUMin": (finite_min(okg["ratio_over_u"], "gradient summary"), 2),
+        "PrecRatioOverUMax": (finite_max(okg["ratio_over_u"], "gradient summary"), 2),
+        "PrecBkCosMax": (finite_max(okg["bk_mean_cos"].abs(), "gradient summary"), 2),
+        "PrecBqCosMin": (finite_min(okg["bq_mean_cos"], "gradient summary"), 2),
+        "PrecCosBoundMin": (finite_min(okg["cos_bound"], "gradient summary"), 2),
+        "PrecBkConsistencyMax": (finite_max(okg["bk_consistency"], "gradient summary"), 2),
+        "PrecBqConsistencyMin": (finite_min(okg["bq_consistency"], "gradient summary"), 2),
+        "PrecGradTolMax": (finite_max(okg["grad_over_tol_max"], "gradient summary"), 2),
         "PrecGradRedundantCount": (int(okg["verdict"].eq(verdict.REDUNDANT).sum()), 3),
         "PrecGradInvalidCount": (int(okg["verdict"].eq(verdict.INVALID).sum()), 3),
         "PrecGradCaseCount": (len(okg), 3),
@@ -880,57 +947,83 @@ def gradient_macros(gsum: pd.DataFrame) -> dict[str, tuple]:
 
 
 # ----------------------------------------------------------------------------- figures
+def _path_colors() -> dict[str, str]:
+    """One Okabe-Ito colour per code path, the same in every panel and figure."""
+    from keybias.style import OKABE_ITO
+
+    return {path: OKABE_ITO[i] for i, path in enumerate(PATHS)}
+
+
 def plot_error_vs_bias(errors: pd.DataFrame, law: pd.DataFrame, dtypes):
     """One panel per dtype: RMS change y(b_k) - y(0) per path (markers), the fitted law over
-    its fitted range (dashed), the rounding model (grey) and the verdict tolerance for the
-    largest entry (dotted). Returns the figure."""
+    its fitted range (dashed), the rounding model (thin black) and each path's verdict
+    tolerance for the largest entry at each magnitude (dotted). Returns the figure, made at
+    the paper's full width with the keybias style (call `keybias.style.apply()` first)."""
     import matplotlib.pyplot as plt
 
+    from keybias import style
+
+    colors = _path_colors()
     ok = errors[errors["status"].eq("ok")]
-    fig, axes = plt.subplots(1, len(dtypes), figsize=(3.2 * len(dtypes), 3.0), sharex=True, squeeze=False)
-    for ax, dtype in zip(axes[0], dtypes, strict=True):
-        for i, (path, g) in enumerate(ok[ok["dtype"].eq(dtype)].groupby("path", sort=False)):
-            color = f"C{i}"
+    rows = math.ceil(len(dtypes) / 2)
+    fig, axes = plt.subplots(rows, 2, figsize=(style.FULL_WIDTH, 2.3 * rows), sharex=True, squeeze=False)
+    for ax, dtype in zip(axes.flat, dtypes, strict=False):
+        model_drawn = set()
+        for path, g in ok[ok["dtype"].eq(dtype)].groupby("path", sort=False):
+            color = colors[path]
             ax.loglog(g["ratio"], g["delta_rms"], "o", ms=3, color=color, label=path)
+            ax.loglog(g["ratio"], g["tolerance"], ":", color=color, lw=0.8)
             f = law[(law["dtype"] == dtype) & (law["path"] == path)] if len(law) else law
             if len(f) and np.isfinite(f["slope"].iloc[0]):
                 r = np.geomspace(f["ratio_min"].iloc[0], f["ratio_max"].iloc[0], 20)
                 ax.loglog(r, f["const"].iloc[0] * r ** f["slope"].iloc[0], "--", color=color, lw=1)
-            if path in ("explicit", "mha"):  # the model differs only between the core paths and mha
-                ax.loglog(g["ratio"], g["pred_rms"], "-", color="0.6", lw=1, label="model" if i == 0 else None)
-            if i == 0:
-                ax.loglog(g["ratio"], g["tolerance"], ":", color="k", lw=1, label="tolerance")
+            family = "mha" if path == "mha" else "core"  # the model differs only between these
+            if family not in model_drawn:
+                model_drawn.add(family)
+                ax.loglog(g["ratio"], g["pred_rms"], "-", color=style.OKABE_ITO[7], lw=0.6)
         ax.set_title(dtype)
+        ax.set_ylabel("RMS output change")
+    for ax in axes.flat[len(dtypes):]:
+        ax.set_visible(False)
+    for ax in axes[-1]:
         ax.set_xlabel(r"$\|b_k\| / \|k\|$")
-    axes[0][0].set_ylabel("RMS output change")
-    axes[0][0].legend(fontsize=6, loc="upper left")
+    handles = [plt.Line2D([], [], color=colors[p], marker="o", ls="", ms=3, label=p)
+               for p in PATHS if p in set(ok["path"])]
+    handles += [plt.Line2D([], [], color="0", ls="--", lw=1, label="fitted law"),
+                plt.Line2D([], [], color=style.OKABE_ITO[7], lw=0.6, label="rounding model"),
+                plt.Line2D([], [], color="0", ls=":", lw=0.8, label="tolerance")]
     fig.tight_layout()
+    style.legend_outside(fig, handles=handles, ncol=4)
     return fig
 
 
 def plot_accuracy(errors: pd.DataFrame, crossing: pd.DataFrame, dtypes, factor: float = CROSSING_FACTOR):
     """One panel per dtype below float64: error against float64 with b_k over the error
-    without it, per path, with the level `factor` (dashed) and the measured crossings
-    (dotted). Returns the figure (None if only float64 ran)."""
+    without it, per path, at each magnitude, with the level `factor` (dashed) and the
+    measured crossings (dotted). Returns the figure (None if only float64 ran)."""
     import matplotlib.pyplot as plt
 
+    from keybias import style
+
+    colors = _path_colors()
     ok = errors[errors["status"].eq("ok")]
     low = [d for d in dtypes if d != "float64"]
     if not low:
         return None
-    fig, axes = plt.subplots(1, len(low), figsize=(3.2 * len(low), 3.0), sharey=True, squeeze=False)
+    fig, axes = plt.subplots(1, len(low), figsize=(style.FULL_WIDTH, 2.4), sharey=True, squeeze=False)
     for ax, dtype in zip(axes[0], low, strict=True):
-        for i, (path, g) in enumerate(ok[ok["dtype"].eq(dtype)].groupby("path", sort=False)):
-            ax.loglog(g["ratio"], g["err_rms"] / g["err0_rms"], "o-", ms=3, lw=1, color=f"C{i}", label=path)
+        for path, g in ok[ok["dtype"].eq(dtype)].groupby("path", sort=False):
+            ax.loglog(g["ratio"], g["err_rms"] / g["err0_rms"], "o-", ms=2.5, lw=0.8, color=colors[path], label=path)
             c = crossing[(crossing["dtype"] == dtype) & (crossing["path"] == path)]["crossing"]
             if len(c) and np.isfinite(c.iloc[0]):
-                ax.axvline(c.iloc[0], color=f"C{i}", lw=0.6, ls=":")
-        ax.axhline(factor, color="k", lw=0.8, ls="--")
+                ax.axvline(c.iloc[0], color=colors[path], lw=0.6, ls=":")
+        ax.axhline(factor, color="0", lw=0.8, ls="--")
         ax.set_title(dtype)
         ax.set_xlabel(r"$\|b_k\| / \|k\|$")
-    axes[0][0].set_ylabel("error with $b_k$ / error without")
-    axes[0][-1].legend(fontsize=7)
+    axes[0][0].set_ylabel("error with $b_k$ / without")
+    handles, labels = axes[0][0].get_legend_handles_labels()
     fig.tight_layout()
+    style.legend_outside(fig, handles=handles, labels=labels, ncol=len(labels))
     return fig
 
 
@@ -940,25 +1033,29 @@ def plot_gradient(gsum: pd.DataFrame):
     figure."""
     import matplotlib.pyplot as plt
 
+    from keybias import style
+
+    colors = _path_colors()
     okg = gsum[gsum["status"].eq("ok")]
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(8.5, 3.2))
-    for i, (path, g) in enumerate(okg.groupby("path", sort=False)):
-        ax1.loglog(g["unit_roundoff"], g["ratio_median"], "o", color=f"C{i}", label=path)
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(style.FULL_WIDTH, 3.0), width_ratios=(1, 1.6))
+    for path, g in okg.groupby("path", sort=False):
+        ax1.loglog(g["unit_roundoff"], g["ratio_median"], "o", ms=3.5, color=colors[path], label=path)
     u = np.array(sorted(okg["unit_roundoff"].unique()))
-    ax1.loglog(u, u, "k--", lw=0.8, label="$u$")
+    ax1.loglog(u, u, "--", color="0", lw=0.8, label="$u$")
     ax1.set_xlabel("unit roundoff $u$")
     ax1.set_ylabel(r"$\|g_{b_k}\| / \|g_{b_q}\|$")
-    ax1.legend(fontsize=7)
-    labels = [f"{d}\n{p}" for d, p in zip(okg["dtype"], okg["path"], strict=True)]
+    labels = [f"{d} {p}" for d, p in zip(okg["dtype"], okg["path"], strict=True)]
     x = np.arange(len(okg))
-    ax2.bar(x - 0.2, okg["bk_mean_cos"], 0.4, label="$b_k$")
-    ax2.bar(x + 0.2, okg["bq_mean_cos"], 0.4, label="$b_q$")
-    ax2.plot(x, okg["cos_bound"], "k_", ms=10, label="noise bound")
-    ax2.plot(x, -okg["cos_bound"], "k_", ms=10)
-    ax2.set_xticks(x, labels, rotation=90, fontsize=6)
-    ax2.set_ylabel("mean pairwise cosine across batches")
-    ax2.legend(fontsize=7)
+    ax2.bar(x - 0.2, okg["bk_mean_cos"], 0.4, color=style.OKABE_ITO[3], label="$b_k$ cosine")
+    ax2.bar(x + 0.2, okg["bq_mean_cos"], 0.4, color=style.OKABE_ITO[5], label="$b_q$ cosine")
+    ax2.plot(x, okg["cos_bound"], "_", color="0", ms=8, label="noise bound")
+    ax2.plot(x, -okg["cos_bound"], "_", color="0", ms=8)
+    ax2.set_xticks(x, labels, rotation=90)
+    ax2.set_ylabel("mean pairwise cosine")
+    h1, l1 = ax1.get_legend_handles_labels()
+    h2, l2 = ax2.get_legend_handles_labels()
     fig.tight_layout()
+    style.legend_outside(fig, handles=h1 + h2, labels=l1 + l2, ncol=5)
     return fig
 
 
