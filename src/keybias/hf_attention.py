@@ -128,6 +128,17 @@ def bias_roles(att) -> dict:
     return {"b_q": [q.bias.data], "b_k": [k.bias.data], "b_v": [v.bias.data]}
 
 
+def qk_scale_views(att):
+    """(query-side, key-side) weight and bias views; rescaling them oppositely keeps every score."""
+    q, k, _, _ = _qkv_modules(att)
+    if k is None:  # GPT-2's Conv1D: weight [in, 3E], columns [q | k | v]
+        e = q.weight.shape[1] // 3
+        return [q.weight.data[:, :e], q.bias.data[:e]], [q.weight.data[:, e:2 * e], q.bias.data[e:2 * e]]
+    q_side = [q.weight.data] + ([q.bias.data] if q.bias is not None else [])
+    k_side = [k.weight.data] + ([k.bias.data] if k.bias is not None else [])
+    return q_side, k_side
+
+
 def bias_grads(att):
     q, k, v, _ = _qkv_modules(att)
     if k is None:
@@ -184,4 +195,5 @@ def hf_case(cfg: dict) -> dict:
     return {"build": build, "run": run, "stats": stats,
             "working_dtype": "float32" if name in SOFTMAX_FLOAT32 and impl == "eager" else None,
             "roles": lambda model: bias_roles(model._kb_att),
+            "qk_scale": lambda model: qk_scale_views(model._kb_att),
             "grads": lambda model: bias_grads(model._kb_att)}

@@ -139,3 +139,19 @@ def classify(delta: float, tolerance: float, *, control_delta: float) -> str:
     if control_delta <= tolerance:
         return INVALID
     return REDUNDANT if delta <= tolerance else NOT_REDUNDANT
+
+
+def null_tolerance(analytic: float, *, null_base: float, null_perturbed: float, factor: float) -> float:
+    """min(analytic bound, factor * (null_base + null_perturbed)): the rounding part of a change,
+    judged in the change's own dtype.
+
+    null_base and null_perturbed are the largest output changes that transformations exact in
+    real arithmetic cause at the two states compared (the rounding null, measured in the same
+    dtype); `factor` is calibrated on held-out configurations. Unlike `measured_tolerance`, no
+    float64 number enters, so a low-precision verdict does not follow from the float64 one. When
+    the null is not available (not finite) or carries no information (zero: the transformations
+    changed no bit), the analytic bound alone is the tolerance."""
+    null = factor * (null_base + null_perturbed)
+    if not math.isfinite(null) or null <= 0:
+        return analytic
+    return min(analytic, null)
