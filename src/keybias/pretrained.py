@@ -20,6 +20,7 @@ import random
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import torch
 from torch import nn
@@ -111,8 +112,10 @@ def load_model(dtype: str = "float32"):
         raise ValueError(f"dtype must be 'float32' or 'float64', got {dtype!r}")
     os.environ["HF_HUB_OFFLINE"] = "1"
     os.environ["TRANSFORMERS_OFFLINE"] = "1"
+    import transformers
     from transformers import AutoModel, AutoTokenizer
 
+    transformers.utils.logging.disable_progress_bar()
     path = model_path()
     tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     model = AutoModel.from_pretrained(
@@ -240,10 +243,10 @@ def _variant(model, name: str, key_norms: list[float], scale: float, gen: torch.
             # rounded to float32 first, so float32 and float64 runs get the same values
             target.copy_((r / r.norm() * scale * typical).float().to(target.dtype))
     elif name == "fold_value_bias":
-        report = surgery.fold_value_bias(m, allow_dropout=True)
+        report = surgery.fold_value_bias(m, allow_dropout=True, assume_no_fully_masked_rows=True)
     elif name == "strip_and_fold":
         report = surgery.strip_key_bias(m)
-        r2 = surgery.fold_value_bias(m, allow_dropout=True)
+        r2 = surgery.fold_value_bias(m, allow_dropout=True, assume_no_fully_masked_rows=True)
         report = {**report, "parameters_saved": report["parameters_saved"] + r2["parameters_saved"]}
     else:
         raise ValueError(f"unknown variant {name!r}")
@@ -366,11 +369,10 @@ def embedding_changes(n_sentences: int, batch_size: int, max_length: int,
 def reference_savings() -> pd.DataFrame:
     """Parameters removable in standard-size models, built on the meta device from configs.
 
-    BERT-base/large and ViT-B go through the surgery tools themselves (meta tensors, no
-    weights, no download); GPT-2 packs q/k/v in one Conv1D `c_attn`, which the tools do
-    not handle, so its count is read off the module (`gpt2_packed_bias_slice`); `config_count`
-    (layers * hidden size) is the independent count from the config.
-    """
+    `surgery.plan` finds the attention modules by structure and counts their key and value
+    bias entries without changing (or certifying) anything, so no weights are needed and
+    nothing is downloaded; `config_count` (layers * hidden size) is the independent count
+    from the config."""
     os.environ["HF_HUB_OFFLINE"] = "1"
     os.environ["TRANSFORMERS_OFFLINE"] = "1"
     from transformers import BertConfig, BertModel, GPT2Config, GPT2Model, ViTConfig, ViTModel
@@ -388,36 +390,15 @@ def reference_savings() -> pd.DataFrame:
         with torch.device("meta"):
             model = cls(cfg)
         total = sum(p.numel() for p in model.parameters())
-        if name == "gpt2":
-            layers, width = cfg.n_layer, cfg.n_embd
-            strip_saved = fold_saved = gpt2_packed_bias_slice(model, "key")
-            how = "key slice of the packed Conv1D c_attn biases (not handled by the tool)"
-        else:
-            layers, width = cfg.num_hidden_layers, cfg.hidden_size
-            strip_saved = surgery.strip_key_bias(model)["parameters_saved"]
-            fold_saved = surgery.fold_value_bias(model, allow_dropout=True)["parameters_saved"]
-            how = "surgery tools on a meta-device model"
+        layers = getattr(cfg, "num_hidden_layers", None) or cfg.n_layer
+        width = getattr(cfg, "hidden_size", None) or cfg.n_embd
+        counted = surgery.plan(model)
         rows.append({"model": name, "layers": layers, "hidden_size": width, "total_parameters": total,
-                     "key_bias_parameters": strip_saved, "value_bias_parameters": fold_saved,
-                     "config_count": layers * width, "fraction_key_bias": strip_saved / total,
-                     "counted_by": how})
+                     "key_bias_parameters": counted["key_bias_entries"],
+                     "value_bias_parameters": counted["value_bias_entries"],
+                     "config_count": layers * width, "fraction_key_bias": counted["key_bias_entries"] / total,
+                     "counted_by": "surgery.plan on a meta-device model"})
     return pd.DataFrame(rows)
-
-
-def gpt2_packed_bias_slice(model, which: str = "key") -> int:
-    """Entries of the q, k or v slice of every GPT-2 `attn.c_attn.bias` in `model`.
-
-    c_attn computes [q | k | v] = x W + b with W of shape (E, 3E), so the slice of `which`
-    is b[i*E:(i+1)*E] with E = c_attn.weight.shape[0]."""
-    index = {"query": 0, "key": 1, "value": 2}
-    if which not in index:
-        raise ValueError(f"which={which!r} not allowed; allowed: {list(index)}")
-    total = 0
-    for name, module in model.named_modules():
-        if name.endswith("attn.c_attn") and getattr(module, "bias", None) is not None:
-            e = module.weight.shape[0]
-            total += module.bias[index[which] * e:(index[which] + 1) * e].numel()
-    return total
 
 
 # --------------------------------------------------------------------------- notebook summaries
@@ -435,17 +416,21 @@ MODEL_TAGS = {"bert-base": "BertBase", "bert-large": "BertLarge", "vit-base": "V
 
 
 def bias_norms_figure(norms: pd.DataFrame):
-    """Norms of b_q, b_k, b_v by layer (log scale)."""
+    """Norms of b_q, b_k, b_v by layer (log scale), at half the paper's width."""
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(5, 3))
-    for col, label in (("bq_norm", "$b_q$"), ("bk_norm", "$b_k$"), ("bv_norm", "$b_v$")):
-        ax.plot(norms["layer"], norms[col], marker="o", label=label)
+    from keybias import style
+
+    style.apply()
+    fig, ax = plt.subplots(figsize=(style.HALF_WIDTH, 2.3))
+    for (col, label), colour, marker in zip(
+            (("bq_norm", "$b_q$"), ("bk_norm", "$b_k$"), ("bv_norm", "$b_v$")),
+            style.OKABE_ITO, ("o", "s", "^"), strict=False):
+        ax.plot(norms["layer"], norms[col], marker=marker, color=colour, label=label)
     ax.set_yscale("log")
     ax.set_xlabel("layer")
     ax.set_ylabel("Euclidean norm")
-    ax.set_title("all-MiniLM-L6-v2: learned attention biases")
-    ax.legend()
+    style.legend_outside(ax)
     return fig
 
 
@@ -493,20 +478,33 @@ def changes_table(changes: pd.DataFrame) -> pd.DataFrame:
                                  "over_noise_floor": "/ noise floor", "tolerance_kind": "tolerance from"})
 
 
-def pretrained_claims(changes: pd.DataFrame, norms: pd.DataFrame, info: dict,
-                      savings: pd.DataFrame) -> tuple[list[tuple], dict]:
-    """Claims (id, statement, value, bound, comparison) and macros of notebook 05.
+def _claim(claim_id, statement, value, bound, comparison, kind, origin, **extra) -> dict[str, Any]:
+    return {"claim_id": claim_id, "statement": statement, "value": float(value), "bound": float(bound),
+            "comparison": comparison, "kind": kind, "bound_origin": origin, **extra}
 
-    Change claims compare max_abs_diff with that row's tolerance (measured against the float64
-    twin where one ran, analytic otherwise; `tolerance_kind` says which); each dtype's positive
-    control must exceed its own tolerance. Rows that the run has not got give '(not run)'
-    macros and no claim. Counts are compared with the config's layers * hidden size.
+
+def pretrained_claims(changes: pd.DataFrame, norms: pd.DataFrame, info: dict,
+                      savings: pd.DataFrame) -> tuple[list[dict], dict]:
+    """Claims (dicts for Recorder.claims_from) and macros of notebook 05's MiniLM part.
+
+    * float64 change claims (test): each change of b_k or b_v against the analytic float64
+      tolerance of the verdict rule (theory); a surgery that changes outputs fails them.
+    * float32 change claims: where float64 also ran, the float32 tolerance is min(analytic,
+      e_0 + e_1 + tol64), so a float64-redundant row is redundant in float32 by the triangle
+      inequality: these are `implied` by the float64 claim of the same change and not counted.
+      Without float64 the analytic float32 tolerance makes them independent `test`s.
+    * each dtype's positive control (test) must exceed that dtype's tolerance;
+    * b_k smaller than b_q in every layer (test, an observation of the trained model);
+    * parameter counts against the configs (consistency: they check module discovery).
+    Missing rows raise: a claim is never silently dropped.
     """
     rows = {(r.dtype, r.variant): r for r in changes.itertuples()}
     ratio = norms["bk_norm"] / norms["bq_norm"]
-    claims = [("pretrained-bk-smaller-than-bq",
-               "In every layer of all-MiniLM-L6-v2 the learned key bias is smaller than the query bias.",
-               float(ratio.max()), 1.0, "<")]
+    if ratio.empty or not np.isfinite(ratio).all():
+        raise ValueError("bias norm table is empty or has non-finite entries")
+    claims = [_claim("pretrained-bk-smaller-than-bq",
+                     "In every layer of all-MiniLM-L6-v2 the learned key bias is smaller than the query bias.",
+                     ratio.max(), 1.0, "<", "test", "the ratio one: the claim compares the two sizes")]
     macros: dict[str, Any] = {
         "PretSentences": info["sentences"], "PretLayers": info["n_layers"], "PretHidden": info["hidden_size"],
         "PretParams": info["n_parameters"], "PretThreads": info["num_threads"],
@@ -517,6 +515,10 @@ def pretrained_claims(changes: pd.DataFrame, norms: pd.DataFrame, info: dict,
         "PretKeyNormMin": norms["key_norm_median"].min(), "PretKeyNormMax": norms["key_norm_median"].max(),
         "PretBkOverBqMax": ratio.max(),
     }
+    dtypes = sorted({d for d, _ in rows})
+    for dtype in dtypes:
+        if dtype not in DTYPE_TAGS:
+            raise ValueError(f"unknown dtype {dtype!r} in changes")
     for dtype, tag in DTYPE_TAGS.items():
         for variant, short in VARIANT_TAGS.items():
             r = rows.get((dtype, variant))
@@ -526,18 +528,32 @@ def pretrained_claims(changes: pd.DataFrame, norms: pd.DataFrame, info: dict,
                     macros[f"Pret{short}{kind}{tag}"] = r"\text{(not run)}"
                 else:
                     macros[f"Pret{short}{kind}{tag}"] = float(1 - r.min_cosine if value is None else getattr(r, value))
+    for dtype in dtypes:
         control = rows.get((dtype, "random_query_bias_control"))
-        if control is not None:
-            claims.append((f"pretrained-control-detected-{dtype}",
-                           f"A random query bias of the same size changes the {dtype} embeddings by more than the rounding tolerance.",
-                           float(control.max_abs_diff), float(control.tolerance), ">"))
+        if control is None:
+            raise ValueError(f"changes has no positive control row for {dtype}")
+        origin = ("verdict rule, analytic float64 bound (theory)" if dtype == "float64" else
+                  "verdict rule: float32 bound, measured against the float64 twin where it ran")
+        claims.append(_claim(f"pretrained-control-detected-{dtype}",
+                             f"A random query bias of the same size changes the {dtype} embeddings by more than "
+                             "the rounding tolerance.", control.max_abs_diff, control.tolerance, ">", "test", origin))
         for variant, what in CHANGE_CLAIMS:
             r = rows.get((dtype, variant))
             if r is None:
-                continue
-            claims.append((f"pretrained-{variant.replace('_', '-')}-within-rounding-{dtype}",
-                           f"{what} changes the {dtype} sentence embeddings of all-MiniLM-L6-v2 by no more than the rounding tolerance.",
-                           float(r.max_abs_diff), float(r.tolerance), "<="))
+                raise ValueError(f"changes has no {variant} row for {dtype}")
+            claim_id = f"pretrained-{variant.replace('_', '-')}-within-rounding-{dtype}"
+            statement = (f"{what} changes the {dtype} sentence embeddings of all-MiniLM-L6-v2 by no more than "
+                         "the rounding tolerance.")
+            value = r.max_abs_diff if np.isfinite(r.max_abs_diff) else math.inf
+            extra = {"min_detectable": float(control.max_abs_diff)}
+            if dtype == "float32" and r.tolerance_kind == "measured":
+                parent = f"pretrained-{variant.replace('_', '-')}-within-rounding-float64"
+                claims.append(_claim(claim_id, statement, value, r.tolerance, "<=", "implied",
+                                     "min(analytic, e0 + e1 + float64 tolerance): follows from the float64 claim",
+                                     implied_by=[parent], **extra))
+            else:
+                claims.append(_claim(claim_id, statement, value, r.tolerance, "<=", "test",
+                                     f"verdict rule, analytic {dtype} bound (theory)", **extra))
     f32 = changes[changes["dtype"] == "float32"]
     measured = int((f32["tolerance_kind"] == "measured").sum())
     macros["PretTolMeasuredCount"] = measured
@@ -549,18 +565,182 @@ def pretrained_claims(changes: pd.DataFrame, norms: pd.DataFrame, info: dict,
     saved = int(info["strip_report"]["parameters_saved"])
     macros["PretSavedStrip"] = saved
     macros["PretSavedBoth"] = int(changes.loc[changes["variant"] == "strip_and_fold", "parameters_saved"].max())
-    claims.append(("pretrained-strip-saves-layers-times-hidden",
-                   "strip_key_bias removes one hidden-size vector per layer from all-MiniLM-L6-v2.",
-                   saved, info["n_layers"] * info["hidden_size"], "=="))
+    claims.append(_claim("pretrained-strip-saves-layers-times-hidden",
+                         "strip_key_bias removes one hidden-size vector per layer from all-MiniLM-L6-v2.",
+                         saved, info["n_layers"] * info["hidden_size"], "==", "consistency",
+                         "the config: layers times hidden size"))
     for s in savings[savings["model"].isin(MODEL_TAGS)].itertuples():
         tag = MODEL_TAGS[s.model]
         macros[f"PretSaved{tag}"] = int(s.key_bias_parameters)
         macros[f"PretTotal{tag}"] = int(s.total_parameters)
         macros[f"PretFraction{tag}"] = 100 * float(s.fraction_key_bias)
-        statement = (f"The key-bias slices of the packed c_attn biases of a {s.model} model built from its standard "
-                     "config hold layers times hidden size parameters." if s.model == "gpt2" else
-                     f"strip_key_bias removes layers times hidden size key-bias parameters from a {s.model} model "
-                     "built from its standard config.")
-        claims.append((f"pretrained-saved-{s.model}-matches-config", statement,
-                       int(s.key_bias_parameters), int(s.config_count), "=="))
+        claims.append(_claim(f"pretrained-saved-{s.model}-matches-config",
+                             f"The attention modules found in a {s.model} model built from its standard config hold "
+                             "layers times hidden size key-bias entries.",
+                             s.key_bias_parameters, s.config_count, "==", "consistency",
+                             "the config: layers times hidden size"))
     return claims, macros
+
+
+# --------------------------------------------------------------------------- the family table
+
+_PROJECTIONS = {"key": ("k_proj", "key_proj", "key", "k_lin", "linear_K"),
+                "query": ("q_proj", "query_proj", "query", "q_lin", "linear_Q")}
+
+
+def _zero_bias_by_hand(model: nn.Module, which: str = "key") -> None:
+    """Zero every key (or query) bias of the attention modules by hand, refused ones included."""
+    from keybias.surgery._sites import discover
+
+    sites, _ = discover(model)
+    with torch.no_grad():
+        for site in sites:
+            attention = model.get_submodule(site.path) if site.path else model
+            children = dict(attention.named_children())
+            name = next((n for n in _PROJECTIONS[which] if n in children), None)
+            if name is not None:
+                if children[name].bias is not None:
+                    children[name].bias.zero_()
+                continue
+            if site.key is not None and site.key.start is not None:  # packed [q | k | v] or [k | v]
+                unit = model.get_submodule(site.unit_path) if site.unit_path else model
+                owner = unit.get_submodule(site.key.owner) if site.key.owner else unit
+                width = site.key.stop - site.key.start
+                start = site.key.start if which == "key" else site.key.start - width
+                if start >= 0:
+                    getattr(owner, site.key.name)[start:start + width] = 0
+
+
+def family_row(name: str, model: nn.Module, args: tuple, kwargs: dict, expected: str,
+               description: str) -> dict[str, Any]:
+    """One family: run strip and fold (certified inside the tools) on a float64 copy and compare
+    the whole model's outputs; for refusals, zero b_k by hand instead (is the refusal needed?);
+    as positive control zero b_q by hand (an edit of the same kind that the check must see)."""
+    import warnings
+
+    from keybias import families
+
+    base = families.model_outputs(model, args, kwargs)
+    bound = 2.0**-24 * float(base.abs().max())
+    row: dict[str, Any] = {"family": name, "model": description, "expected": expected, "strip": "", "fold": "",
+                           "key_bias_removed": 0, "value_bias_folded": 0, "certified_max_ratio": math.nan,
+                           "whole_change": math.nan, "forced_change": math.nan, "bound": bound, "reason": "",
+                           "not_handled": 0}
+    work = copy.deepcopy(model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", surgery.InPlaceWriteWarning)
+        try:
+            strip = surgery.strip_key_bias(work)
+            fold = surgery.fold_value_bias(work, allow_dropout=True, assume_no_fully_masked_rows=True)
+        except surgery.SurgeryRefused as exc:
+            row["strip"] = row["fold"] = "refused"
+            row["reason"] = exc.refusals[0]["reason"]
+            forced = copy.deepcopy(model)
+            _zero_bias_by_hand(forced)
+            row["forced_change"] = float((families.model_outputs(forced, args, kwargs) - base).abs().max())
+            return row
+    row["strip"] = "removed" if strip["modules_changed"] else "unchanged"
+    row["fold"] = "folded" if fold["modules_changed"] else "unchanged"
+    row["key_bias_removed"] = sum(m["entries"] for m in strip["modules"] if m["action"] == "removed")
+    row["value_bias_folded"] = sum(m["entries"] for m in fold["modules"] if m["action"] == "folded")
+    ratios = [m["change_over_tolerance"] for m in strip["modules"] + fold["modules"]
+              if m["change_over_tolerance"] is not None]
+    row["certified_max_ratio"] = max(ratios) if ratios else math.nan
+    row["not_handled"] = len(strip["not_handled"])
+    row["reason"] = "; ".join(sorted({u["reason"] for u in strip["unchanged"]}))
+    row["whole_change"] = float((families.model_outputs(work, args, kwargs) - base).abs().max())
+    control = copy.deepcopy(model)
+    _zero_bias_by_hand(control, which="query")
+    row["forced_change"] = float((families.model_outputs(control, args, kwargs) - base).abs().max())
+    return row
+
+
+def family_table(seed: int = 0, names: list[str] | tuple[str, ...] | None = None) -> pd.DataFrame:
+    """The surgery tool on every family of keybias.families (tiny random float64 models).
+
+    Columns: the tool's decision (strip, fold), entries removed and folded, the largest
+    certified change over its tolerance, the whole-model output change after strip+fold
+    (handled families) or after zeroing b_k by hand (`forced_change`, refused families), the
+    change from zeroing b_q by hand (`forced_change`, handled families: the positive control),
+    and the bound 2^-24 max|y| that a change must stay under to be invisible in float32."""
+    from keybias import families
+
+    rows = []
+    for name in names or families.FAMILIES:
+        description, _build, _kind, expected = families.FAMILIES[name]
+        model = families.build(name, seed)
+        args, kwargs = families.model_inputs(name, model, seed)
+        rows.append(family_row(name, model, args, kwargs, expected, description))
+    return pd.DataFrame(rows)
+
+
+def minilm_family_row(n_sentences: int = 8, max_length: int = 64, seed: int = 0) -> dict[str, Any]:
+    """The same row for all-MiniLM-L6-v2 in float64 on real sentences (last hidden states)."""
+    tok, model = load_model("float32")
+    model = model.double().eval()
+    enc = tok(sentences(n_sentences, seed), padding=True, truncation=True, max_length=max_length,
+              return_tensors="pt")
+    return family_row("all-MiniLM-L6-v2", model, (), dict(enc), "handled", "BertModel, pretrained (float64)")
+
+
+def family_claims(table: pd.DataFrame) -> tuple[list[dict], dict]:
+    """Claims and macros of the family table (pure: a test hands it doctored tables).
+
+    * decisions (consistency): every family's decision is the expected one (the issue's list);
+    * handled (test): strip + fold leave every handled model's float64 outputs within the bound
+      2^-24 max|y| (float32's unit roundoff; fixed before the data);
+    * control (test): zeroing b_q by hand moves every handled model beyond that bound, so the
+      check could see an edit of the same kind (its smallest such change is the power);
+    * refusals needed (test): zeroing b_k by hand moves every refused model beyond the bound.
+    Non-finite or empty selections fail the claims."""
+    if table.empty:
+        raise ValueError("family table is empty")
+    handled = table[table["expected"] == "handled"]
+    refused = table[table["expected"] == "refused"]
+    if handled.empty or refused.empty:
+        raise ValueError("family table needs handled and refused families")
+    decided = np.where(table["strip"] == "refused", "refused", "handled")
+    wrong = int((decided != table["expected"]).sum())
+
+    def worst(values: pd.Series, bound: pd.Series, largest: bool) -> float:
+        ratio = (values / bound).to_numpy(dtype=float)
+        if not np.isfinite(ratio).all() or ratio.size == 0:
+            return math.inf if largest else -math.inf
+        return float(ratio.max() if largest else ratio.min())
+
+    handled_ratio = worst(handled["whole_change"], handled["bound"], largest=True)
+    control_ratio = worst(handled["forced_change"], handled["bound"], largest=False)
+    refused_ratio = worst(refused["forced_change"], refused["bound"], largest=False)
+    origin = "float32 unit roundoff times the output size (2^-24 max|y|), fixed before the data"
+    claims = [
+        _claim("pretrained-families-decisions-as-expected",
+               "The surgery tool handles every family listed as redundant and refuses every family listed as not.",
+               wrong, 0, "==", "consistency", "the issue's list of families"),
+        _claim("pretrained-families-handled-unchanged-float64",
+               "Removing b_k and folding b_v leaves the float64 outputs of every handled family within float32 "
+               "rounding.", handled_ratio, 1.0, "<=", "test", origin,
+               min_detectable=float((handled["forced_change"]).min())),
+        _claim("pretrained-families-control-detected",
+               "Zeroing the query bias by hand moves every handled family's outputs beyond float32 rounding.",
+               control_ratio, 1.0, ">", "test", origin),
+        _claim("pretrained-families-refusals-needed",
+               "Zeroing the key bias by hand moves every refused family's outputs beyond float32 rounding.",
+               refused_ratio, 1.0, ">", "test", origin),
+    ]
+    macros = {
+        "PretFamilies": len(table), "PretFamiliesHandled": len(handled), "PretFamiliesRefused": len(refused),
+        "PretFamiliesWrong": wrong, "PretFamiliesHandledRatio": handled_ratio,
+        "PretFamiliesControlRatio": control_ratio, "PretFamiliesRefusedRatio": refused_ratio,
+        "PretFamiliesCertifiedMax": float(np.nanmax(table["certified_max_ratio"].to_numpy(dtype=float))),
+    }
+    return claims, macros
+
+
+def family_table_latex(table: pd.DataFrame) -> str:
+    shown = table[["family", "strip", "fold", "key_bias_removed", "value_bias_folded", "certified_max_ratio",
+                   "whole_change", "forced_change", "bound"]].copy()
+    shown["family"] = shown["family"].str.replace("_", r"\_", regex=False)
+    shown = shown.rename(columns={"key_bias_removed": "$b_k$ removed", "value_bias_folded": "$b_v$ folded",
+                                  "certified_max_ratio": "certified/tol.", "whole_change": "change",
+                                  "forced_change": "by hand", "bound": "bound"})
+    return shown.to_latex(index=False, escape=False, float_format="%.2g", na_rep="--")

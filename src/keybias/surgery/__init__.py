@@ -1,0 +1,125 @@
+"""Surgery on trained models: remove the key bias b_k, fold the value bias b_v, certified.
+
+Two identities make this exact.
+
+Key bias (softmax shift invariance). With keys k_j = W_k x_j + b_k, every score of query i
+is s_ij = q_i . W_k x_j / sqrt(d) + q_i . b_k / sqrt(d). The second term does not depend on j,
+and softmax(s + c 1) = softmax(s), so the weights, and all that follows, ignore b_k. Additive
+masks (causal, padding) and dropout on the weights keep this true.
+
+Value bias (rows sum to one). With values v_j = W_v x_j + b_v and weights p_ij summing to one
+over j, sum_j p_ij v_j = sum_j p_ij W_v x_j + b_v; after the output projection the constant is
+W_o b_v + b_o, so b_v can become zero and b_o becomes b_o + W_o b_v.
+
+What the tools handle (each decision is tested, and each change is certified):
+    * nn.MultiheadAttention, packed or with kdim/vdim, alone or inside nn.Transformer layers;
+      with add_bias_kv, b_k is folded into the extra key slot (bias_k - b_k) and b_v into
+      bias_v; add_zero_attn is refused (its zero key and value get no bias).
+    * torch.ao.nn.quantizable.MultiheadAttention (it projects through linear_K/linear_V).
+    * Hugging Face BERT, RoBERTa, ELECTRA, DistilBERT, ViT, CLIP (text and vision), BART-style
+      encoder-decoders, Whisper (its k_proj has no bias: the strip leaves it, the fold acts),
+      GPT-2 (the key third of the packed Conv1D `c_attn` bias), and subclasses of these classes.
+      A BERT-style class with position_embedding_type='relative_key' adds only q_i . r_(i-j),
+      which does not involve the key, so b_k stays redundant and is removed.
+    * Refused, naming the assumption that fails: rotary embeddings with a key bias (LLaMA with
+      attention_bias, Qwen2), DeBERTa-v2 (position-to-content term), relative_key_query,
+      add_zero_attn, dropout on the weights for the value fold (unless allow_dropout=True:
+      exact in eval mode), tied parameters shared with other modules, the meta device.
+    * Other attention-like modules (found by structure: q/k/v projections, packed projections,
+      a scaled_dot_product_attention call, or the class name) are listed in
+      report["not_handled"] with a reason, and never changed.
+
+All-or-nothing. Every module is planned, then every planned change is certified on a float64
+copy of the module's own function (random inputs with a padding mask; the output change judged
+with keybias.verdict.output_tolerance), and only then applied. Any refusal raises
+SurgeryRefused before anything changes; any error while applying restores the model bit-exactly
+(the same Parameter objects, the same values).
+
+Storage. storage='remove' (default) frees the removed entries: an nn.Linear/Conv1D bias becomes
+None; a packed bias (in_proj_bias, c_attn.bias) is re-parameterized with
+torch.nn.utils.parametrize so that only the kept entries are stored and trained. Then
+    * torch.jit.script fails at once with a message (use storage='zeros');
+    * in-place writes to the packed bias (zero_, copy_, _reset_parameters) do not reach the
+      stored entries (an InPlaceWriteWarning says so);
+    * the state_dict keys change (load into a model that went through the same surgery).
+storage='zeros' writes explicit zeros into plain parameters instead: no memory is saved, and
+everything that works on the original model (TorchScript, save_pretrained/from_pretrained,
+in-place writes) works unchanged. The command line uses it.
+
+Fully masked rows. On PyTorch's SDPA path a query row whose keys are all masked gets zero
+weights, so its output is b_o alone; after the fold it is b_o + W_o b_v. fold_value_bias warns
+(FullyMaskedRowWarning) unless the caller passes assume_no_fully_masked_rows=True. The key strip
+is unaffected (zero weights ignore b_k).
+
+Loading weights is the caller's job; this package never unpickles anything.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+from torch import nn
+
+from ._core import (
+    STORAGES,
+    FullyMaskedRowWarning,
+    InPlaceWriteWarning,
+    SurgeryRefused,
+    plan,
+    run_surgery,
+)
+
+__all__ = ["strip_key_bias", "fold_value_bias", "plan", "SurgeryRefused", "InPlaceWriteWarning",
+           "FullyMaskedRowWarning", "STORAGES"]
+
+
+def strip_key_bias(model: nn.Module, *, storage: str = "remove") -> dict[str, Any]:
+    """Remove the key bias b_k from every handled attention module of `model`, in place.
+
+    Identity: softmax_j(q_i . (W_k x_j + b_k) / sqrt(d) + m_ij) = softmax_j(q_i . W_k x_j /
+    sqrt(d) + m_ij), because q_i . b_k / sqrt(d) is the same for every key j of row i. It holds
+    for any additive mask m_ij, dropout on the weights, train and eval mode, self- and
+    cross-attention. With add_bias_kv the extra key moves too (bias_k' = bias_k - b_k). It
+    fails when something acts on the key between b_k and the score (rotary embeddings,
+    QK-norm, a position term k_j . r), or when some key slot lacks b_k (add_zero_attn): such
+    modules are refused. A key/value cache filled before the surgery holds keys with b_k and
+    must be discarded.
+
+    Equal in exact arithmetic; in floating point the outputs differ by rounding (the scores
+    change by q . b_k). Each change is certified on a float64 copy before it is kept; see the
+    package docstring for all-or-nothing, storage and the traps.
+
+    Returns a report: per module (report["modules"]) the action, the parameters removed, the
+    certified change and its tolerance (and their ratio), and the reason for anything left;
+    also parameters_removed, parameters_folded, parameters_saved (stored entries freed),
+    unchanged, not_handled and notes. Raises SurgeryRefused (a ValueError) naming each refused
+    module and its reason; the model is then unchanged.
+    """
+    return run_surgery(model, "strip_key_bias", storage=storage)
+
+
+def fold_value_bias(model: nn.Module, *, storage: str = "remove", allow_dropout: bool = False,
+                    assume_no_fully_masked_rows: bool = False) -> dict[str, Any]:
+    """Fold the value bias into the output-projection bias, in place: b_o' = b_o + W_o b_v.
+
+    Identity: if the weights p_ij of each row sum to one, sum_j p_ij (W_v x_j + b_v) =
+    sum_j p_ij W_v x_j + b_v, so W_o(. + b_v) + b_o = W_o(.) + (b_o + W_o b_v). It needs every
+    value slot to carry b_v (add_bias_kv: bias_v' = bias_v - b_v; add_zero_attn: refused) and
+    rows that sum to one: dropout on the weights breaks it in training mode (refused unless
+    allow_dropout=True: exact in eval mode), a head mask that scales rows breaks it, and a
+    fully masked row on the SDPA path (zero weights) changes from b_o to b_o + W_o b_v: a
+    FullyMaskedRowWarning says so unless assume_no_fully_masked_rows=True. The fold is computed
+    in float64 and rounded once. Unlike b_k, b_v has a gradient: the fold keeps the function,
+    not the training dynamics.
+
+    Certified, all-or-nothing and reported as `strip_key_bias`.
+    """
+    report = run_surgery(model, "fold_value_bias", storage=storage, allow_dropout=allow_dropout)
+    if report["modules_changed"] and not assume_no_fully_masked_rows:
+        note = ("fold_value_bias: a fully masked query row (all keys masked) gets zero weights on PyTorch's "
+                "SDPA path, so its output changes from b_o to b_o + W_o b_v; pass "
+                "assume_no_fully_masked_rows=True if the model never sees one")
+        report["notes"].append(note)
+        warnings.warn(note, FullyMaskedRowWarning, stacklevel=2)
+    return report

@@ -1,0 +1,5 @@
+import sys
+
+from keybias.surgery.cli import main
+
+sys.exit(main())

@@ -1,0 +1,367 @@
+"""Plan, certify, apply, roll back: the machinery behind strip_key_bias and fold_value_bias."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn.utils import parametrize
+
+from ._certify import certify
+from ._sites import Site, Slot, discover
+
+STORAGES = ("remove", "zeros")
+
+
+class SurgeryRefused(ValueError):
+    """The tool refused: some module cannot be changed exactly. The model is unchanged.
+
+    `refusals` lists one dict per refused module (module, family, reason); `report` is the
+    report the tool would have returned."""
+
+    def __init__(self, message: str, refusals: list[dict[str, Any]], report: dict[str, Any]):
+        super().__init__(message)
+        self.refusals = refusals
+        self.report = report
+
+
+class InPlaceWriteWarning(UserWarning):
+    """A packed bias was re-parameterized: in-place writes to it no longer reach its storage."""
+
+
+class FullyMaskedRowWarning(UserWarning):
+    """fold_value_bias changes the output of fully masked query rows on PyTorch's SDPA path."""
+
+
+class _KeepEntries(nn.Module):
+    """Parametrization: a full bias vector computed from its kept entries (zeros elsewhere)."""
+
+    def __init__(self, keep: torch.Tensor):
+        super().__init__()
+        self.register_buffer("keep", keep.clone(), persistent=False)
+
+    def forward(self, kept: torch.Tensor) -> torch.Tensor:
+        return kept.new_zeros(self.keep.shape).masked_scatter(self.keep, kept)
+
+    def right_inverse(self, full: torch.Tensor) -> torch.Tensor:
+        return full[self.keep]
+
+    def __prepare_scriptable__(self):
+        # torch.jit.script calls this on every submodule before compiling: fail here, at once,
+        # rather than produce a scripted module whose every call fails.
+        raise RuntimeError(
+            "a bias re-parameterized by keybias.surgery (storage='remove') cannot be compiled by "
+            "torch.jit.script; run strip_key_bias/fold_value_bias with storage='zeros' (explicit zeros, "
+            "a plain Parameter), or use torch.compile / torch.export, which handle it"
+        )
+
+
+# ---------------------------------------------------------------------------- bias slots
+
+def _owner(unit: nn.Module, slot: Slot) -> nn.Module:
+    return unit.get_submodule(slot.owner) if slot.owner else unit
+
+
+def _keep_mask(owner: nn.Module, name: str) -> torch.Tensor | None:
+    if parametrize.is_parametrized(owner, name):
+        return owner.parametrizations[name][0].keep.clone()
+    return None
+
+
+def slot_values(unit: nn.Module, slot: Slot) -> torch.Tensor:
+    full = getattr(_owner(unit, slot), slot.name).detach()
+    return full if slot.start is None else full[slot.start:slot.stop]
+
+
+def slot_removed(unit: nn.Module, slot: Slot) -> bool:
+    owner = _owner(unit, slot)
+    if getattr(owner, slot.name, None) is None:
+        return True
+    keep = _keep_mask(owner, slot.name)
+    if keep is None:
+        return False
+    sel = keep if slot.start is None else keep[slot.start:slot.stop]
+    return not bool(sel.any())
+
+
+def _private_class(module: nn.Module) -> None:
+    """Give a parametrized module a class of its own before removing a parametrization.
+
+    remove_parametrizations deletes the property from the module's class, and deep copies of a
+    parametrized module share that class, so without this the original would lose it too."""
+    cls = module.__class__
+    body = {k: v for k, v in cls.__dict__.items() if k not in ("__dict__", "__weakref__")}
+    module.__class__ = type(cls.__name__, cls.__bases__, body)
+
+
+@torch.no_grad()
+def _drop(unit: nn.Module, slot: Slot, storage: str) -> int:
+    """Remove a bias slot: None / re-parameterized (storage='remove') or zeros. Returns the
+    stored entries freed."""
+    owner = _owner(unit, slot)
+    if slot.start is None and storage == "remove":
+        saved = getattr(owner, slot.name).numel()
+        setattr(owner, slot.name, None)
+        return saved
+    if storage == "zeros":
+        if parametrize.is_parametrized(owner, slot.name):
+            raise ValueError(f"{slot.name} is re-parameterized by an earlier storage='remove' call; "
+                             "use the same storage for both tools")
+        param = getattr(owner, slot.name)
+        param[slice(slot.start, slot.stop)] = 0
+        return 0
+    keep = _keep_mask(owner, slot.name)
+    full = getattr(owner, slot.name).detach().clone()
+    if keep is None:
+        keep = torch.ones(full.shape, dtype=torch.bool, device=full.device)
+    else:
+        _private_class(owner)
+        parametrize.remove_parametrizations(owner, slot.name, leave_parametrized=True)
+    saved = int(keep[slot.start:slot.stop].sum())
+    keep[slot.start:slot.stop] = False
+    full[slot.start:slot.stop] = 0
+    getattr(owner, slot.name).copy_(full)
+    parametrize.register_parametrization(owner, slot.name, _KeepEntries(keep))
+    return saved
+
+
+def _strip_change(site: Site, storage: str) -> Callable[[nn.Module], int]:
+    def change(unit: nn.Module) -> int:
+        with torch.no_grad():
+            if slot_removed(unit, site.key):
+                return 0  # shared with a site handled before (the same Linear)
+            b_k = slot_values(unit, site.key).clone()
+            if site.key_partner is not None:
+                partner = getattr(_owner(unit, site.key_partner), site.key_partner.name)
+                partner.sub_(b_k.view_as(partner).to(partner.dtype))
+            return _drop(unit, site.key, storage)
+    return change
+
+
+def _fold_change(site: Site, storage: str) -> Callable[[nn.Module], int]:
+    def change(unit: nn.Module) -> int:
+        with torch.no_grad():
+            b_v = slot_values(unit, site.value).clone()
+            out = unit.get_submodule(site.out)
+            w_o = out.weight.detach().double()
+            w_o = w_o.T if site.out_transposed else w_o
+            out.bias.copy_((out.bias.double() + w_o @ b_v.double()).to(out.bias.dtype))
+            if site.value_partner is not None:
+                partner = getattr(_owner(unit, site.value_partner), site.value_partner.name)
+                partner.sub_(b_v.view_as(partner).to(partner.dtype))
+            return _drop(unit, site.value, storage)
+    return change
+
+
+# ---------------------------------------------------------------------------- rollback
+
+class _Snapshot:
+    """Everything the tools may change in some modules, restorable bit-exactly: each module's
+    class (parametrize swaps it), its parameter/buffer/child dicts, and every tensor's data
+    (the same Parameter objects come back, so optimizers and tied references stay valid)."""
+
+    def __init__(self, modules: list[nn.Module]):
+        self.states = []
+        self.data: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        seen = set()
+        for top in modules:
+            for m in top.modules():
+                if id(m) in seen:
+                    continue
+                seen.add(id(m))
+                self.states.append((m, m.__class__, dict(m._parameters), dict(m._buffers), dict(m._modules)))
+                for t in list(m._parameters.values()) + list(m._buffers.values()):
+                    if t is not None and id(t) not in self.data:
+                        self.data[id(t)] = (t, t.detach().clone())
+
+    @torch.no_grad()
+    def restore(self) -> None:
+        for m, cls, params, buffers, children in self.states:
+            m.__class__ = cls
+            m._parameters.clear()
+            m._parameters.update(params)
+            m._buffers.clear()
+            m._buffers.update(buffers)
+            m._modules.clear()
+            m._modules.update(children)
+        for tensor, saved in self.data.values():
+            tensor.data = saved
+
+
+# ---------------------------------------------------------------------------- planning
+
+def _on_meta(unit: nn.Module) -> bool:
+    return any(t.is_meta for t in list(unit.parameters()) + list(unit.buffers()))
+
+
+def _stored(unit: nn.Module, slot: Slot) -> tuple[torch.Tensor, str]:
+    """The Parameter that actually stores a slot, and its name relative to the unit (a
+    re-parameterized bias is stored in parametrizations.<name>.original)."""
+    owner = _owner(unit, slot)
+    prefix = f"{slot.owner}." if slot.owner else ""
+    if parametrize.is_parametrized(owner, slot.name):
+        return owner.parametrizations[slot.name].original, f"{prefix}parametrizations.{slot.name}.original"
+    return owner._parameters[slot.name], f"{prefix}{slot.name}"
+
+
+def _shared(model: nn.Module, sites: list[tuple[Site, nn.Module]], slots: Callable[[Site], list[Slot]]):
+    """Names of each written parameter across the whole model (tied parameters have several),
+    and which planned sites write it."""
+    names: dict[int, set[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(p), set()).add(name)
+    written: dict[int, list[tuple[Site, Slot, str]]] = {}
+    for site, unit in sites:
+        for slot in slots(site):
+            param, name = _stored(unit, slot)
+            full = f"{site.unit_path}.{name}" if site.unit_path else name
+            written.setdefault(id(param), []).append((site, slot, full))
+    return names, written
+
+
+def _report(operation: str, storage: str) -> dict[str, Any]:
+    return {"operation": operation, "storage": storage, "modules": [], "modules_changed": [],
+            "parameters_removed": [], "parameters_folded": [], "parameters_saved": 0, "unchanged": [],
+            "refused": [], "not_handled": [], "notes": [], "message": ""}
+
+
+def _entry(site: Site, action: str, **extra) -> dict[str, Any]:
+    return {"module": site.name, "family": site.family, "action": action, "parameters": [], "entries": 0,
+            "change": None, "tolerance": None, "change_over_tolerance": None, "reason": "", **extra}
+
+
+def run_surgery(model: nn.Module, operation: str, *, storage: str, certify_seed: int = 0,
+                allow_dropout: bool = False, _apply_hook: Callable[[int, Site], None] | None = None) -> dict[str, Any]:
+    """Plan every site, certify every planned change on a float64 copy, then apply them all;
+    any refusal or error leaves the model bit-identical."""
+    if storage not in STORAGES:
+        raise ValueError(f"storage={storage!r} not allowed; allowed: {list(STORAGES)}")
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"expected a torch.nn.Module, got {type(model).__name__}")
+    strip = operation == "strip_key_bias"
+    report = _report(operation, storage)
+    sites, report["not_handled"] = discover(model)
+    plan: list[tuple[Site, nn.Module]] = []
+    refusals: list[dict[str, Any]] = []
+
+    for site in sites:
+        unit = model.get_submodule(site.unit_path) if site.unit_path else model
+        slot = site.key if strip else site.value
+        refusal = site.refuse_strip if strip else site.refuse_fold
+        what = "key" if strip else "value"
+        if refusal:
+            refusals.append(_entry(site, "refused", reason=refusal))
+        elif slot is None:
+            reason = "; ".join(site.notes) or f"no {what} bias"
+            report["unchanged"].append({"module": site.name, "reason": reason})
+            report["modules"].append(_entry(site, "unchanged", reason=reason))
+        elif slot_removed(unit, slot):
+            reason = f"{what} bias already removed"
+            report["unchanged"].append({"module": site.name, "reason": reason})
+            report["modules"].append(_entry(site, "unchanged", reason=reason))
+        elif _on_meta(unit):
+            refusals.append(_entry(site, "refused", reason=(
+                "parameters on the meta device have no values, so the change cannot be certified; "
+                "materialize the weights first (keybias.surgery.plan counts without changing anything)")))
+        elif not strip and site.dropout > 0 and not allow_dropout:
+            refusals.append(_entry(site, "refused", reason=(
+                f"attention dropout p={site.dropout}: in training mode a row of dropped weights does not sum "
+                "to one (pass allow_dropout=True for a fold that is exact in eval mode)")))
+        else:
+            plan.append((site, unit))
+
+    # Tied or shared parameters: a key bias shared only as a whole key bias is removed once;
+    # any other sharing of a written parameter is refused, naming every holder.
+    names, written = _shared(model, plan, lambda s: [x for x in (
+        (s.key, s.key_partner) if strip else (s.value, s.value_partner, Slot(s.out, "bias"))) if x is not None])
+    blocked = set()
+    for pid, uses in written.items():
+        holders = names.get(pid, set())
+        own = {u[2] for u in uses}
+        once = strip and all(u[1] is u[0].key and u[1].start is None for u in uses)
+        if (len(uses) > 1 and not once) or (holders - own):
+            for site, *_ in uses:
+                blocked.add(site.name)
+            culprit = ", ".join(sorted(holders | own))
+            for site, *_ in uses:
+                refusals.append(_entry(site, "refused", reason=(
+                    f"shared parameter held by {culprit}: changing it for one module changes the others; "
+                    "untie it first")))
+    plan = [(s, u) for s, u in plan if s.name not in blocked]
+
+    certified = []
+    for site, unit in plan:
+        change = _strip_change(site, storage) if strip else _fold_change(site, storage)
+        result = certify(unit, site, change, seed=certify_seed)
+        ratio = result["change"] / result["tolerance"] if result["tolerance"] > 0 else float("inf")
+        if not result["certified"]:
+            refusals.append(_entry(site, "refused", change=result["change"], tolerance=result["tolerance"],
+                                   change_over_tolerance=ratio, reason=(
+                f"certification failed: the float64 output changed by {result['change']:.3g}, above the "
+                f"rounding tolerance {result['tolerance']:.3g}")))
+        else:
+            certified.append((site, unit, change, result, ratio))
+
+    if refusals:
+        report["refused"] = refusals
+        lines = [f"{r['module']} ({r['family']}): {r['reason']}" for r in refusals]
+        raise SurgeryRefused(f"{operation} refused, model unchanged:\n  " + "\n  ".join(lines), refusals, report)
+
+    snapshot = _Snapshot([u for _, u, *_ in certified])
+    try:
+        for i, (site, unit, change, result, ratio) in enumerate(certified):
+            if _apply_hook is not None:
+                _apply_hook(i, site)
+            slot = site.key if strip else site.value
+            entries = 0 if slot_removed(unit, slot) else slot_values(unit, slot).numel()
+            saved = change(unit)
+            removed = slot.describe(site.unit_path)
+            entry = _entry(site, "removed" if strip else "folded", parameters=[removed],
+                           entries=entries, change=result["change"],
+                           tolerance=result["tolerance"], change_over_tolerance=ratio)
+            report["modules"].append(entry)
+            report["modules_changed"].append(site.name)
+            report["parameters_removed"].append(removed)
+            report["parameters_saved"] += saved
+            partner = site.key_partner if strip else site.value_partner
+            if partner is not None:
+                report["parameters_folded"].append(f"{removed} -> {partner.describe(site.unit_path)}")
+            if not strip:
+                report["parameters_folded"].append(f"{removed} -> {Slot(site.out, 'bias').describe(site.unit_path)}")
+    except BaseException:
+        snapshot.restore()
+        raise
+
+    if storage == "remove" and any(s.key.start is not None if strip else s.value.start is not None
+                                   for s, *_ in certified):
+        note = ("packed biases (in_proj_bias, c_attn.bias) are re-parameterized: in-place writes to them "
+                "(zero_, copy_, _reset_parameters) no longer reach the stored entries; write to "
+                "<module>.parametrizations.<name>.original instead, or use storage='zeros'")
+        report["notes"].append(note)
+        warnings.warn(note, InPlaceWriteWarning, stacklevel=3)
+    if not sites and not report["not_handled"]:
+        report["message"] = "no attention modules found; nothing to do"
+    elif not certified and not report["unchanged"]:
+        report["message"] = "no attention modules that this tool handles; see not_handled"
+    return report
+
+
+def plan(model: nn.Module) -> dict[str, Any]:
+    """What the tools would do, without changing or certifying anything (works on the meta
+    device): per site, the family, the key/value bias entries and any refusal reason."""
+    sites, unknown = discover(model)
+    rows = []
+    for site in sites:
+        unit = model.get_submodule(site.unit_path) if site.unit_path else model
+        sizes = {}
+        for what, slot in (("key", site.key), ("value", site.value)):
+            sizes[what] = 0 if slot is None or slot_removed(unit, slot) else slot_values(unit, slot).numel()
+        rows.append({"module": site.name, "family": site.family, "key_bias_entries": sizes["key"],
+                     "value_bias_entries": sizes["value"], "refuse_strip": site.refuse_strip or "",
+                     "refuse_fold": site.refuse_fold or ""})
+    return {"sites": rows, "not_handled": unknown,
+            "key_bias_entries": sum(r["key_bias_entries"] for r in rows if not r["refuse_strip"]),
+            "value_bias_entries": sum(r["value_bias_entries"] for r in rows if not r["refuse_fold"])}
