@@ -225,6 +225,14 @@ def test_time_block_rejects_bad_arguments(kw, match):
         cost_measure.time_block(**args)
 
 
+def test_gpus_are_timed_with_the_wall_clock():
+    assert cost_measure.clock_for("cpu", "process") == "process"
+    assert cost_measure.clock_for("cuda", "process") == "wall" and cost_measure.clock_for("mps", "wall") == "wall"
+    with pytest.raises(ValueError, match="GPU"):
+        cost_measure.time_block(block="tiny", seq_len=4, batch=1, attention="self", mode="inference", min_reps=2,
+                                max_reps=2, device="cuda", clock="process")
+
+
 @pytest.mark.parametrize("kw,match", [({"min_reps": 5}, "min_reps"), ({"max_reps": 31, "min_reps": 40}, "max_reps"),
                                       ({"max_seconds": 0.0}, "max_seconds"), ({"target_half_width": 1.5}, "target")])
 def test_check_settings_refuses_before_work(kw, match):

@@ -97,7 +97,7 @@ def main(argv=None) -> int:
     parser.add_argument("--device", default="cpu", help="cpu, cuda, mps or auto (default cpu)")
     parser.add_argument("--out", default="results/machine", type=Path, help="output folder (default results/machine)")
     parser.add_argument("--clock", choices=sorted(CLOCKS), default="process",
-                        help="process CPU time (default; robust on a shared machine) or wall time; cuda always uses wall")
+                        help="process CPU time (default; robust on a shared machine) or wall time; GPUs always use wall")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores torch sees)")
     parser.add_argument("--max-seconds", type=float, default=None, help="time budget per configuration (default 600)")
     args = parser.parse_args(argv)
@@ -114,7 +114,7 @@ def main(argv=None) -> int:
     if args.max_seconds is not None and args.max_seconds <= 0:
         parser.error(f"--max-seconds must be positive, got {args.max_seconds}")
     spec = dict(FULL_BENCH if args.full else QUICK_BENCH, threads=threads, device=device,
-                clock="wall" if device == "cuda" else args.clock)
+                clock=cost_measure.clock_for(device, args.clock))
     if args.max_seconds is not None:
         spec["max_seconds"] = args.max_seconds
     grid = {k: spec.pop(k) for k in ("blocks", "seq_lens", "batch", "attentions", "passes")}

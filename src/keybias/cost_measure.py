@@ -60,6 +60,8 @@ def _positive(name: str, value) -> None:
 def _sync(device) -> None:
     if str(device).startswith("cuda"):
         torch.cuda.synchronize()
+    elif str(device).startswith("mps"):
+        torch.mps.synchronize()
 
 
 # --------------------------------------------------------------------------- implementations
@@ -183,6 +185,12 @@ def _step_function(params: dict, x, memory, upstream, cfg: dict, mode: str, opti
     return step
 
 
+def clock_for(device: str, clock: str) -> str:
+    """The clock a device can be timed with: process CPU time cannot see GPU work, so GPUs use wall time."""
+    _choice("clock", clock, CLOCKS)
+    return "wall" if str(device).startswith(("cuda", "mps")) else clock
+
+
 def check_settings(*, min_reps: int, max_reps: int, max_seconds: float, target_half_width: float) -> None:
     """Refuse inconsistent repetition settings before any work starts."""
     _positive("min_reps", min_reps)
@@ -222,8 +230,8 @@ def time_block(
     _choice("clock", clock, CLOCKS)
     if max_reps < min_reps:
         raise ValueError(f"max_reps={max_reps} must be >= min_reps={min_reps}")
-    if clock == "process" and str(device).startswith("cuda"):
-        raise ValueError("clock='process' cannot see GPU work; use clock='wall' on cuda")
+    if clock != clock_for(device, clock):
+        raise ValueError(f"clock={clock!r} cannot see GPU work; use clock_for(device, clock)")
     now = CLOCKS[clock]
     cfg = BLOCKS[block]
     key = (device, block, attention, mode, seq_len, batch)
