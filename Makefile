@@ -24,16 +24,17 @@ ifeq ($(filter $(DEVICE),cpu cuda mps auto),)
 $(error DEVICE=$(DEVICE) is unknown; allowed: cpu cuda mps auto)
 endif
 
-.PHONY: all notebooks paper test bench bundle verify clean help venv tex
+.PHONY: all notebooks paper test bench bundle verify arxiv bitwise clean help venv tex browser
 
+# The pipeline prints one line per step; cell logs go to results/.build/logs/.
 all: $(VENV_STAMP) ## regenerate results/, rendered notebooks and paper/main.pdf
-	TEX_PACKAGES="$(TEX_PACKAGES)" $(PIPELINE) all
+	@TEX_PACKAGES="$(TEX_PACKAGES)" $(PIPELINE) all
 
 notebooks: $(VENV_STAMP) ## run the notebooks only (no paper)
-	$(PIPELINE) notebooks
+	@$(PIPELINE) notebooks
 
 paper: $(VENV_STAMP) ## check the claims, then build paper/main.pdf from results/
-	TEX_PACKAGES="$(TEX_PACKAGES)" $(PIPELINE) paper
+	@TEX_PACKAGES="$(TEX_PACKAGES)" $(PIPELINE) paper
 
 test: $(VENV_STAMP) ## ruff, unit tests, smoke runs of every notebook, environment checks
 	$(PY) -m ruff check src tests notebooks
@@ -42,11 +43,17 @@ test: $(VENV_STAMP) ## ruff, unit tests, smoke runs of every notebook, environme
 bench: $(VENV_STAMP) ## the full timing sweep of the cost benchmark (long)
 	$(PY) -m keybias.cost --full --device $(DEVICE) --out results/data
 
-bundle: $(VENV_STAMP) ## artifact bundle: sources, results and the PDF, with checksums
-	$(PY) -m keybias.pipeline bundle
+bundle: $(VENV_STAMP) ## deterministic dist/keybias-artifact-<commit>.tar.gz of HEAD (refuses a dirty tree)
+	@$(PY) -m keybias.pipeline bundle
 
-verify: $(VENV_STAMP) ## rerun everything into a scratch folder and compare with results/
-	$(PIPELINE) verify
+verify: $(VENV_STAMP) ## regenerate into a scratch folder; compare with results/ by output class
+	@$(PIPELINE) verify
+
+arxiv: $(VENV_STAMP) ## dist/keybias-arxiv-<commit>.tar.gz, proven by compiling it with pdflatex alone
+	@TEX_PACKAGES="$(TEX_PACKAGES)" $(PIPELINE) arxiv
+
+bitwise: $(VENV_STAMP) ## measure whether results are byte-identical across CPU instruction sets
+	@$(PY) -m keybias.bitwise --threads 2 --out results/.build/bitwise.json
 
 venv: $(VENV_STAMP) ## build .venv from requirements.lock
 
@@ -67,6 +74,15 @@ tex: ## install the TeX packages if latexmk is missing (root on Debian/Ubuntu), 
 	  echo "error: latexmk/pdflatex not found. Install: sudo apt-get install $(TEX_PACKAGES)" >&2; exit 1; \
 	fi
 
+browser: ## install headless Chromium for the browser tests (root on Debian/Ubuntu), else skip them
+	@if command -v chromium >/dev/null; then exit 0; fi; \
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  echo "chromium missing: installing the Debian package chromium"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null; \
+	else \
+	  echo "chromium not found and not root: the browser tests will be skipped (sudo apt-get install chromium)"; \
+	fi
+
 clean: ## remove build stamps and scratch files (keeps results/ and .venv)
 	rm -rf .build results/.build results/.staging paper/build
 
@@ -75,3 +91,4 @@ help: ## list targets and parameters
 	@echo "parameters:"
 	@echo "  PROFILE=paper|smoke   parameter profile in params/ (default paper)"
 	@echo "  DEVICE=cpu|cuda|mps|auto  device for device-dependent notebooks (default cpu)"
+	@echo "  KEYBIAS_THREADS=N     intra-op threads of every notebook kernel (default 2; changes last bits)"

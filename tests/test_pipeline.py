@@ -46,15 +46,23 @@ def test_step_key_tracks_inputs(tmp_path):
     assert build.step_key("01_symbolic") != key2
 
 
-def test_failed_notebook_publishes_nothing_and_rerun_completes(tmp_path):
+def test_failed_notebook_publishes_nothing_and_rerun_completes(tmp_path, capfd):
     results = tmp_path / "results"
     root = make_root(tmp_path, failing=True)
     build = pipeline.Build("smoke", "cpu", results, root=root)
     build.check()
-    with pytest.raises(pipeline.BuildError, match="interrupted on purpose"):
+    with pytest.raises(pipeline.BuildError, match="interrupted on purpose") as failure:
         build.run_notebooks()
-    published = [p for p in results.rglob("*") if p.is_file() and ".staging" not in p.parts]
+    message = str(failure.value)
+    assert "failing cell" in message and "raise RuntimeError('interrupted on purpose')" in message
+    assert "error: RuntimeError: interrupted on purpose" in message
+    log_path = results / ".build" / "logs" / "01_symbolic.log"
+    assert "full log:" in message and log_path.name in message and log_path.exists()
+    published = [
+        p for p in results.rglob("*") if p.is_file() and ".staging" not in p.parts and ".build" not in p.parts
+    ]
     assert published == [], f"a failed run left {published}"
+    capfd.readouterr()
 
     root_ok = make_root(tmp_path / "again")
     build = pipeline.Build("smoke", "cpu", results, root=root_ok)
@@ -64,18 +72,62 @@ def test_failed_notebook_publishes_nothing_and_rerun_completes(tmp_path):
     step = json.loads((results / "steps" / "01_symbolic.json").read_text())
     assert all((results / rel).exists() for rel in step["outputs"])
     assert not (results / ".staging" / "01_symbolic").exists()
+    # quiet: the terminal gets status lines only; the cell log goes to the log file
+    shown = capfd.readouterr()
+    lines = [line for line in (shown.out + shown.err).splitlines() if line.strip()]
+    assert len(lines) <= 2 and lines[-1].startswith("[keybias] 01_symbolic: done in"), lines
+    assert f"with {len(step['claims'])} claims" in lines[-1]
+    assert "Executing" in log_path.read_text() or log_path.stat().st_size > 0
+    # the kernel ran with the declared threads and a fixed hash seed, and says so
+    env = step["provenance"]["kernel_env"]
+    assert env["OMP_NUM_THREADS"] == str(pipeline.KERNEL_THREADS) and env["PYTHONHASHSEED"] == "0"
     again = pipeline.Build("smoke", "cpu", results, root=root_ok)
     again.check()
     again.run_notebooks()
     assert again.ran == [], "an unchanged rerun ran a notebook again"
 
 
+def test_scrubbing_does_not_depend_on_set_order(tmp_path):
+    """The venv lies inside the root: the longer prefix must be replaced first, every time."""
+    import sys
+
+    build = pipeline.Build.__new__(pipeline.Build)
+    build.root = pipeline.Path(sys.prefix).parent
+    build.profile, build.device = "smoke", "cpu"
+    executed = tmp_path / "x.ipynb"
+    import nbformat
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells.append(nbformat.v4.new_code_cell("x", outputs=[nbformat.v4.new_output(
+        "stream", name="stdout", text=f"{sys.prefix}/lib/site.py and {build.root}/src/a.py\n")]))
+    nbformat.write(nb, executed)
+    build._scrub_and_render(executed)
+    text = executed.read_text()
+    venv = pipeline.Path(sys.prefix).name
+    assert "lib/site.py and src/a.py" in text and f"{venv}/lib/site.py" not in text
+    assert str(build.root) not in text
+
+
+def test_provenance_flags_a_build_that_mixes_commits():
+    def step(name, commit, started):
+        return {"notebook": name, "device": "cpu", "provenance": {
+            "commit": commit, "dirty": False, "started_utc": started, "wall_seconds": 1.0,
+            "versions": {}, "machine": {}, "threads": 2}}
+
+    same = pipeline.merge_provenance([step("a", "c1", "1"), step("b", "c1", "2")], "smoke")
+    assert same["mixed_commits"] is False and same["commits"] == ["c1"]
+    mixed = pipeline.merge_provenance([step("a", "c1", "1"), step("b", "c2", "2")], "smoke")
+    assert mixed["mixed_commits"] is True and mixed["commits"] == ["c1", "c2"] and mixed["commit"] == "c2"
+
+
 def test_claim_gate_names_the_failing_claim():
     claims = [
-        {"id": "fine", "holds": True, "notebook": "x", "statement": "s", "value": 0, "bound": 1},
-        {"id": "broken-claim", "holds": False, "notebook": "x", "statement": "s", "value": 2, "bound": 1},
+        {"id": "fine", "holds": True, "notebook": "x", "statement": "s", "value": 0, "bound": 1, "kind": "test"},
+        {"id": "broken-claim", "holds": False, "notebook": "x", "statement": "s", "value": 2, "bound": 1,
+         "kind": "test"},
     ]
     build = pipeline.Build.__new__(pipeline.Build)
+    build.profile, build.root = "smoke", ROOT
     with pytest.raises(pipeline.BuildError, match="broken-claim"):
         build.check_claims(claims)
 
@@ -93,13 +145,46 @@ def test_latex_escape():
     assert pipeline.latex_escape("a_b & 50% #1 {x} \\") == r"a\_b \& 50\% \#1 \{x\} \textbackslash{}"
 
 
-def test_compare_results_ignores_timings(tmp_path):
-    for name in ("a", "b"):
-        d = tmp_path / name / "data"
-        d.mkdir(parents=True)
-        (d / "x.csv").write_text(f"v,seconds,ok\n1.0,{1 if name == 'a' else 3},True\n")
-        (d / "cost_timing_cpu.csv").write_text(f"t\n{1 if name == 'a' else 2}\n")
-        (tmp_path / name / "claims.json").write_text(json.dumps([{"id": "c", "holds": True}]))
-    assert pipeline.compare_results(tmp_path / "a", tmp_path / "b") == []
-    (tmp_path / "b" / "data" / "x.csv").write_text("v,seconds,ok\n1.5,3,True\n")
-    assert pipeline.compare_results(tmp_path / "a", tmp_path / "b") == ["data/x.csv: column v differs in 1 rows"]
+# Files that carry wall times or this run's paths, so differ between two runs by design.
+RUN_SPECIFIC = ("machine/*", "provenance.json", "steps/*", "notebooks/*", ".build/*", "index.html")
+
+
+def without_machine_columns(rel: str, data: bytes) -> bytes:
+    """A data CSV's bytes minus the columns declared machine-specific (still inside some tables)."""
+    import csv
+    import io
+
+    from keybias.outputs import DATA_COLUMNS
+
+    machine = {c for c, cls in DATA_COLUMNS.get(rel, {}).items() if cls == "machine"}
+    if not machine:
+        return data
+    rows = list(csv.reader(io.StringIO(data.decode())))
+    keep = [i for i, name in enumerate(rows[0]) if name not in machine]
+    return "\n".join(",".join(row[i] for i in keep) for row in rows).encode()
+
+
+def test_two_forced_rebuilds_are_byte_identical(tmp_path):
+    import fnmatch
+
+    from keybias.outputs import file_class_is_machine
+
+    root = make_root(tmp_path)
+    digests = []
+    for run in ("one", "two"):
+        results = tmp_path / run
+        build = pipeline.Build("smoke", "cpu", results, root=root, force=True)
+        build.check()
+        build.run_notebooks()
+        files = {}
+        for path in sorted(p for p in results.rglob("*") if p.is_file()):
+            rel = str(path.relative_to(results))
+            if not any(fnmatch.fnmatch(rel, pat) for pat in RUN_SPECIFIC):
+                files[rel] = without_machine_columns(rel, path.read_bytes())
+        digests.append(files)
+    assert digests[0].keys() == digests[1].keys() and digests[0]
+    differ = [rel for rel in digests[0] if digests[0][rel] != digests[1][rel]]
+    assert not differ, f"a forced rebuild changed {differ}"
+    # everything excluded above is declared machine-specific, so verify does not compare it
+    for rel in ("machine/x.csv", "provenance.json", "steps/01_symbolic.json", "notebooks/01_symbolic.html"):
+        assert file_class_is_machine(rel), rel

@@ -10,18 +10,22 @@ A notebook writes into `<results>/.staging/<name>/`; only after it finished are 
 moved into `<results>/`, its step record last and its key after that. An interrupted run
 therefore leaves no output that could pass for finished, and the next run redoes it.
 
+The build is quiet: one line per notebook on the terminal; papermill's cell log, the
+kernel's warnings and whatever the notebook prints go to `<results>/.build/logs/<name>.log`.
+The kernel runs with a declared thread count (`KERNEL_THREADS`) and a fixed PYTHONHASHSEED,
+so a rerun on any machine splits its reductions the same way.
+
 Usage: python -m keybias.pipeline [--profile P] [--device D] [--results DIR]
-       {check, notebooks, paper, all, verify, bundle} [--only NB ...] [--force]
+       {check, notebooks, paper, all, verify, bundle, arxiv} [--only NB ...] [--force]
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import datetime as dt
-import fnmatch
 import hashlib
-import io
 import json
 import logging
 import os
@@ -29,7 +33,6 @@ import re
 import shutil
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 from pathlib import Path
@@ -41,6 +44,74 @@ ROOT = Path(__file__).resolve().parents[2]
 KERNEL = "keybias"
 NOTEBOOK_NAME = re.compile(r"^\d\d_[a-z0-9_]+$")
 PAPER_INPUT_DIRS = ("macros", "tables", "figures", "equations")
+# Intra-op threads of every notebook kernel. The count, not the machine's cores, decides how
+# torch and MKL split a reduction, so a declared count gives the same bits on any core count.
+# 2 is what the budgets were measured with; a notebook that times a declared thread count
+# (06_cost) still sets its own with torch.set_num_threads.
+KERNEL_THREADS = int(os.environ.get("KEYBIAS_THREADS", "2"))
+
+
+def kernel_environment() -> dict[str, str]:
+    """Variables every notebook kernel runs with; recorded in each step's provenance."""
+    threads = str(KERNEL_THREADS)
+    env = {
+        "OMP_NUM_THREADS": threads,
+        "MKL_NUM_THREADS": threads,
+        "OPENBLAS_NUM_THREADS": threads,
+        "PYTHONHASHSEED": "0",
+        "TQDM_DISABLE": "1",  # progress bars would land in the notebook's outputs
+        "PYTHONWARNINGS": os.environ.get("PYTHONWARNINGS", ""),
+    }
+    # Pins a user may set to make the kernels' instruction set explicit (see keybias.bitwise).
+    for name in ("ATEN_CPU_CAPABILITY", "MKL_CBWR", "ONEDNN_MAX_CPU_ISA"):
+        if os.environ.get(name):
+            env[name] = os.environ[name]
+    return env
+
+
+@contextlib.contextmanager
+def _patched_environ(values: dict[str, str]):
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, old in saved.items():
+            if old is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = old
+
+
+@contextlib.contextmanager
+def _output_to(log_path: Path):
+    """Send this process's and its children's stdout/stderr, and papermill's log, to a file."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    handle = open(log_path, "w")  # noqa: SIM115 (closed below, after the fds are restored)
+    saved = [os.dup(1), os.dup(2)]
+    logger = logging.getLogger("papermill")
+    handler = logging.StreamHandler(handle)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    old_propagate, old_level = logger.propagate, logger.level
+    logger.addHandler(handler)
+    logger.propagate = False
+    logger.setLevel(logging.INFO)
+    try:
+        os.dup2(handle.fileno(), 1)
+        os.dup2(handle.fileno(), 2)
+        yield handle
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for fd in saved:
+            os.close(fd)
+        logger.removeHandler(handler)
+        logger.propagate, logger.level = old_propagate, old_level
+        handle.close()
 
 
 class BuildError(RuntimeError):
@@ -49,6 +120,15 @@ class BuildError(RuntimeError):
 
 def log(message: str) -> None:
     print(f"[keybias] {message}", file=sys.stderr, flush=True)
+
+
+def status_line(message: str, *, final: bool = True) -> None:
+    """A progress line: on a terminal a pending line is overwritten by the final one."""
+    if sys.stderr.isatty():
+        end = "\n" if final else ""
+        print(f"\r\033[K[keybias] {message}", end=end, file=sys.stderr, flush=True)
+    else:
+        log(message)
 
 
 def sha256_bytes(*chunks: bytes) -> str:
@@ -222,7 +302,7 @@ class Build:
         for name in self.selected:
             key = self.step_key(name)
             if self.up_to_date(name, key):
-                log(f"{name}: up to date")
+                status_line(f"{name}: up to date")
                 continue
             self.run_one(name, key)
 
@@ -242,24 +322,25 @@ class Build:
             output_dir=os.path.relpath(staging, cwd),
             results_dir=os.path.relpath(self.results, cwd),
         )
-        log(f"{name}: running (profile {self.profile}, device {self.device})")
+        log_path = self.log_path(name)
+        status_line(f"{name}: running (log {_show(log_path)})", final=False)
         started = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+        env = kernel_environment()
         t0 = time.perf_counter()
         try:
-            papermill.execute_notebook(
-                str(self._nb_path(name)),
-                str(executed),
-                parameters=parameters,
-                kernel_name=KERNEL,
-                cwd=str(cwd),
-                progress_bar=False,
-                log_output=True,
-            )
+            with _patched_environ(env), _output_to(log_path):
+                papermill.execute_notebook(
+                    str(self._nb_path(name)),
+                    str(executed),
+                    parameters=parameters,
+                    kernel_name=KERNEL,
+                    cwd=str(cwd),
+                    progress_bar=False,
+                    log_output=True,
+                )
         except Exception as exc:  # papermill re-raises the cell's error with its traceback
-            raise BuildError(
-                f"notebook {name} failed; nothing of this run was moved into {self.results}. "
-                f"Partial output for debugging: {executed}\n{exc}"
-            ) from exc
+            status_line(f"{name}: FAILED after {time.perf_counter() - t0:.1f} s")
+            raise BuildError(failure_message(name, exc, executed, log_path, self.results)) from exc
         wall = time.perf_counter() - t0
         step_path = staging / "steps" / f"{name}.json"
         if not step_path.exists():
@@ -275,6 +356,8 @@ class Build:
             "started_utc": started,
             "wall_seconds": round(wall, 2),
             "key": key,
+            "kernel_env": env,
+            "threads": KERNEL_THREADS,
         }
         step["outputs"] = sorted(
             set(step["outputs"]) | {f"notebooks/{name}.ipynb", f"notebooks/{name}.html"}
@@ -283,12 +366,17 @@ class Build:
         self._publish(name, staging, step)
         atomic_write_text(self._stamp(name), key)
         self.ran.append(name)
-        log(f"{name}: done in {wall:.1f} s")
+        status_line(f"{name}: done in {wall:.1f} s with {len(step['claims'])} claims")
+
+    def log_path(self, name: str) -> Path:
+        return self.results / ".build" / "logs" / f"{name}.log"
 
     def _scrub_and_render(self, executed: Path) -> None:
         """Drop this machine's absolute paths from the executed notebook, then render HTML."""
         text = executed.read_text()
-        for prefix in {str(self.root), str(Path(sys.prefix))}:
+        # Longest prefix first (the venv lies inside the root): a fixed order, not a set's,
+        # so the scrubbed text does not depend on PYTHONHASHSEED.
+        for prefix in sorted({str(self.root), str(Path(sys.prefix))}, key=lambda p: (-len(p), p)):
             text = text.replace(prefix + "/", "").replace(prefix, ".")
         atomic_write_text(executed, text)
         from keybias.render import render_notebook_html
@@ -324,16 +412,13 @@ class Build:
             steps.append(step)
         claims = [c for s in steps for c in s["claims"]]
         write_if_changed(self.results / "claims.json", json.dumps(claims, indent=2) + "\n")
-        latest = max(steps, key=lambda s: s["provenance"]["started_utc"])["provenance"]
-        provenance = {
-            "profile": self.profile,
-            "commit": latest["commit"],
-            "dirty": latest["dirty"],
-            "versions": latest["versions"],
-            "machine": latest["machine"],
-            "total_wall_seconds": round(sum(s["provenance"]["wall_seconds"] for s in steps), 2),
-            "steps": {s["notebook"]: {**s["provenance"], "device": s["device"]} for s in steps},
-        }
+        provenance = merge_provenance(steps, self.profile)
+        if provenance["mixed_commits"]:
+            log(
+                "warning: results/ mixes notebooks run at different commits "
+                f"({', '.join(c[:10] for c in provenance['commits'])}); `make all` with --force, "
+                "or rerun the older ones, before publishing"
+            )
         write_if_changed(self.results / "provenance.json", json.dumps(provenance, indent=2) + "\n")
         write_if_changed(self.results / "macros" / "provenance.tex", provenance_macros(provenance))
         write_if_changed(self.results / "tables" / "claims.tex", claims_table(claims))
@@ -341,6 +426,13 @@ class Build:
         index += [f"\\input{{../results/macros/{n}.tex}}" for n in [*self.notebooks, "provenance"]]
         index.append(f"\\newcommand{{\\ClaimCount}}{{{len(claims)}}}")
         write_if_changed(self.results / "macros" / "all.tex", "\n".join(index) + "\n")
+        from keybias.index import render_index
+
+        write_if_changed(self.results / "index.html", render_index(self.results, steps, claims, provenance))
+        if self.results == (self.root / "results").resolve():
+            from keybias.readme import update_readme
+
+            update_readme(self.root / "README.md", provenance, claims)
         return claims
 
     def check_claims(self, claims: list[dict]) -> None:
@@ -394,21 +486,24 @@ class Build:
         stamp.unlink(missing_ok=True)
         build_dir = self.root / "paper" / "build"
         env = dict(os.environ, FORCE_SOURCE_DATE="1", SOURCE_DATE_EPOCH=self._source_date())
-        log("paper: latexmk -pdf main.tex")
+        log_path = self.log_path("paper")
+        status_line(f"paper: latexmk -pdf main.tex (log {_show(log_path)})", final=False)
         t0 = time.perf_counter()
         result = subprocess.run(
             ["latexmk", "-pdf", "-g", "-interaction=nonstopmode", "-halt-on-error", "-file-line-error",
              f"-outdir={build_dir}", "main.tex"],
             cwd=self.root / "paper", env=env, capture_output=True, text=True,
         )
+        atomic_write_text(log_path, result.stdout + result.stderr)
         if result.returncode:
             lines = (result.stdout + result.stderr).splitlines()
             errors = [line for line in lines if re.match(r"^\S+\.tex:\d+:", line)]
             tail = "\n".join(errors or lines[-40:])
-            raise BuildError(f"latexmk failed (log: {build_dir / 'main.log'}):\n{tail}")
+            status_line("paper: FAILED")
+            raise BuildError(f"latexmk failed (logs: {log_path}, {build_dir / 'main.log'}):\n{tail}")
         atomic_write_bytes(pdf, (build_dir / "main.pdf").read_bytes())
         atomic_write_text(stamp, key)
-        log(f"paper/main.pdf built in {time.perf_counter() - t0:.1f} s")
+        status_line(f"paper: main.pdf built in {time.perf_counter() - t0:.1f} s")
 
     def _source_date(self) -> str:
         from keybias.provenance import git
@@ -466,7 +561,7 @@ def provenance_macros(prov: dict) -> str:
         "ProvCommit": commit,
         "ProvProfile": prov["profile"],
         "ProvMachine": prov["machine"]["cpu"],
-        "ProvThreads": str(prov["machine"]["torch_threads"]),
+        "ProvThreads": str(prov.get("threads") or prov["machine"]["torch_threads"]),
         "ProvDevices": ", ".join(prov["machine"]["devices_present"]),
         "ProvTorch": prov["versions"]["torch"],
         "ProvPython": prov["versions"]["python"],
@@ -478,77 +573,63 @@ def provenance_macros(prov: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def machine_specific_patterns() -> list[str]:
-    """Outputs whose values depend on the machine (timings); `verify` does not compare them."""
-    from keybias.cost import MACHINE_SPECIFIC_OUTPUTS
-
-    return MACHINE_SPECIFIC_OUTPUTS
-
-
-def compare_results(reference: Path, candidate: Path, rtol: float = 1e-6) -> list[str]:
-    """Differences between two results folders, ignoring timings and provenance."""
-    import pandas as pd
-
-    problems = []
-    for ref in sorted(reference.glob("data/*.csv")):
-        rel = str(ref.relative_to(reference))
-        if any(fnmatch.fnmatch(rel, pat) for pat in machine_specific_patterns()):
-            continue
-        new = candidate / rel
-        if not new.exists():
-            problems.append(f"{rel}: not regenerated")
-            continue
-        a, b = pd.read_csv(ref), pd.read_csv(new)
-        if list(a.columns) != list(b.columns) or len(a) != len(b):
-            problems.append(f"{rel}: shape or columns differ")
-            continue
-        for col in a.columns:
-            if col == "seconds" or col.endswith("_seconds"):
-                continue  # wall time of a step, machine-specific
-            x, y = a[col], b[col]
-            numeric = [pd.api.types.is_numeric_dtype(v) and not pd.api.types.is_bool_dtype(v) for v in (x, y)]
-            if all(numeric):
-                diff = (x - y).abs() > rtol * (x.abs() + y.abs()) + 1e-300
-                if (diff & ~(x.isna() & y.isna())).any():
-                    problems.append(f"{rel}: column {col} differs in {int(diff.sum())} rows")
-            elif not x.astype(str).equals(y.astype(str)):
-                problems.append(f"{rel}: column {col} differs")
-    ref_claims = {c["id"]: c for c in json.loads((reference / "claims.json").read_text())}
-    new_claims = {c["id"]: c for c in json.loads((candidate / "claims.json").read_text())}
-    for cid in sorted(set(ref_claims) | set(new_claims)):
-        if cid not in ref_claims or cid not in new_claims:
-            problems.append(f"claim {cid}: present in only one run")
-        elif ref_claims[cid]["holds"] != new_claims[cid]["holds"]:
-            problems.append(f"claim {cid}: holds differs")
-    return problems
+def merge_provenance(steps: list[dict], profile: str) -> dict:
+    """provenance.json from the step records: the commit of each step, and whether they differ."""
+    latest = max(steps, key=lambda s: s["provenance"]["started_utc"])["provenance"]
+    commits = sorted({s["provenance"]["commit"] for s in steps})
+    return {
+        "profile": profile,
+        "commit": latest["commit"],
+        "dirty": any(s["provenance"]["dirty"] for s in steps),
+        "commits": commits,
+        "mixed_commits": len(commits) > 1,
+        "versions": latest["versions"],
+        "machine": latest["machine"],
+        "threads": latest.get("threads"),
+        "total_wall_seconds": round(sum(s["provenance"]["wall_seconds"] for s in steps), 2),
+        "steps": {s["notebook"]: {**s["provenance"], "device": s["device"]} for s in steps},
+    }
 
 
-def bundle(root: Path = ROOT) -> Path:
-    """dist/keybias-artifact-<commit>.tar.gz: tracked sources, results and the PDF."""
-    from keybias.provenance import git
+def _show(path: Path) -> str:
+    """A path as the user typed it: relative to the current folder when inside it."""
+    try:
+        return str(Path(path).resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
 
-    files = [f for f in git(root, "ls-files").splitlines() if f]
-    if not files:
-        raise BuildError("bundle needs a git checkout with committed files")
-    commit = git(root, "rev-parse", "--short=10", "HEAD")
-    out = root / "dist" / f"keybias-artifact-{commit}.tar.gz"
-    out.parent.mkdir(exist_ok=True)
-    sums = "".join(
-        f"{hashlib.sha256((root / f).read_bytes()).hexdigest()}  {f}\n" for f in files if (root / f).is_file()
+
+def failure_message(name: str, exc: Exception, executed: Path, log_path: Path, results: Path) -> str:
+    """The failing cell, the error and where the full log is, from papermill's exception."""
+    index = getattr(exc, "cell_index", None)
+    source = getattr(exc, "source", None)
+    if source is None and index is not None and executed.exists():
+        try:
+            source = "".join(read_notebook(executed)["cells"][index]["source"])
+        except (ValueError, KeyError, IndexError):
+            source = None
+    error = (
+        f"{exc.ename}: {exc.evalue}" if getattr(exc, "ename", None) else f"{type(exc).__name__}: {exc}"
     )
-    fd, tmp = tempfile.mkstemp(dir=out.parent, suffix=".tmp")
-    os.close(fd)
-    with tarfile.open(tmp, "w:gz") as tar:
-        for f in files:
-            if (root / f).is_file():
-                tar.add(root / f, arcname=f"keybias/{f}")
-        info = tarfile.TarInfo("keybias/SHA256SUMS")
-        data = sums.encode()
-        info.size = len(data)
-        tar.addfile(info, io.BytesIO(data))
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, out)
-    return out
+    lines = [f"notebook {name} failed; nothing of this run was moved into {results}."]
+    if index is not None:
+        lines.append(f"failing cell {index} (execution count {getattr(exc, 'exec_count', '?')}):")
+        shown = (source or "").splitlines()
+        lines += [f"    {line}" for line in shown[:12]] + (["    ..."] if len(shown) > 12 else [])
+    lines += [f"error: {error}", f"full log: {_show(log_path)}", f"partial notebook: {_show(executed)}"]
+    return "\n".join(lines)
+
+
+def verify(reference: Path, scratch: Path) -> int:
+    """Compare freshly regenerated results with the reference; print the summary and failures."""
+    from keybias.outputs import compare_folders
+
+    report = compare_folders(reference, scratch)
+    for failure in report.failures:
+        print(f"verify: DIFFERS {failure}", flush=True)
+    print(f"verify: {report.summary()}", flush=True)
+    print(f"verify: {'PASSED' if report.ok else 'FAILED'}; fresh results in {scratch}", flush=True)
+    return 0 if report.ok else 1
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -557,10 +638,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--results", default=str(ROOT / "results"))
     parser.add_argument("--force", action="store_true", help="rerun even if up to date")
-    parser.add_argument("command", choices=["check", "notebooks", "paper", "all", "verify", "bundle"])
+    parser.add_argument(
+        "command", choices=["check", "notebooks", "paper", "all", "verify", "bundle", "arxiv"]
+    )
     parser.add_argument("--only", nargs="+", help="run only these notebooks")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
     for noisy in ("traitlets", "asyncio", "blib2to3", "matplotlib"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     os.environ["JUPYTER_PATH"] = str(Path(sys.prefix) / "share" / "jupyter")
@@ -569,7 +652,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.only and args.command not in ("notebooks", "check"):
             raise BuildError("--only goes with `notebooks`; `all` and `paper` need every notebook")
         if args.command == "bundle":
-            log(f"wrote {bundle()}")
+            from keybias.bundle import make_bundle, sha256_file
+
+            out = make_bundle(ROOT)
+            log(f"wrote {_show(out)} ({out.stat().st_size / 1e6:.1f} MB, sha256 {sha256_file(out)})")
             return 0
         results = Path(args.results).resolve()
         fingerprint = input_fingerprint(ROOT, args.profile, args.device)
@@ -589,31 +675,54 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.command == "verify":
             scratch = Path(tempfile.mkdtemp(prefix="keybias-verify-"))
+            log(f"verify: regenerating every result into {scratch}")
             fresh = Build(args.profile, args.device, scratch, force=True)
             fresh.check()
             fresh.check_tools(paper=False)
             fresh.run_notebooks()
-            fresh.check_claims(fresh.gather())
-            problems = compare_results(build.results, scratch)
-            for p in problems:
-                log(f"differs: {p}")
-            log(f"verify: {len(problems)} difference(s); fresh results in {scratch}")
-            return 1 if problems else 0
-        build.check_tools(paper=args.command in ("paper", "all"))
+            fresh.gather()
+            return verify(build.results, scratch)
+        build.check_tools(paper=args.command in ("paper", "all", "arxiv"))
         if args.command in ("notebooks", "all"):
             build.run_notebooks()
-        if args.command in ("paper", "all") or (args.command == "notebooks" and not args.only):
+        if args.command in ("paper", "all", "arxiv") or (args.command == "notebooks" and not args.only):
             claims = build.gather()
             build.check_claims(claims)
-        if args.command in ("paper", "all"):
+        if args.command in ("paper", "all", "arxiv"):
             build.build_paper()
         if args.command == "all":
             atomic_write_text(done_stamp, fingerprint)
+        if args.command == "arxiv":
+            make_and_check_arxiv(ROOT, build._source_date())
     except (P.ParameterError, BuildError) as exc:
+        log(f"error: {exc}")
+        return 2
+    except Exception as exc:
+        from keybias.arxiv import ArxivError
+        from keybias.bundle import BundleError
+
+        if not isinstance(exc, ArxivError | BundleError):
+            raise
         log(f"error: {exc}")
         return 2
     log(f"finished in {time.perf_counter() - t0:.1f} s")
     return 0
+
+
+def make_and_check_arxiv(root: Path, source_date: str) -> Path:
+    """dist/keybias-arxiv-<commit>.tar.gz, proven by compiling it alone with pdflatex."""
+    from keybias.arxiv import check_compiles, make_arxiv
+    from keybias.provenance import git
+
+    commit = git(root, "rev-parse", "--short=10", "HEAD") or "unknown"
+    out = make_arxiv(root / "paper", root / "dist" / f"keybias-arxiv-{commit}.tar.gz", int(source_date))
+    t0 = time.perf_counter()
+    pdf = check_compiles(out)
+    log(
+        f"arxiv: wrote {_show(out)} ({out.stat().st_size / 1e6:.2f} MB); pdflatex alone compiled it "
+        f"in a scratch folder in {time.perf_counter() - t0:.1f} s ({pdf})"
+    )
+    return out
 
 
 if __name__ == "__main__":

@@ -1,0 +1,489 @@
+"""Output classes: what `make verify` compares, and how closely.
+
+Every results file, and every column of every `data/*.csv`, is one of three classes:
+
+- **exact**: byte-equal on any machine (configurations, counts, verdicts, symbolic results,
+  claim outcomes);
+- **rounding**: equal within a tolerance the column declares (`TOLERANCES`), chosen from the
+  column's dtype and computation before comparing anything, never tuned to pass;
+- **machine**: timings, thread counts, CPU names, rendered pages: never compared.
+
+`DATA_COLUMNS` declares each data column; `FILES` declares whole files by pattern. A column or
+file that is not declared fails `undeclared()` (a test runs it on a smoke run), and the message
+names the exact line to add. `compare_folders` is the comparison of `make verify`.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+EXACT = "exact"
+MACHINE = "machine"
+
+# Unit roundoff per dtype (half the machine epsilon): the floor below which a measured
+# rounding error is indistinguishable from zero.
+UNIT_ROUNDOFF = {"float64": 2.0**-53, "float32": 2.0**-24, "bfloat16": 2.0**-8, "float16": 2.0**-11}
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """How far two values of a rounding column may lie apart.
+
+    Values agree when |a - b| <= atol + rtol * max(|a|, |b|); with `decades` set, when both
+    are below the row dtype's unit roundoff times `floor_u`, or their ratio is within
+    10**decades. Both NaN agree; one NaN does not.
+    """
+
+    why: str
+    rtol: float = 0.0
+    atol: float = 0.0
+    decades: float | None = None
+    floor_u: float = 1.0
+
+    def ratio(self, a: float, b: float, dtype: str = "float64") -> float:
+        """|difference| / tolerance: <= 1 passes; the largest is reported by verify."""
+        if math.isnan(a) or math.isnan(b):
+            return 0.0 if math.isnan(a) and math.isnan(b) else math.inf
+        if math.isinf(a) or math.isinf(b):
+            return 0.0 if a == b else math.inf
+        if self.decades is not None:
+            floor = self.floor_u * UNIT_ROUNDOFF.get(dtype, UNIT_ROUNDOFF["float64"])
+            if abs(a) <= floor and abs(b) <= floor:
+                return 0.0
+            if a == 0 or b == 0 or (a > 0) != (b > 0):
+                return math.inf
+            return abs(math.log10(abs(a) / abs(b))) / self.decades
+        limit = self.atol + self.rtol * max(abs(a), abs(b))
+        if a == b:
+            return 0.0
+        return abs(a - b) / limit if limit > 0 else math.inf
+
+
+TOLERANCES = {
+    "f64": Tolerance(
+        rtol=1e-9,
+        why="a float64 value from sums of up to ~1e6 terms; another summation order moves it "
+        "by about n*u64 ~ 1e-10 relative",
+    ),
+    "f32": Tolerance(
+        rtol=1e-4, atol=1e-12,
+        why="a float32 value from sums of up to ~1e3 terms; another kernel moves it by about "
+        "n*u32 ~ 1e-4 relative",
+    ),
+    "noise": Tolerance(
+        decades=1.0, floor_u=1.0,
+        why="a measured rounding error (or its ratio to a tolerance): another kernel reproduces "
+        "its size, not its bits; sizes agree within one decade, and below one unit roundoff "
+        "of the row's dtype it is zero",
+    ),
+    "fit": Tolerance(
+        rtol=0.1, atol=0.05,
+        why="a fit or statistic over measured rounding errors: new noise moves it by a few of "
+        "its standard errors (slope_se ~0.004-0.05 in the committed run)",
+    ),
+    "trained": Tolerance(
+        rtol=0.05, atol=0.02,
+        why="an outcome of hundreds of float32 optimizer steps: last-bit differences grow "
+        "chaotically to the size of the notebook's own noise-level control "
+        "(acc_diff_control ~3e-3, i.e. one test sample in 359)",
+    ),
+}
+
+
+def _cols(**groups: str) -> dict[str, str]:
+    """{'exact': 'a b c', 'f64': 'd'} -> {'a': 'exact', ..., 'd': 'f64'}."""
+    out: dict[str, str] = {}
+    for cls, names in groups.items():
+        for name in names.split():
+            if name in out:
+                raise ValueError(f"column {name!r} declared twice")
+            out[name] = cls
+    return out
+
+
+_CONFIG_MHA = (
+    "family case variant option mode mask embed_dim num_heads kdim vdim tgt_len src_len batch "
+    "batch_first bias add_bias_kv add_zero_attn dropout need_weights self_attention dtype device "
+    "sdpa_backend hf_attn_implementation seed code_path sdpa_backend_used status reason n_slots "
+    "head_dim working_dtype expected assumption training grad_enabled fastpath_enabled grad_reason"
+)
+
+# data/<file>.csv -> column -> class ('exact', 'machine' or a key of TOLERANCES).
+# To declare a new column, add its name to the group of its class in its file's entry.
+DATA_COLUMNS: dict[str, dict[str, str]] = {
+    "data/cost_memory.csv": _cols(
+        exact="architecture embed_dim layers attention_layer_params model_params bk_params "
+        "bk_grad bk_adam_state bk_sgd_momentum_state bk_training_adam_bytes "
+        "model_training_adam_bytes bk_fraction_of_attention_layer bk_fraction_of_model "
+        "checked_with model_params_module bk_params_module match",
+    ),
+    "data/cost_memory_allocator.csv": _cols(
+        exact="device embed_dim optimizer expected_bytes measured_bytes peak_bytes match status reason",
+    ),
+    "data/cost_memory_layer.csv": _cols(
+        exact="embed_dim layer_params_module layer_params_formula bk_params_module "
+        "bk_params_formula bk_fraction_of_layer match",
+    ),
+    "data/invariance.csv": _cols(
+        exact=f"{_CONFIG_MHA} nonfinite_outputs output_entries verdict verdict_float64 "
+        "drop_verdict grad_verdict verdict_joint",
+        f32="masked_row_output typical_key_norm output_abs_max tolerance_abs tolerance_rel "
+        "bound_rel error_base_rel grad_tolerance min_rel_control control_over_tol",
+        noise="max_abs_bk max_rel_bk max_rel_bq max_rel_bv bk_over_tol bk_rel_over_u "
+        "noise_floor_rel noise_floor_over_u64 max_rel_drop noise_floor_over_tol64 grad_bk grad_bq "
+        "grad_bv grad_ratio max_rel_joint",
+        machine="seconds",  # wall time; issue 13 moves it to machine/ (then delete this line)
+    ),
+    "data/precision_accuracy.csv": _cols(
+        exact="dtype path factor", noise="err0_rms", fit="crossing crossing_pred",
+    ),
+    "data/precision_devices.csv": _cols(exact="device status reason"),
+    "data/precision_errors.csv": _cols(
+        exact="device dtype path ratio head_dim num_heads seq_len batch seed status reason "
+        "unit_roundoff finite",
+        f32="bias_norm key_norm ref_rms score_std_max score_std_rms",
+        noise="delta_rms delta_rel delta_max err_rms err0_rms pred_rms pred_bias_rms "
+        "pred_floor_rms tolerance floor_rms delta_bias_rms",
+    ),
+    "data/precision_gradient_summary.csv": _cols(
+        exact="device dtype path unit_roundoff status reason batches verdict bk_nonzero",
+        noise="ratio_median ratio_over_u grad_over_tol_max control_over_tol_min",
+        fit="bk_mean_cos bk_consistency bq_mean_cos bq_consistency eff_dim cos_bound",
+    ),
+    "data/precision_gradients.csv": _cols(
+        exact="device dtype path unit_roundoff head_dim num_heads seq_len batch status reason "
+        "batch_index seed verdict finite",
+        f32="g_bq_norm g_bq_max eff_dim",
+        noise="g_bk_norm g_bk_max ratio tolerance",
+    ),
+    "data/precision_law.csv": _cols(
+        exact="dtype path points ratio_min ratio_max",
+        fit="slope slope_se const_over_u resid_log10 model_constant model_scatter_log10",
+        noise="const",
+    ),
+    "data/pretrained_bias_norms.csv": _cols(
+        exact="layer",
+        f32="bq_norm bk_norm bv_norm wk_fro_over_sqrt_din key_norm_median bk_over_key_norm",
+    ),
+    "data/pretrained_embedding_changes.csv": _cols(
+        exact="dtype variant parameters_saved tolerance_kind verdict device num_threads",
+        noise="max_abs_diff noise_floor over_noise_floor tolerance",
+        f32="min_cosine analytic_tolerance",
+    ),
+    "data/pretrained_parameters_saved.csv": _cols(
+        exact="model layers hidden_size total_parameters key_bias_parameters "
+        "value_bias_parameters config_count fraction_key_bias counted_by",
+    ),
+    "data/symbolic_grid.csv": _cols(
+        exact="n_keys head_dim num_heads derivatives nonzero_derivatives query_bias_controls "
+        "nonzero_query_bias_controls",
+        machine="seconds",  # wall time; issue 11 moves it to machine/ (then delete this line)
+    ),
+    "data/training_bias_summary.csv": _cols(
+        exact="setting optimizer eps dtype seed lr steps",
+        trained="test_acc norm_b_q norm_b_v norm_b_k_initial norm_b_k grad_rms_b_q decayed_norm "
+        "sgd_bound",
+        noise="drift_b_k grad_rms_b_k max_grad_over_tolerance predicted_drift random_walk_drift "
+        "drift_over_predicted",
+    ),
+    "data/training_bias_trajectories.csv": _cols(
+        exact="setting optimizer dtype eps seed step lr weight_decay n_bias",
+        trained="norm_b_q norm_b_k norm_b_v loss grad_rms_b_q test_acc",
+        noise="drift_b_k grad_rms_b_k grad_max_b_k grad_tolerance grad_over_tolerance",
+    ),
+    "data/training_curves.csv": _cols(
+        exact="optimizer dtype seed step lr eps n_test",
+        trained="loss_removed loss_kept loss_control test_acc_removed test_acc_kept test_acc_control",
+        noise="param_divergence_kept param_divergence_control",
+    ),
+    "data/training_pairs.csv": _cols(
+        exact="optimizer seed steps",
+        trained="identical_steps test_acc_removed test_acc_kept test_acc_control acc_diff "
+        "acc_diff_control acc_standard_error",
+        noise="max_loss_rel_diff max_loss_rel_diff_control final_divergence_kept "
+        "final_divergence_control",
+    ),
+    "data/training_verdicts.csv": _cols(
+        exact="seed dtype eps optimizer setting layer verdict prediction_changes device",
+        trained="norm_b_k control_delta",
+        noise="delta tolerance logit_delta",
+    ),
+}
+
+
+@dataclass(frozen=True)
+class FileClass:
+    """A whole-file class: `exact` text, `rounding` text (numbers within `tolerance`), or machine."""
+
+    cls: str
+    why: str
+    tolerance: str | None = None
+
+
+# Whole files by pattern, first match wins. data/*.csv are compared per column instead.
+FILES: list[tuple[str, FileClass]] = [
+    ("machine/*", FileClass(MACHINE, "wall times and thread counts (Recorder.machine_csv)")),
+    ("provenance.json", FileClass(MACHINE, "commit, versions, CPU, wall times of this run")),
+    ("data/cost_timing*.csv", FileClass(MACHINE, "timings (legacy location; issue 12 moves them to machine/)")),
+    ("tables/cost_timing*.tex", FileClass(MACHINE, "tables of timings")),
+    ("macros/provenance.tex", FileClass(MACHINE, "provenance printed in the paper")),
+    ("steps/*.json", FileClass(MACHINE, "per-notebook provenance; its claims are compared in claims.json")),
+    ("notebooks/*", FileClass(MACHINE, "executed notebooks and their pages: outputs carry timings")),
+    ("figures/*", FileClass(MACHINE, "drawn from the compared data columns; font rasterising is machine-specific")),
+    ("index.html", FileClass(MACHINE, "entry page generated from claims and provenance")),
+    ("equations/*", FileClass(EXACT, "SymPy output: exact rational arithmetic")),
+    ("claims.json", FileClass(EXACT, "compared claim by claim, see CLAIM_FIELDS")),
+    ("tables/claims.tex", FileClass("rounding", "claim values printed to 3 digits", "noise")),
+    ("macros/all.tex", FileClass(EXACT, "the list of macro files and the claim count")),
+    ("macros/*", FileClass("rounding", "numbers printed to 3 digits; text exact", "noise")),
+    ("tables/*", FileClass("rounding", "numbers printed to 3 digits; text exact", "noise")),
+    ("data/*.csv", FileClass("columns", "compared per column, see DATA_COLUMNS")),
+]
+
+# Claim record fields: outcome and identity exact; measured numbers within noise.
+CLAIM_FIELDS = _cols(
+    exact="id statement comparison holds notebook device profile kind implied_by bound_origin",
+    noise="value bound min_detectable",
+)
+
+
+def file_class(rel: str) -> FileClass | None:
+    for pattern, cls in FILES:
+        if fnmatch.fnmatch(rel, pattern):
+            return cls
+    return None
+
+
+def result_files(folder: Path) -> list[str]:
+    """Every results file, relative, skipping build state (.build, .staging)."""
+    return sorted(
+        str(p.relative_to(folder)) for p in Path(folder).rglob("*")
+        if p.is_file() and not any(part.startswith(".") for part in p.relative_to(folder).parts)
+    )
+
+
+def undeclared(folder: Path) -> list[str]:
+    """What a results folder holds that this module does not classify, as the lines to add."""
+    import pandas as pd
+
+    missing = []
+    for rel in result_files(folder):
+        cls = file_class(rel)
+        if cls is None:
+            missing.append(f"{rel}: add a pattern to keybias.outputs.FILES")
+            continue
+        if cls.cls != "columns" or file_class_is_machine(rel):
+            continue
+        declared = DATA_COLUMNS.get(rel)
+        columns = list(pd.read_csv(Path(folder) / rel, nrows=0).columns)
+        if declared is None:
+            missing.append(
+                f"{rel}: add DATA_COLUMNS[{rel!r}] = _cols(exact=..., f64=..., ...) covering {columns}"
+            )
+            continue
+        for col in columns:
+            if col not in declared:
+                missing.append(
+                    f"{rel}: column {col!r} undeclared; add it to one group "
+                    f"(exact, machine or {', '.join(TOLERANCES)}) of DATA_COLUMNS[{rel!r}]"
+                )
+    return missing
+
+
+def file_class_is_machine(rel: str) -> bool:
+    cls = file_class(rel)
+    return cls is not None and cls.cls == MACHINE
+
+
+# -- comparison -------------------------------------------------------------------
+
+
+@dataclass
+class Report:
+    """The outcome of comparing a candidate results folder with a reference."""
+
+    exact: int = 0
+    rounding: int = 0
+    machine: int = 0
+    worst_ratio: float = 0.0
+    worst_where: str = ""
+    failures: list[str] = field(default_factory=list)
+
+    def note_ratio(self, ratio: float, where: str) -> None:
+        if ratio > self.worst_ratio or not self.worst_where:
+            self.worst_ratio, self.worst_where = ratio, where
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures
+
+    def summary(self) -> str:
+        worst = f"largest ratio to tolerance {self.worst_ratio:.3g} ({self.worst_where})" if self.worst_where else "none compared"
+        lines = [
+            f"{self.exact} exact and equal",
+            f"{self.rounding} rounding within tolerance; {worst}",
+            f"{self.machine} machine-specific, not compared",
+        ]
+        if self.failures:
+            lines.append(f"{len(self.failures)} failure(s)")
+        return "; ".join(lines)
+
+
+_NUMBER = re.compile(r"[-+]?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?")
+
+
+def _row_dtype(row: dict) -> str:
+    for key in ("dtype", "working_dtype"):
+        if isinstance(row.get(key), str) and row[key] in UNIT_ROUNDOFF:
+            return row[key]
+    return "float64"
+
+
+def _as_float(value) -> float | None:
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _compare_csv(rel: str, ref: Path, new: Path, report: Report) -> None:
+    import pandas as pd
+
+    declared = DATA_COLUMNS.get(rel, {})
+    a = pd.read_csv(ref, dtype=str, keep_default_na=False)
+    b = pd.read_csv(new, dtype=str, keep_default_na=False)
+    if list(a.columns) != list(b.columns):
+        report.failures.append(f"{rel}: columns differ: {list(a.columns)} vs {list(b.columns)}")
+        return
+    if len(a) != len(b):
+        report.failures.append(f"{rel}: {len(a)} rows in the reference, {len(b)} regenerated")
+        return
+    rows_a = a.to_dict("records")
+    for col in a.columns:
+        cls = declared.get(col)
+        if cls is None:
+            report.failures.append(f"{rel}: column {col!r} is not declared in keybias.outputs.DATA_COLUMNS")
+            continue
+        if cls == MACHINE:
+            report.machine += 1
+            continue
+        bad = 0
+        for i, (x, y) in enumerate(zip(a[col], b[col], strict=True)):
+            if cls == EXACT:
+                if x != y:
+                    bad += 1
+                    report.failures.append(f"{rel}: column {col}, row {i}: {x!r} != {y!r} (exact)")
+                continue
+            fx, fy = _as_float(x if x != "" else "nan"), _as_float(y if y != "" else "nan")
+            if fx is None or fy is None:
+                if x != y:
+                    bad += 1
+                    report.failures.append(f"{rel}: column {col}, row {i}: {x!r} != {y!r} (not numbers)")
+                continue
+            ratio = TOLERANCES[cls].ratio(fx, fy, _row_dtype(rows_a[i]))
+            report.note_ratio(ratio, f"{rel}:{col} row {i}")
+            if ratio > 1:
+                bad += 1
+                report.failures.append(
+                    f"{rel}: column {col}, row {i}: {x} vs {y} beyond tolerance {cls!r} "
+                    f"(ratio {ratio:.3g})"
+                )
+        if not bad:
+            if cls == EXACT:
+                report.exact += 1
+            else:
+                report.rounding += 1
+
+
+def _normalise_numbers(text: str) -> str:
+    """`3.3\\times10^{-15}` -> `3.3e-15` and `2{,}284` -> `2284`, so each number is one token."""
+    text = re.sub(r"(\d)\{,\}(\d)", r"\1\2", text)
+    return re.sub(r"(\d(?:\.\d*)?)\s*\\times\s*10\^\{?([-+]?\d+)\}?", r"\1e\2", text)
+
+
+def _compare_text(rel: str, ref: Path, new: Path, tolerance: str | None, report: Report) -> None:
+    a, b = ref.read_text(), new.read_text()
+    if tolerance is not None:
+        a, b = _normalise_numbers(a), _normalise_numbers(b)
+    if tolerance is None:
+        if a == b:
+            report.exact += 1
+        else:
+            report.failures.append(f"{rel}: differs (exact file)")
+        return
+    if _NUMBER.sub("#", a) != _NUMBER.sub("#", b):
+        report.failures.append(f"{rel}: text outside numbers differs")
+        return
+    ok = True
+    lines_a = a.splitlines()
+    for (m, n) in zip(_NUMBER.finditer(a), _NUMBER.finditer(b), strict=True):
+        ratio = TOLERANCES[tolerance].ratio(float(m.group()), float(n.group()))
+        line = a.count("\n", 0, m.start())
+        report.note_ratio(ratio, f"{rel} line {line + 1}")
+        if ratio > 1:
+            ok = False
+            report.failures.append(
+                f"{rel}: line {line + 1} ({lines_a[line].strip()[:60]}): {m.group()} vs {n.group()} "
+                f"beyond tolerance {tolerance!r} (ratio {ratio:.3g})"
+            )
+    if ok:
+        report.rounding += 1
+
+
+def _compare_claims(ref: Path, new: Path, report: Report) -> None:
+    a = {c["id"]: c for c in json.loads(ref.read_text())}
+    b = {c["id"]: c for c in json.loads(new.read_text())}
+    for cid in sorted(set(a) | set(b)):
+        if cid not in a or cid not in b:
+            report.failures.append(f"claims.json: claim {cid} present only in the {'reference' if cid in a else 'new run'}")
+            continue
+        for key in sorted(set(a[cid]) | set(b[cid])):
+            cls = CLAIM_FIELDS.get(key, EXACT)
+            x, y = a[cid].get(key), b[cid].get(key)
+            if cls == EXACT or _as_float(x) is None or _as_float(y) is None:
+                if x != y:
+                    report.failures.append(f"claims.json: claim {cid}, field {key}: {x!r} != {y!r}")
+                else:
+                    report.exact += 1
+                continue
+            ratio = TOLERANCES[cls].ratio(float(x), float(y))
+            report.note_ratio(ratio, f"claims.json:{cid}.{key}")
+            if ratio > 1:
+                report.failures.append(
+                    f"claims.json: claim {cid}, field {key}: {x} vs {y} beyond tolerance {cls!r} (ratio {ratio:.3g})"
+                )
+            else:
+                report.rounding += 1
+
+
+def compare_folders(reference: Path, candidate: Path) -> Report:
+    """Compare every declared file of `candidate` with `reference` by its output class."""
+    reference, candidate = Path(reference), Path(candidate)
+    report = Report()
+    ref_files, new_files = set(result_files(reference)), set(result_files(candidate))
+    for rel in sorted(ref_files | new_files):
+        cls = file_class(rel)
+        if cls is None:
+            report.failures.append(f"{rel}: undeclared file; add a pattern to keybias.outputs.FILES")
+            continue
+        if cls.cls == MACHINE:
+            report.machine += 1
+            continue
+        if rel not in new_files or rel not in ref_files:
+            where = "not regenerated" if rel not in new_files else "new, absent from the reference"
+            report.failures.append(f"{rel}: {where}")
+            continue
+        if rel == "claims.json":
+            _compare_claims(reference / rel, candidate / rel, report)
+        elif cls.cls == "columns":
+            _compare_csv(rel, reference / rel, candidate / rel, report)
+        else:
+            _compare_text(rel, reference / rel, candidate / rel, cls.tolerance, report)
+    return report

@@ -1,0 +1,142 @@
+"""Output classes and the comparison of `make verify`, on doctored results folders."""
+
+import json
+import math
+import shutil
+
+import pytest
+
+from keybias import outputs
+from keybias.outputs import TOLERANCES, Tolerance, compare_folders
+
+
+def make_results(root, *, value="0.5", err="3.3e-15", count="12", holds=True, claim_value=1e-15,
+                 macro=r"3.30\times10^{-15}"):
+    (root / "data").mkdir(parents=True)
+    (root / "macros").mkdir()
+    (root / "machine").mkdir()
+    (root / "data" / "precision_errors.csv").write_text(
+        "device,dtype,path,ratio,head_dim,num_heads,seq_len,batch,seed,status,reason,"
+        "unit_roundoff,finite,bias_norm,delta_rms\n"
+        f"cpu,float64,explicit,1,32,{count},4,4,0,ok,,1.1e-16,True,{value},{err}\n"
+    )
+    (root / "macros" / "03_precision.tex").write_text(f"\\newcommand{{\\PrecErr}}{{{macro}}}\n")
+    (root / "machine" / "timing.csv").write_text(f"seconds\n{hash(str(root)) % 97}\n")
+    (root / "provenance.json").write_text(json.dumps({"cpu": str(root)}))
+    (root / "claims.json").write_text(json.dumps([
+        {"id": "c-one", "statement": "s", "value": claim_value, "bound": 1e-12, "comparison": "<=",
+         "holds": holds, "notebook": "03_precision", "device": "cpu", "profile": "smoke", "kind": "test"}
+    ]))
+    return root
+
+
+def test_identical_folders_pass_and_machine_files_are_not_compared(tmp_path):
+    a = make_results(tmp_path / "a")
+    b = make_results(tmp_path / "b")
+    report = compare_folders(a, b)
+    assert report.ok, report.failures
+    assert report.machine == 2  # machine/timing.csv and provenance.json differ and are skipped
+    assert report.exact > 0 and report.rounding > 0
+    assert "exact and equal" in report.summary() and "machine-specific, not compared" in report.summary()
+
+
+def test_rounding_within_tolerance_passes_and_reports_its_ratio(tmp_path):
+    a = make_results(tmp_path / "a", value="0.5", err="3.3e-15")
+    b = make_results(tmp_path / "b", value="0.50001", err="5.0e-15")
+    report = compare_folders(a, b)
+    assert report.ok, report.failures
+    assert 0 < report.worst_ratio <= 1
+
+
+def test_rounding_beyond_tolerance_names_file_column_row_and_values(tmp_path):
+    a = make_results(tmp_path / "a", value="0.5")
+    b = make_results(tmp_path / "b", value="0.51")
+    report = compare_folders(a, b)
+    assert report.failures == [
+        "data/precision_errors.csv: column bias_norm, row 0: 0.5 vs 0.51 beyond tolerance 'f32' (ratio 196)"
+    ]
+
+
+def test_exact_column_differing_fails(tmp_path):
+    report = compare_folders(make_results(tmp_path / "a"), make_results(tmp_path / "b", count="13"))
+    assert report.failures == ["data/precision_errors.csv: column num_heads, row 0: '12' != '13' (exact)"]
+
+
+def test_claim_outcome_differing_fails_naming_the_claim(tmp_path):
+    report = compare_folders(make_results(tmp_path / "a"), make_results(tmp_path / "b", holds=False))
+    assert any("claim c-one, field holds" in f for f in report.failures)
+
+
+def test_claim_value_compared_within_noise(tmp_path):
+    ok = compare_folders(make_results(tmp_path / "a"), make_results(tmp_path / "b", claim_value=4e-15))
+    assert ok.ok, ok.failures
+    bad = compare_folders(make_results(tmp_path / "c"), make_results(tmp_path / "d", claim_value=1e-13))
+    assert any("claim c-one, field value" in f for f in bad.failures)
+
+
+def test_macro_numbers_compared_by_tolerance_and_text_exactly(tmp_path):
+    ok = compare_folders(make_results(tmp_path / "a"), make_results(tmp_path / "b", macro=r"4.10\times10^{-15}"))
+    assert ok.ok, ok.failures
+    far = compare_folders(make_results(tmp_path / "c"), make_results(tmp_path / "d", macro=r"3.30\times10^{-12}"))
+    assert any("macros/03_precision.tex: line 1" in f for f in far.failures)
+    text = compare_folders(make_results(tmp_path / "e"), make_results(tmp_path / "f", macro="about zero"))
+    assert text.failures == ["macros/03_precision.tex: text outside numbers differs"]
+
+
+def test_missing_and_undeclared_files_fail(tmp_path):
+    a = make_results(tmp_path / "a")
+    b = make_results(tmp_path / "b")
+    (b / "macros" / "03_precision.tex").unlink()
+    (b / "mystery.txt").write_text("x")
+    failures = compare_folders(a, b).failures
+    assert "macros/03_precision.tex: not regenerated" in failures
+    assert "mystery.txt: undeclared file; add a pattern to keybias.outputs.FILES" in failures
+
+
+def test_row_count_change_fails(tmp_path):
+    a = make_results(tmp_path / "a")
+    b = make_results(tmp_path / "b")
+    path = b / "data" / "precision_errors.csv"
+    lines = path.read_text().splitlines()
+    path.write_text("\n".join([*lines, lines[-1]]) + "\n")
+    assert compare_folders(a, b).failures == ["data/precision_errors.csv: 1 rows in the reference, 2 regenerated"]
+
+
+def test_undeclared_column_message_says_what_to_add(tmp_path):
+    a = make_results(tmp_path / "a")
+    path = a / "data" / "precision_errors.csv"
+    lines = path.read_text().splitlines()
+    path.write_text(f"{lines[0]},brand_new\n{lines[1]},1\n")
+    (a / "data" / "brand_new_file.csv").write_text("x\n1\n")
+    missing = outputs.undeclared(a)
+    assert any("column 'brand_new' undeclared" in m and "DATA_COLUMNS['data/precision_errors.csv']" in m for m in missing)
+    assert any(m.startswith("data/brand_new_file.csv: add DATA_COLUMNS") for m in missing)
+
+
+@pytest.mark.parametrize("name", sorted(TOLERANCES))
+def test_every_tolerance_says_why_and_rejects_nan_against_a_number(name):
+    tol = TOLERANCES[name]
+    assert len(tol.why) > 20
+    assert tol.ratio(float("nan"), 1.0) == math.inf
+    assert tol.ratio(float("nan"), float("nan")) == 0.0
+
+
+def test_noise_tolerance_floor_and_decades():
+    noise = Tolerance(why="test", decades=1.0)
+    assert noise.ratio(1e-17, 0.0, "float64") == 0.0  # both below u64: zero
+    assert noise.ratio(1e-12, 0.0, "float64") == math.inf
+    assert noise.ratio(1e-3, 1e-2, "float32") == pytest.approx(1.0)
+    assert noise.ratio(1e-3, -1e-3, "float32") == math.inf
+
+
+def test_smoke_run_declares_every_file_and_column(smoke_results):
+    missing = outputs.undeclared(smoke_results)
+    assert not missing, "declare these in src/keybias/outputs.py:\n" + "\n".join(missing)
+
+
+def test_smoke_run_compares_equal_with_itself(smoke_results, tmp_path):
+    copy = tmp_path / "copy"
+    shutil.copytree(smoke_results, copy)
+    report = compare_folders(smoke_results, copy)
+    assert report.ok, report.failures
+    assert report.exact > 0
