@@ -1,0 +1,285 @@
+"""Rendered notebooks (issue 14): offline math, clean outputs, alt text, navigation, size."""
+
+import hashlib
+import json
+import re
+from pathlib import Path
+
+import nbformat
+import pytest
+from bs4 import BeautifulSoup
+
+from keybias import render
+
+ROOT = Path(__file__).resolve().parents[1]
+MB = 1_000_000
+
+
+def _notebook(cells, metadata=None) -> dict:
+    nb = nbformat.v4.new_notebook(metadata=metadata or {})
+    nb.cells = cells
+    return nb
+
+
+def _png_output(metadata=None):
+    # a 1x1 PNG; the renderer never decodes it
+    data = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR4nGNgYGBgAAAABQABpfZFQAAAAABJRU5ErkJggg=="
+    return nbformat.v4.new_output("display_data", data={"image/png": data, "text/plain": "<Figure>"},
+                                  metadata=metadata or {})
+
+
+def _stream(name, text):
+    return nbformat.v4.new_output("stream", name=name, text=text)
+
+
+TQDM_CHUNK = "\rinvariance sweep:  42%|████▏     | 1209/2894 [00:17<00:31, 53.0it/s]"
+TQDM_WARNING = (".venv/lib/python3.11/site-packages/tqdm/auto.py:21: TqdmWarning: IProgress not found. "
+                "Please update jupyter and ipywidgets.\n  from .autonotebook import tqdm as notebook_tqdm\n")
+
+
+def _sample() -> dict:
+    code_fig = nbformat.v4.new_code_cell(
+        'fig = make()\n_ = rec.figure(fig, "demo_map", alt="literal alt")\nplt.show()',
+        outputs=[_png_output()],
+    )
+    code_fig2 = nbformat.v4.new_code_cell(
+        'rec.figure(fig2, "second", alt=ALT)\ndisplay(fig2)', outputs=[_png_output()]
+    )
+    code_noisy = nbformat.v4.new_code_cell(
+        "from keybias import sweep, verdict\nimport keybias.cost\nfrom keybias.numerics import x\n"
+        "import keybias.not_a_module\nframe = sweep.run(progress=True)",
+        outputs=[_stream("stderr", TQDM_WARNING), _stream("stderr", TQDM_CHUNK),
+                 _stream("stdout", "2894 configurations\n")],
+    )
+    return _notebook(
+        [
+            nbformat.v4.new_markdown_cell("# 02 · The map\n\nThe shift is $q_i\\cdot b_k$ for every key."),
+            nbformat.v4.new_code_cell("profile = 'smoke'", metadata={"tags": ["parameters"]}),
+            nbformat.v4.new_markdown_cell("## The sweep\n\nThe map below shows each verdict."),
+            code_noisy,
+            code_fig,
+            nbformat.v4.new_markdown_cell("### A second figure\n\nNorms of $b_k$ per layer, log scale."),
+            code_fig2,
+        ],
+        metadata={"keybias": {"paper_section": "Custom section"}},
+    )
+
+
+@pytest.fixture(scope="module")
+def sample_page():
+    text = nbformat.writes(_sample())
+    return render.render_notebook_html(text, name="02_invariance", profile="smoke", device="cpu",
+                                       figures_alt={"demo_map": "Verdict of every configuration."},
+                                       commit="a" * 40, dirty=False)
+
+
+def test_page_loads_mathjax_from_the_shared_local_copy_only(sample_page):
+    scripts = [s.get("src") for s in BeautifulSoup(sample_page, "html.parser").find_all("script") if s.get("src")]
+    assert scripts == ["_static/mathjax/tex-chtml-full.js"]
+    assert render.external_references(sample_page) == []
+    assert "cdnjs" not in sample_page and "require.js" not in sample_page and "mermaid.esm" not in sample_page
+
+
+def test_external_references_catches_cdn_fonts_and_imports():
+    page = """<html><head><script src="https://cdn.x/mathjax.js"></script>
+    <link rel="stylesheet" href="//fonts.example/css"><style>@import url("https://x/y.css");
+    @font-face { src: url(https://f/z.woff) }</style></head>
+    <body><img src="http://i/x.png"><a href="https://example.org">a link is fine</a>
+    <script>const m = await import("https://cdn/mermaid.mjs");</script></body></html>"""
+    found = render.external_references(page)
+    assert len(found) == 6, found
+    assert not any("example.org" in f for f in found)
+
+
+def test_header_names_section_profile_device_commit_and_links(sample_page):
+    soup = BeautifulSoup(sample_page, "html.parser")
+    header = soup.find("header", class_="kb-header")
+    text = " ".join(header.get_text(" ").split())
+    assert "Custom section" in text  # from metadata.keybias.paper_section
+    assert "smoke" in text and "cpu" in text and "a" * 12 in text
+    hrefs = [a["href"] for a in header.find_all("a")]
+    assert "../index.html" in hrefs
+    assert [h for h in hrefs if "src/keybias" in h] == [
+        "../../src/keybias/cost.py", "../../src/keybias/numerics.py",
+        "../../src/keybias/sweep.py", "../../src/keybias/verdict.py",
+    ]
+    assert header.parent.name == "main" and header is header.parent.find(True)
+
+
+def test_toc_lists_every_markdown_heading_with_working_anchors(sample_page):
+    soup = BeautifulSoup(sample_page, "html.parser")
+    toc = soup.find("nav", class_="kb-toc")
+    links = toc.find_all("a")
+    assert [a.get_text() for a in links] == ["02 · The map", "The sweep", "A second figure"]
+    for a in links:
+        assert soup.find(id=a["href"][1:]) is not None, a["href"]
+
+
+def test_section_falls_back_to_the_project_table_and_repository_links():
+    nb = _notebook([nbformat.v4.new_code_cell("from keybias import symbolic")])
+    assert render.paper_section(nb, "01_symbolic") == "Theorem and proof"
+    assert render.paper_section(nb, "08_longrun") == "Drift at length"
+    assert render.paper_section(nb, "99_new") is None
+    sha = "0123456789abcdef" * 2 + "01234567"
+    assert render.module_href("sweep", sha, "https://github.com/o/keybias") == (
+        f"https://github.com/o/keybias/blob/{sha}/src/keybias/sweep.py")
+    assert render.module_href("sweep", "unknown", "https://github.com/o/keybias") == "../../src/keybias/sweep.py"
+
+
+def test_repository_url_read_from_citation(tmp_path):
+    assert render.repository_url(tmp_path) is None
+    (tmp_path / "CITATION.cff").write_text("cff-version: 1.2.0\nrepository-code: https://github.com/o/kb/\n")
+    assert render.repository_url(tmp_path) == "https://github.com/o/kb"
+
+
+def test_every_figure_gets_alt_text_best_source_first(sample_page):
+    nb = _sample()
+    nb.cells[4].outputs.append(_png_output({"image/png": {"alt": "own metadata wins"}}))
+    report = render.add_alt_text(nb, {"demo_map": "from the step record"})
+    assert [(r["alt"], r["source"]) for r in report] == [
+        ("from the step record", "rec.figure 'demo_map'"),
+        ("own metadata wins", "output metadata"),
+        ("Figure: Norms of $b_k$ per layer, log scale.", "preceding markdown"),
+    ]
+    alts = [img.get("alt") for img in BeautifulSoup(sample_page, "html.parser").find_all("img")]
+    assert alts == ["Verdict of every configuration.", "Figure: Norms of $b_k$ per layer, log scale."]
+
+
+def test_literal_alt_in_source_used_without_a_step_record():
+    report = render.add_alt_text(_sample(), None)
+    assert report[0]["alt"] == "literal alt"
+
+
+def test_html_leaves_out_stderr_and_progress_but_keeps_stdout(sample_page):
+    assert "TqdmWarning" not in sample_page and "it/s" not in sample_page
+    assert "2894 configurations" in sample_page
+
+
+@pytest.mark.parametrize("text", [TQDM_CHUNK, "\r" + " " * 59 + "\x1b[A", "\n\x1b[A\r",
+                                  "\rLoading weights: 100%|██████████| 103/103 [00:00<00:00, 764.38it/s]\n"])
+def test_progress_fragments_recognised(text):
+    assert render.is_progress(text)
+
+
+@pytest.mark.parametrize("text", ["2894 configurations, 2284 measured, in 45.3 s\n", "42%\n",
+                                  "status\nmeasured 2284\n", ""])
+def test_ordinary_output_is_not_progress(text):
+    assert not render.is_progress(text)
+
+
+def test_output_problems_names_each_kind_and_passes_a_clean_notebook():
+    doc = "The verdict rule: is a measured change rounding noise, or a real change. " * 4
+    nb = _sample()
+    nb.cells[3].outputs += [
+        _stream("stdout", doc.replace(". ", ".\n")),
+        nbformat.v4.new_output("execute_result", data={"text/plain": "(PosixPath('a.pdf'), PosixPath('a.png'))"}),
+        nbformat.v4.new_output("execute_result", data={"text/plain": "{'x': 1}\n" * 400}),
+        nbformat.v4.new_output("error", ename="ValueError", evalue="bad", traceback=[]),
+        _stream("stdout", "/x.py:3: UserWarning: careful\n"),
+    ]
+    found = render.output_problems(nb, docstrings=[" ".join(doc.split())])
+    kinds = [(p["cell"], p["kind"]) for p in found]
+    assert kinds == [(3, "stderr"), (3, "progress"), (3, "warning"), (3, "docstring"),
+                     (3, "path_repr"), (3, "huge"), (3, "error"), (3, "warning")]
+    clean = _sample()
+    clean.cells[3].outputs = [_stream("stdout", "2894 configurations\n")]
+    assert render.output_problems(clean, docstrings=[" ".join(doc.split())]) == []
+
+
+def test_package_docstrings_are_collected():
+    docs = render.keybias_docstrings()
+    assert docs and all(len(d) >= render.DOCSTRING_MIN_CHARS for d in docs)
+    assert any(d.startswith("Rendered notebooks a reader can read offline") for d in docs)
+
+
+def test_vendored_mathjax_matches_its_recorded_version_and_checksums():
+    source = render.MATHJAX_SOURCE
+    record = (source / "SOURCE.md").read_text()
+    assert f"`mathjax` {render.MATHJAX_VERSION}" in record
+    assert "Apache License" in (source / "LICENSE").read_text()
+    sums = dict((path, digest) for digest, path in re.findall(r"^([0-9a-f]{64})  (\S+)$", record, re.M))
+    files = [p for p in render.asset_files() if p.suffix in (".js", ".woff")]
+    assert sorted(str(p) for p in files) == sorted(sums)
+    for rel in files:
+        assert hashlib.sha256((source / rel).read_bytes()).hexdigest() == sums[str(rel)], rel
+    assert f"version: '{render.MATHJAX_VERSION}'" in (source / "tex-chtml-full.js").read_text()[:100_000] \
+        or render.MATHJAX_VERSION in (source / "tex-chtml-full.js").read_text()[:200_000]
+
+
+def test_publish_assets_is_idempotent_and_exact(tmp_path):
+    changed = render.publish_assets(tmp_path)
+    target = tmp_path / "notebooks" / "_static" / "mathjax"
+    assert (target / "tex-chtml-full.js").is_file()
+    assert len(list((target / "output/chtml/fonts/woff-v2").glob("*.woff"))) == len(
+        list((render.MATHJAX_SOURCE / "output/chtml/fonts/woff-v2").glob("*.woff")))
+    assert len(changed) == len(render.asset_files())
+    stray = target / "old.js"
+    stray.write_text("x")
+    assert render.publish_assets(tmp_path) == []
+    assert not stray.exists()
+
+
+def test_shared_renderer_is_small():
+    size = sum((render.MATHJAX_SOURCE / p).stat().st_size for p in render.asset_files())
+    assert size < 2.5 * MB
+
+
+def test_committed_notebooks_render_offline_with_alt_text(tmp_path):
+    """The executed notebooks in results/ re-render with no network reference and no alt gap."""
+    source = ROOT / "results"
+    if not list((source / "notebooks").glob("*.ipynb")):
+        pytest.skip("no executed notebooks in results/notebooks")
+    (tmp_path / "notebooks").mkdir()
+    (tmp_path / "steps").mkdir()
+    for path in (source / "notebooks").glob("*.ipynb"):
+        (tmp_path / "notebooks" / path.name).write_bytes(path.read_bytes())
+    for path in (source / "steps").glob("*.json"):
+        (tmp_path / "steps" / path.name).write_bytes(path.read_bytes())
+    pages = render.render_results(tmp_path)
+    assert pages
+    for page in pages:
+        text = page.read_text()
+        assert render.external_references(text) == [], page.name
+        soup = BeautifulSoup(text, "html.parser")
+        assert all(img.get("alt") and "No description" not in img["alt"] for img in soup.find_all("img"))
+        assert soup.find("header", class_="kb-header") and soup.find("nav", class_="kb-toc").find("a")
+        assert not soup.select('[data-mime-type="application/vnd.jupyter.stderr"]'), page.name
+    assert render.rendered_size(tmp_path) < 15 * MB
+
+
+def test_smoke_run_pages_are_offline_and_navigable(smoke_results):
+    pages = sorted((smoke_results / "notebooks").glob("*.html"))
+    assert pages, "the smoke run rendered no notebook"
+    for page in pages:
+        text = page.read_text()
+        assert render.external_references(text) == [], page.name
+        assert 'src="_static/mathjax/tex-chtml-full.js"' in text, page.name
+        assert 'class="kb-header"' in text and 'href="../index.html"' in text, page.name
+
+
+def test_smoke_run_publishes_the_shared_renderer(smoke_results):
+    """The pipeline calls render.publish_assets (see src/keybias/render.py) after rendering."""
+    js = smoke_results / "notebooks" / render.MATHJAX_SRC
+    assert js.is_file(), (
+        f"{js} missing: pipeline.Build.run_notebooks must call "
+        "keybias.render.publish_assets(self.results)")
+    assert render.rendered_size(smoke_results) < 15 * MB
+
+
+def test_smoke_run_outputs_are_clean(smoke_results):
+    """No stderr, warning, progress bar, error, dumped docstring or huge repr in any output."""
+    found = render.check_results(smoke_results)
+    assert found, "no executed notebooks in the smoke run"
+    report = render.format_problems(found)
+    assert not report, "outputs a notebook owner must fix:\n" + report
+
+
+def test_smoke_run_figures_all_have_alt_text_from_the_code(smoke_results):
+    """Every figure's alt text comes from rec.figure(alt=...) or the output itself, not prose."""
+    gaps = []
+    for path in sorted((smoke_results / "notebooks").glob("*.ipynb")):
+        step = json.loads((smoke_results / "steps" / f"{path.stem}.json").read_text())
+        report = render.add_alt_text(json.loads(path.read_text()), step.get("figures_alt"))
+        gaps += [f"{path.stem}: cell {r['cell']} ({r['figure']}): {r['source']}" for r in report
+                 if r["source"] in ("preceding markdown", "none")]
+    assert not gaps, "figures without an alt from rec.figure(..., alt=...):\n" + "\n".join(gaps)
