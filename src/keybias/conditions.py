@@ -25,9 +25,9 @@ import json
 import math
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import pandas as pd
 import torch
@@ -477,7 +477,7 @@ def summary(frame: pd.DataFrame, cases: list[Case] = CASES) -> pd.DataFrame:
 def judge(frame: pd.DataFrame, cases: list[Case] = CASES) -> list[dict]:
     """One `test` claim per case: its worst seed is on the predicted side of its bound."""
     claims = []
-    for row, case in zip(summary(frame, cases).itertuples(), cases):
+    for row, case in zip(summary(frame, cases).itertuples(), cases, strict=True):
         bound, comparison, origin = bounds_for(case)
         claims.append({
             "claim_id": claim_id(case),
@@ -557,7 +557,7 @@ def table_latex(summary_frame: pd.DataFrame) -> str:
 
 
 def effect_figure(summary_frame: pd.DataFrame):
-    """Worst effect per case on a log axis, coloured by prediction, with the bounds marked."""
+    """Worst effect per case on a log axis, coloured by prediction, with each case's bound."""
     import matplotlib.pyplot as plt
 
     from keybias import style
@@ -572,12 +572,13 @@ def effect_figure(summary_frame: pd.DataFrame):
         sel = frame[frame["predicted"] == predicted]
         ax.scatter(sel["effect"].clip(lower=floor), sel.index, color=colours[predicted],
                    marker=markers[predicted], s=16, label=f"predicted {predicted.replace('_', ' ')}")
-    ax.axvline(REDUNDANT_MAX, color=style.OKABE_ITO[7], lw=0.8, ls="--", label="redundant bound")
-    ax.axvline(BREAK_MIN, color=style.OKABE_ITO[7], lw=0.8, ls=":", label="break bound")
+    # each case is judged against its own bound (Adam rows in learning rates), so mark it per row
+    ax.scatter(frame["bound"], frame.index, marker="|", s=60, color=style.OKABE_ITO[7],
+               label="bound of the case")
     ax.set_xscale("log")
-    ax.set_yticks(frame.index, [f"{c}: {v}" for c, v in zip(frame["condition"], frame["variant"])])
+    ax.set_yticks(frame.index, [f"{c}: {v}" for c, v in zip(frame["condition"], frame["variant"], strict=True)])
     ax.invert_yaxis()
-    ax.set_xlabel("worst effect over seeds (relative; Adam rows in learning rates)")
-    style.legend_outside(ax)
+    ax.set_xlabel("worst effect over seeds (relative change; Adam rows: learning rates per step)")
+    style.legend_outside(fig, ncol=3)
     fig.tight_layout()
     return fig
