@@ -348,12 +348,12 @@ def _key_norm_bias(w: dict) -> float:
     return _relative_change(moved, base)
 
 
-def _head_dims(w: dict, rotated: bool, kv_heads: int | None = None) -> list[int]:
-    """Indices of b_k (over every key head) in the rotated or the unrotated part of each head."""
+def _head_dims(w: dict, rotated: bool) -> list[int]:
+    """Indices of b_k (over every head) in the rotated or the unrotated part of each head."""
     E, H = w["x"].shape[-1], w["heads"]
     d = E // H
     r = d // 2
-    return [h * d + i for h in range(kv_heads or H) for i in range(d) if (i < r) == rotated]
+    return [h * d + i for h in range(H) for i in range(d) if (i < r) == rotated]
 
 
 def measure_case(case: Case, w: dict, *, softcap: float, weight_decay: float, regulariser: float,
