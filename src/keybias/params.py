@@ -28,6 +28,7 @@ NOTEBOOK_SPECS = {
     "04_training": "keybias.training",
     "05_pretrained": "keybias.pretrained",
     "06_cost": "keybias.cost",
+    "07_conditions": "keybias.conditions",
 }
 
 

@@ -1,0 +1,229 @@
+"""keybias.conditions: each case's prediction holds, and each claim fails on data or a model that
+violates it."""
+
+import math
+
+import pandas as pd
+import pytest
+import torch
+
+from keybias import conditions, export, style
+from keybias.conditions import CASES, NOT_REDUNDANT, REDUNDANT, claim_id
+
+SIZES = dict(embed_dim=8, num_heads=2, seq_len=4, batch=1)
+KNOBS = dict(softcap=5.0, weight_decay=0.01, regulariser=0.01, dropout=0.3)
+ALL_CASE_IDS = [claim_id(c) for c in CASES]
+QUIRK_IDS = [
+    "cond-quirk-add-bias-kv-need-weights-changes-output",
+    "cond-quirk-add-bias-kv-need-weights-true-documented",
+    "cond-quirk-add-zero-attn-need-weights-changes-output",
+    "cond-quirk-add-zero-attn-need-weights-true-documented",
+    "cond-quirk-plain-paths-agree",
+]
+
+
+def holds(claims, tmp_path) -> dict[str, bool]:
+    """Run claim dicts through the Recorder, which computes `holds` itself."""
+    rec = export.Recorder("07_conditions", tmp_path, profile="test", device="cpu")
+    return {r["id"]: r["holds"] for r in rec.claims_from(claims)}
+
+
+@pytest.fixture(scope="module")
+def frame():
+    return conditions.measure(**SIZES, **KNOBS, seeds=[0, 1])
+
+
+def case(condition, variant):
+    return conditions.CASE_BY_KEY[(condition, variant)]
+
+
+def test_every_prediction_holds_on_clean_data(frame, tmp_path):
+    result = holds(conditions.judge(frame), tmp_path)
+    assert set(result) == set(ALL_CASE_IDS)
+    assert all(result.values()), [k for k, v in result.items() if not v]
+    summary = conditions.summary(frame)
+    assert (summary["verdict"] == summary["predicted"]).all()
+
+
+def test_each_case_has_a_measurement_and_unique_id():
+    assert len(set(ALL_CASE_IDS)) == len(CASES)
+    w = conditions._weights(0, **SIZES)
+    for c in CASES:
+        assert math.isfinite(conditions.measure_case(c, w, **KNOBS))
+
+
+@pytest.mark.claim_mutation(*ALL_CASE_IDS)
+def test_doctored_effects_fail_every_case_claim(frame, tmp_path):
+    """Data on the wrong side: a redundant case with an order-one effect, a broken one with none."""
+    doctored = frame.copy()
+    doctored.loc[doctored["predicted"] == REDUNDANT, "effect"] = 1.0
+    doctored.loc[doctored["predicted"] == NOT_REDUNDANT, "effect"] = 0.0
+    result = holds(conditions.judge(doctored), tmp_path)
+    assert not any(result.values()), [k for k, v in result.items() if v]
+
+
+@pytest.mark.claim_mutation(*ALL_CASE_IDS)
+def test_one_bad_seed_fails_the_claim(frame, tmp_path):
+    """The worst seed decides: one violating seed among good ones is enough to fail."""
+    for c in CASES:
+        doctored = frame.copy()
+        row = doctored.index[(doctored["variant"] == c.variant) & (doctored["seed"] == 1)][0]
+        doctored.loc[row, "effect"] = 1.0 if c.predicted == REDUNDANT else 0.0
+        result = holds(conditions.judge(doctored, [c]), tmp_path / c.variant)
+        assert result == {claim_id(c): False}
+
+
+@pytest.mark.claim_mutation(*[claim_id(c) for c in CASES if c.predicted == REDUNDANT or c.quantity == "fold"])
+def test_sigmoid_instead_of_softmax_breaks_the_redundant_cases(monkeypatch, tmp_path):
+    """A model that violates the premise: sigmoid weights ignore no shift and do not sum to one,
+    so every redundant case and the plain fold must fail."""
+    monkeypatch.setattr(conditions.torch, "softmax", lambda s, dim: torch.sigmoid(s))
+    redundant = [c for c in CASES if c.predicted == REDUNDANT]
+    mutated = conditions.measure(**SIZES, **KNOBS, seeds=[0], cases=redundant)
+    result = holds(conditions.judge(mutated, redundant), tmp_path)
+    assert not any(result.values()), [k for k, v in result.items() if v]
+
+
+@pytest.mark.claim_mutation("cond-loss-l2-on-bk")
+def test_no_regulariser_leaves_no_gradient(tmp_path):
+    c = case("loss", "l2-on-bk")
+    mutated = conditions.measure(**SIZES, **{**KNOBS, "regulariser": 1e-300}, seeds=[0], cases=[c])
+    assert holds(conditions.judge(mutated, [c]), tmp_path) == {claim_id(c): False}
+
+
+@pytest.mark.claim_mutation("cond-optimizer-adam-coupled-wd")
+def test_decoupled_or_no_decay_leaves_bk_in_place(tmp_path):
+    c = case("optimizer", "adam-coupled-wd")
+    w = conditions._weights(0, **SIZES)
+    still = conditions._adam_step(w, weight_decay=0.0)
+    frame = pd.DataFrame([{"condition": c.condition, "variant": c.variant, "quantity": c.quantity,
+                           "predicted": c.predicted, "seed": 0, "effect": still}])
+    assert holds(conditions.judge(frame, [c]), tmp_path) == {claim_id(c): False}
+
+
+@pytest.mark.claim_mutation("cond-scores-softcap")
+def test_a_cap_far_above_the_scores_is_linear(tmp_path):
+    c = case("scores", "softcap")
+    mutated = conditions.measure(**SIZES, **{**KNOBS, "softcap": 1e9}, seeds=[0], cases=[c])
+    assert holds(conditions.judge(mutated, [c]), tmp_path) == {claim_id(c): False}
+
+
+@pytest.mark.claim_mutation("cond-fold-attention-dropout")
+def test_fold_with_dropout_off_is_exact(tmp_path):
+    c = case("fold", "attention-dropout")
+    mutated = conditions.measure(**SIZES, **{**KNOBS, "dropout": 1e-300}, seeds=[0], cases=[c])
+    assert holds(conditions.judge(mutated, [c]), tmp_path) == {claim_id(c): False}
+
+
+def test_non_finite_or_missing_effects_fail(frame, tmp_path):
+    doctored = frame.copy()
+    doctored.loc[doctored.index[0], "effect"] = float("nan")
+    first = CASES[0]
+    assert holds(conditions.judge(doctored, [first]), tmp_path / "nan") == {claim_id(first): False}
+    empty = frame[frame["variant"] != first.variant]
+    assert holds(conditions.judge(empty, [first]), tmp_path / "empty") == {claim_id(first): False}
+    assert conditions.summary(empty, [first])["verdict"].iloc[0] == "undecided"
+
+
+def test_partial_rope_dims_split_each_head():
+    w = conditions._weights(0, **SIZES)
+    rotated = conditions._head_dims(w, rotated=True)
+    unrotated = conditions._head_dims(w, rotated=False)
+    assert sorted(rotated + unrotated) == list(range(SIZES["embed_dim"]))
+    assert rotated == [0, 1, 4, 5]
+
+
+def test_rotation_is_identity_at_position_zero_and_keeps_norms():
+    t = torch.randn(1, 1, 5, 8, dtype=torch.float64)
+    r = conditions._rotate_partial(t, 4)
+    assert torch.equal(r[..., 0, :], t[..., 0, :])
+    assert torch.equal(r[..., 4:], t[..., 4:])
+    assert torch.allclose(r[..., :4].norm(dim=-1), t[..., :4].norm(dim=-1))
+
+
+def test_explicit_attention_matches_torch_mha():
+    """The explicit layer is plain nn.MultiheadAttention when no switch is on."""
+    w = conditions._weights(3, **SIZES)
+    E, H = SIZES["embed_dim"], SIZES["num_heads"]
+    mha = torch.nn.MultiheadAttention(E, H, batch_first=True, dtype=torch.float64)
+    with torch.no_grad():
+        mha.in_proj_weight.copy_(torch.cat([w["w_q"], w["w_k"], w["w_v"]]))
+        mha.in_proj_bias.copy_(torch.cat([w["b_q"], w["b_k"], w["b_v"]]))
+        mha.out_proj.weight.copy_(w["w_o"])
+        mha.out_proj.bias.copy_(w["b_o"])
+        expected = mha(w["x"], w["x"], w["x"], need_weights=False)[0]
+    assert torch.allclose(conditions.attention(w), expected, atol=1e-12)
+
+
+@pytest.mark.parametrize("sizes, message", [
+    (dict(embed_dim=12, num_heads=2, seq_len=4, batch=1), "multiple of 4"),
+    (dict(embed_dim=8, num_heads=3, seq_len=4, batch=1), "not divisible"),
+    (dict(embed_dim=8, num_heads=1, seq_len=4, batch=1), "at least 2"),
+])
+def test_bad_sizes_are_refused_before_work(sizes, message):
+    with pytest.raises(ValueError, match=message):
+        conditions.measure(**sizes, **KNOBS, seeds=[0])
+
+
+def test_profiles_validate():
+    from conftest import ROOT
+    from keybias.params import load_profile
+
+    for profile in ("smoke", "paper"):
+        params = load_profile(profile, ROOT / "params", ["07_conditions"])["07_conditions"]
+        conditions.check_parameters(params["embed_dim"], params["num_heads"], params["seq_len"], params["batch"])
+
+
+def quirk_rows(**overrides):
+    base = {
+        "plain": (0.0, 0.0, 0.0),
+        "add_bias_kv": (0.3, 0.3, 0.0),
+        "add_zero_attn": (0.2, 0.2, 0.0),
+    }
+    base.update(overrides)
+    return pd.DataFrame([
+        {"option": k, "torch": "x", "max_abs_diff_need_weights": a,
+         "max_abs_diff_false_vs_reference": b, "max_abs_diff_true_vs_reference": c}
+        for k, (a, b, c) in base.items()
+    ])
+
+
+def test_quirk_judge_accepts_the_reported_pattern(tmp_path):
+    result = holds(conditions.judge_quirk(quirk_rows()), tmp_path)
+    assert set(result) == set(QUIRK_IDS) and all(result.values())
+
+
+@pytest.mark.claim_mutation(*QUIRK_IDS)
+def test_quirk_claims_fail_when_pytorch_behaves_otherwise(tmp_path):
+    fixed = quirk_rows(add_bias_kv=(0.0, 0.0, 0.0), add_zero_attn=(0.0, 0.0, 0.0))
+    result = holds(conditions.judge_quirk(fixed), tmp_path / "fixed")
+    assert not result["cond-quirk-add-bias-kv-need-weights-changes-output"]
+    assert not result["cond-quirk-add-zero-attn-need-weights-changes-output"]
+    wrong = quirk_rows(plain=(0.1, 0.1, 0.1), add_bias_kv=(0.3, 0.0, 0.3), add_zero_attn=(0.2, 0.0, 0.2))
+    result = holds(conditions.judge_quirk(wrong), tmp_path / "wrong")
+    assert not result["cond-quirk-add-bias-kv-need-weights-true-documented"]
+    assert not result["cond-quirk-add-zero-attn-need-weights-true-documented"]
+    assert not result["cond-quirk-plain-paths-agree"]
+    missing = quirk_rows().iloc[1:]
+    assert not holds(conditions.judge_quirk(missing), tmp_path / "missing")["cond-quirk-plain-paths-agree"]
+
+
+def test_the_reproducer_script_runs_standalone(tmp_path):
+    rows = conditions.run_quirk_script()
+    assert set(rows["option"]) == {"plain", "add_bias_kv", "add_zero_attn"}
+    result = holds(conditions.judge_quirk(rows), tmp_path)
+    assert all(result.values()), result
+
+
+def test_reproducer_missing_is_a_clear_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match="reproducer"):
+        conditions.run_quirk_script(tmp_path / "nope.py")
+
+
+def test_figure_is_readable_and_table_has_verdicts(frame):
+    summary = conditions.summary(frame)
+    fig = conditions.effect_figure(summary)
+    assert style.smallest_font_pt(fig) >= style.MIN_FONT_PT
+    assert fig.get_size_inches()[0] == pytest.approx(style.FULL_WIDTH)
+    table = conditions.table_latex(summary)
+    assert table.count(r"\\") == len(CASES) + 1 and "not redundant" in table
