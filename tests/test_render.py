@@ -139,10 +139,10 @@ def test_every_figure_gets_alt_text_best_source_first(sample_page):
     assert [(r["alt"], r["source"]) for r in report] == [
         ("from the step record", "rec.figure 'demo_map'"),
         ("own metadata wins", "output metadata"),
-        ("Figure: Norms of $b_k$ per layer, log scale.", "preceding markdown"),
+        ("Figure: Norms of b_k per layer, log scale.", "preceding markdown"),
     ]
     alts = [img.get("alt") for img in BeautifulSoup(sample_page, "html.parser").find_all("img")]
-    assert alts == ["Verdict of every configuration.", "Figure: Norms of $b_k$ per layer, log scale."]
+    assert alts == ["Verdict of every configuration.", "Figure: Norms of b_k per layer, log scale."]
 
 
 def test_literal_alt_in_source_used_without_a_step_record():
@@ -181,6 +181,10 @@ def test_output_problems_names_each_kind_and_passes_a_clean_notebook():
     kinds = [(p["cell"], p["kind"]) for p in found]
     assert kinds == [(3, "stderr"), (3, "progress"), (3, "warning"), (3, "docstring"),
                      (3, "path_repr"), (3, "huge"), (3, "error"), (3, "warning")]
+    nb.cells[6].outputs = []  # saved with rec.figure, never displayed
+    assert render.output_problems(nb, docstrings=[])[-1] == {
+        "cell": 6, "output": None, "kind": "figure_not_shown",
+        "excerpt": "rec.figure ['second'] saved but not displayed in the notebook"}
     clean = _sample()
     clean.cells[3].outputs = [_stream("stdout", "2894 configurations\n")]
     assert render.output_problems(clean, docstrings=[" ".join(doc.split())]) == []
