@@ -287,3 +287,9 @@ def test_smoke_run_figures_all_have_alt_text_from_the_code(smoke_results):
         gaps += [f"{path.stem}: cell {r['cell']} ({r['figure']}): {r['source']}" for r in report
                  if r["source"] in ("preceding markdown", "none")]
     assert not gaps, "figures without an alt from rec.figure(..., alt=...):\n" + "\n".join(gaps)
+
+
+def test_render_inputs_cover_code_templates_and_mathjax_record():
+    names = {p.name for p in render.render_inputs()}
+    assert {"render.py", "index.html.j2", "conf.json", "SOURCE.md"} <= names
+    assert all(p.is_file() for p in render.render_inputs())

@@ -30,8 +30,9 @@ from urllib.parse import unquote, urlsplit
 
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable", "chrome")
 VIRTUAL_TIME_MS = 20000
-# Raw TeX left in prose after typesetting: $...$ or $$...$$ with something TeX-like inside.
-_RAW_MATH = re.compile(r"\$\$?[^$\n]{1,200}?[\\^_{}][^$\n]{0,200}?\$\$?")
+# Raw TeX left in prose after typesetting: $...$ or $$...$$ with no space just inside, the
+# pattern MathJax itself would have typeset had it run.
+_RAW_MATH = re.compile(r"\$\$?(?=\S)[^$\n]{1,400}?(?<=\S)\$\$?")
 
 
 def find_chromium() -> str | None:

@@ -528,6 +528,12 @@ def external_references(page: str) -> list[str]:
     return found
 
 
+def render_inputs() -> list[Path]:
+    """Files whose change changes a rendered page (for a build key): code, templates, MathJax."""
+    templates = sorted(p for p in TEMPLATES.rglob("*") if p.is_file())
+    return [Path(__file__).resolve(), *templates, MATHJAX_SOURCE / "SOURCE.md"]
+
+
 # -- the shared renderer --------------------------------------------------------------------
 def asset_files(source: Path = MATHJAX_SOURCE) -> list[Path]:
     """The vendored MathJax files a page may load, relative to the mathjax folder."""
