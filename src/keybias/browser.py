@@ -178,24 +178,22 @@ def page_requests(netlog: Path, origin: str, page_url: str) -> tuple[list[str], 
 
 def load_page(chromium: str, server: LoggingServer, rel: str, screenshot: Path | None,
               *, budget_ms: int = VIRTUAL_TIME_MS, timeout: float = 120) -> PageReport:
-    """Dump the DOM of `rel` after scripts ran; optionally screenshot it in a second load."""
+    """Dump the DOM of `rel` after its scripts ran, and optionally screenshot it."""
     start_local = len(server.log.local)
     origin, url = f"http://127.0.0.1:{server.port}", server.url(rel)
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="keybias-chromium-") as scratch:
         base = chromium_command(chromium, server.port, Path(scratch) / "profile", budget_ms=budget_ms)
         netlog = Path(scratch) / "netlog.json"
-        done = subprocess.run([*base, f"--log-net-log={netlog}", "--dump-dom", url],
-                              capture_output=True, text=True, timeout=timeout)
+        extra = [f"--log-net-log={netlog}", "--dump-dom"]
+        if screenshot is not None:  # one load gives both the DOM and the picture
+            screenshot.parent.mkdir(parents=True, exist_ok=True)
+            extra.append(f"--screenshot={screenshot}")
+        done = subprocess.run([*base, *extra, url], capture_output=True, text=True, timeout=timeout)
         if done.returncode != 0:
             raise RuntimeError(f"chromium failed on {rel} ({done.returncode}):\n{done.stderr[-2000:]}")
         requested, background = page_requests(netlog, origin, url)
         stderr = done.stderr
-        if screenshot is not None:
-            screenshot.parent.mkdir(parents=True, exist_ok=True)
-            shot = subprocess.run([*base, f"--screenshot={screenshot}", url],
-                                  capture_output=True, text=True, timeout=timeout)
-            stderr += shot.stderr
     seconds = time.perf_counter() - t0
     with server.log.lock:
         local = list(server.log.local[start_local:])
