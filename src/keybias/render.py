@@ -18,7 +18,8 @@ logged; figures get alt text from, in order, the output's own metadata, the `alt
 `rec.figure` (the step record's `figures_alt`, or a literal `alt=` in the cell), and else the
 first sentence of the markdown cell that introduces them. `output_problems` lists, per cell,
 what an executed notebook should not contain at all (stderr, warnings, progress bars, errors,
-dumped docstrings, huge or path reprs), so each notebook's owner can fix the source.
+dumped docstrings, huge or path reprs, figures saved but not shown), so each notebook's owner
+can fix the source.
 
 Command line: `python -m keybias.render [--results DIR] {render,check}`: re-render every
 executed notebook in DIR/notebooks (no kernel needed), or list their output problems.
@@ -408,7 +409,7 @@ def _header_html(*, name, section, profile, device, commit, dirty, modules, repo
         f'<a href="{e(module_href(m, commit, repo))}"><code>keybias.{e(m)}</code></a>' for m in modules
     ) or "none"
     return (
-        f'<header class="kb-header" role="banner">'
+        f'<header class="kb-header">'
         f'<p><a href="{INDEX_HREF}">&larr; All results</a> &middot; '
         f'<a href="{PAPER_HREF}">the paper (PDF)</a></p>'
         f"<p>Notebook <code>notebooks/{e(name)}.ipynb</code> supports {section_html}.</p>"
