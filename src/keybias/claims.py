@@ -65,6 +65,8 @@ Conventions every notebook follows (design.md, "Claims"):
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import math
 import sys
@@ -277,9 +279,11 @@ def collect_mutations(root: Path = ROOT, tests: str = "tests") -> dict[str, list
                         found.setdefault(cid, []).append(item.nodeid)
 
     args = ["--collect-only", "-q", "-p", "no:cacheprovider", "--rootdir", str(root), str(Path(root) / tests)]
-    code = pytest.main(args, plugins=[Collector()])
+    log = io.StringIO()
+    with contextlib.redirect_stdout(log):
+        code = pytest.main(args, plugins=[Collector()])
     if code not in (0, 5):  # 5: nothing collected
-        raise RuntimeError(f"pytest collection failed (exit {int(code)})")
+        raise RuntimeError(f"pytest collection failed (exit {int(code)}):\n{log.getvalue()[-4000:]}")
     return {cid: sorted(set(nodes)) for cid, nodes in sorted(found.items())}
 
 

@@ -369,8 +369,7 @@ def law_macros(errors: pd.DataFrame, law: pd.DataFrame, pooled: pd.DataFrame) ->
     out["PrecOutputMinDetectable"] = (_ratio_max(judged["tolerance"], judged["ref_rms"], "tolerance over output RMS"), 2)
     out["PrecOutputJudgedCount"] = (len(judged), 3)
     out["PrecOutputRowCount"] = (len(ok), 3)
-    out["PrecOutputJudgedRatioMaxHalf"] = (finite_max(judged.loc[judged["dtype"].isin(["bfloat16", "float16"]), "ratio"],
-                                                      "largest judged magnitude in half precision"), 2)
+    out["PrecOutputJudgedDtypes"] = (", ".join(dict.fromkeys(judged["dtype"])) or "none", 3)
     out["PrecSlopeMargin"] = (SLOPE_MARGIN, 2)
     return out
 
