@@ -125,8 +125,8 @@ def _kw(**over):
 
 @pytest.mark.parametrize("bad", [{"dtypes": ["float8"]}, {"options": ["gated"]}, {"device": "tpu"},
                                  {"masks": ["diagonal"]}, {"sizes": ["4:3:1:1:1"]}, {"families": ["jax"]},
-                                 {"families": ["realistic"]}, {"realistic_options": ["dropout"]},
-                                 {"realistic_sizes": ["8:3:4:4:1"], "families": ["realistic"]}])
+                                 {"families": ["realistic"]}, {"realistic": ["8:2:4:4:1:dropout"]},
+                                 {"realistic": ["8:3:4:4:1:plain"]}, {"realistic": ["8:2:4:4:1"]}])
 def test_bad_input_raises_before_work(bad):
     with pytest.raises(ValueError):
         S.build_configs(**_kw(**bad))
@@ -148,8 +148,8 @@ def test_device_rows_say_absent_or_not_requested(monkeypatch):
 
 
 def test_realistic_rows_carry_the_keyword_axes():
-    cfgs = S.build_configs(**_kw(families=["realistic"], realistic_sizes=["64:4:8:16:1"],
-                                 realistic_options=["plain", "kdim_vdim", "add_bias_kv", "add_zero_attn"]))
+    cfgs = S.build_configs(**_kw(families=["realistic"], realistic=[
+        f"64:4:8:16:1:{o}" for o in ("plain", "kdim_vdim", "add_bias_kv", "add_zero_attn")]))
     real = [c for c in cfgs if c["family"] == "realistic"]
     assert len(real) == 4 and {c["dtype"] for c in real} == {"float64"}
     df, _, _ = S.run_sweep(real, [1.0])

@@ -106,12 +106,11 @@ PARAMETERS = {
     "magnitudes": Param(
         float, many=True, positive=True, help="|delta| / median key norm of the perturbations"
     ),
-    "realistic_sizes": Param(
+    "realistic": Param(
         str, many=True,
-        help="realistic-size subset entries 'embed_dim:num_heads:tgt_len:src_len:batch' (issue 12)",
+        help="realistic-size subset entries 'embed_dim:num_heads:tgt_len:src_len:batch:option' (issue 12), "
+             f"option one of {list(REALISTIC_OPTIONS)}",
     ),
-    "realistic_options": Param(str, many=True, choices=REALISTIC_OPTIONS,
-                               help="constructor options crossed with realistic_sizes"),
     "realistic_dtypes": Param(str, many=True, choices=DTYPES, help="dtypes of the realistic-size subset"),
     "calibration_cases": Param(int, positive=True,
                                help="held-out configurations per dtype that calibrate the rounding null"),
@@ -142,6 +141,15 @@ def parse_size(text: str) -> tuple[int, int, int, int, int]:
     if min(e, h, lq, lk, b) <= 0 or e % h:
         raise ValueError(f"sizes entry {text!r}: all positive and num_heads must divide embed_dim")
     return e, h, lq, lk, b
+
+
+def parse_realistic(text: str) -> tuple[int, int, int, int, int, str]:
+    """'E:H:Lq:Lk:B:option' -> (E, H, Lq, Lk, B, option); ValueError names what is wrong."""
+    size, sep, option = str(text).rpartition(":")
+    if not sep or option not in REALISTIC_OPTIONS:
+        raise ValueError(f"realistic entry {text!r} must be 'embed_dim:num_heads:tgt_len:src_len:batch:option' "
+                         f"with option one of {list(REALISTIC_OPTIONS)}")
+    return (*parse_size(size), option)
 
 
 # ----------------------------------------------------------------------------- configurations
@@ -194,8 +202,7 @@ def build_configs(
     size_dtypes,
     variants,
     hf_models,
-    realistic_sizes=(),
-    realistic_options=("plain",),
+    realistic=(),
     realistic_dtypes=("float64",),
     seed=0,
     device="cpu",
@@ -217,12 +224,11 @@ def build_configs(
             raise ValueError(f"{name} must be a non-empty list of positive integers, got {vals!r}")
     if seq_len <= 0 or batch_size <= 0:
         raise ValueError("seq_len and batch_size must be positive")
-    realistic_options = _check_list("realistic_options", realistic_options, REALISTIC_OPTIONS)
     realistic_dtypes = _check_list("realistic_dtypes", realistic_dtypes, DTYPES)
     parsed = [parse_size(s) for s in sizes]
-    realistic = [parse_size(s) for s in realistic_sizes]
+    realistic = [parse_realistic(s) for s in realistic]
     if "realistic" in families and not realistic:
-        raise ValueError("families includes 'realistic' but realistic_sizes is empty")
+        raise ValueError("families includes 'realistic' but the realistic list is empty")
     devices = ["cpu"] + ([device] if device != "cpu" else [])
     pairs = [(e, h) for e in embed_dims for h in _heads_for(e, num_heads)]
     cfgs: list[dict] = []
@@ -257,7 +263,7 @@ def build_configs(
                     seed=seed, mode="inference",
                 ))
         if "realistic" in families:
-            for (e, h, lq, lk, b), opt, dt in itertools.product(realistic, realistic_options, realistic_dtypes):
+            for (e, h, lq, lk, b, opt), dt in itertools.product(realistic, realistic_dtypes):
                 kw = _option_kwargs(opt, e)
                 kw.setdefault("self_attention", lq == lk)
                 cfgs.append(_base(
