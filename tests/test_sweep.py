@@ -11,6 +11,7 @@ import yaml
 
 from keybias import export, style
 from keybias import sweep as S
+from keybias import sweep_controls as K
 from keybias import sweep_judge as J
 from keybias import sweep_show as SH
 from keybias import verdict as VD
@@ -210,13 +211,13 @@ def test_power_control_orders_the_dtypes():
     eps = {}
     for dt in ("float64", "float32", "bfloat16"):
         cfg = S._base(family="sizes", case="MHA sizes", dtype=dt, mode="inference", embed_dim=16, num_heads=2)
-        eps[dt] = S.min_detectable_break(cfg, FACTOR)["min_detectable_eps"]
+        eps[dt] = K.min_detectable_break(cfg, FACTOR)["min_detectable_eps"]
     assert eps["float64"] < eps["float32"] < eps["bfloat16"] <= 1.0, eps
     assert eps["float64"] <= 1e-10 and eps["bfloat16"] >= 1e-4
 
 
 def test_calibration_is_held_out_and_finite():
-    factors, rows = S.calibrate_null_factor(["float64", "float32", "bfloat16"], [1.0, 100.0], seed=0, cases=3)
+    factors, rows = K.calibrate_null_factor(["float64", "float32", "bfloat16"], [1.0, 100.0], seed=0, cases=3)
     assert set(factors) == {"float32", "bfloat16"}
     assert all(math.isfinite(v) and v > 0 for v in factors.values())
     assert (rows.seed >= 1000).all() and len(rows) == 2 * 3 * 2
