@@ -17,8 +17,10 @@ zeroing of its gradient (`cost_judge.removed_work` counts the bytes).
 
 One repetition runs each implementation once, in a fresh random order, so load drifts hit
 all alike. Repetitions continue past `min_reps` until the control's interval is narrow
-enough (`target_half_width`), `max_reps` or `max_seconds`: the stopping rule reads only the
-control's spread, never the saving, so it cannot steer the estimate of the saving.
+enough (`target_half_width`), `max_reps` or its share of the time budget: the stopping rule
+reads only the control's spread, never the saving, so it cannot steer the estimate of the
+saving. `run_benchmark` shares one budget among the configurations, inference first: time
+that a cheap configuration does not need goes to the expensive ones after it.
 """
 
 from __future__ import annotations
@@ -191,7 +193,7 @@ def clock_for(device: str, clock: str) -> str:
     return "wall" if str(device).startswith(("cuda", "mps")) else clock
 
 
-def check_settings(*, min_reps: int, max_reps: int, max_seconds: float, target_half_width: float) -> None:
+def check_settings(*, min_reps: int, max_reps: int, budget_seconds: float, target_half_width: float) -> None:
     """Refuse inconsistent repetition settings before any work starts."""
     _positive("min_reps", min_reps)
     _positive("max_reps", max_reps)
@@ -199,8 +201,8 @@ def check_settings(*, min_reps: int, max_reps: int, max_seconds: float, target_h
         raise ValueError(f"min_reps={min_reps} must be >= 30")
     if max_reps < min_reps:
         raise ValueError(f"max_reps={max_reps} must be >= min_reps={min_reps}")
-    if not max_seconds > 0:
-        raise ValueError(f"max_seconds={max_seconds} must be positive")
+    if not budget_seconds > 0:
+        raise ValueError(f"budget_seconds={budget_seconds} must be positive")
     if not 0 <= target_half_width < 1:
         raise ValueError(f"target_half_width={target_half_width} must be in [0, 1)")
 
@@ -355,10 +357,11 @@ def optimizer_param_step_seconds(embed_dim: int, optimizer: str = "adam", device
 
 
 def run_benchmark(
-    configs: pd.DataFrame, *, min_reps=30, max_reps=30, max_seconds=math.inf, target_half_width=0.0, warmup=2,
+    configs: pd.DataFrame, *, min_reps=30, max_reps=30, budget_seconds=math.inf, target_half_width=0.0, warmup=2,
     min_rep_seconds=0.0, threads=1, optimizer="adam", n_boot=2000, seed=0, device="cpu", clock="process", log=None,
 ) -> dict:
-    """Time every configuration of `configs` (see `block_configs`).
+    """Time every configuration of `configs` (see `block_configs`), inference first, within
+    `budget_seconds` for all of them together (each gets an equal share of what is left).
 
     Returns DataFrames raw, medians, ratios, configs (with reps and the stopping rule) and a
     dict `machine` (threads, copy bandwidth, small-kernel overhead, one-parameter optimizer
@@ -368,24 +371,28 @@ def run_benchmark(
 
     _choice("device", device, ("cpu", "cuda", "mps"))
     _positive("threads", threads)
-    check_settings(min_reps=min_reps, max_reps=max_reps, max_seconds=max_seconds, target_half_width=target_half_width)
+    check_settings(min_reps=min_reps, max_reps=max_reps, budget_seconds=budget_seconds,
+                   target_half_width=target_half_width)
     if device == "cuda" and not torch.cuda.is_available():
         raise ValueError("device='cuda' requested but torch.cuda.is_available() is False")
     if configs.empty:
         raise ValueError("no configurations to time")
     torch.set_num_threads(threads)
     raws, done = [], []
-    for c in configs.itertuples(index=False):
+    ordered = configs.iloc[configs["mode"].map({"inference": 0, "training": 1}).argsort(kind="stable")]
+    deadline = time.perf_counter() + budget_seconds
+    for i, c in enumerate(ordered.itertuples(index=False)):
         t0 = time.perf_counter()
+        share = max(0.0, (deadline - t0) / (len(ordered) - i))  # min_reps run even when it is spent
         raw = time_block(block=c.block, seq_len=int(c.seq_len), batch=int(c.batch), attention=c.attention, mode=c.mode,
-                         min_reps=min_reps, max_reps=max_reps, max_seconds=max_seconds,
+                         min_reps=min_reps, max_reps=max_reps, max_seconds=share,
                          target_half_width=target_half_width, warmup=warmup, min_rep_seconds=min_rep_seconds,
                          optimizer=optimizer, seed=seed, device=device, clock=clock)
         for col, val in (("batch", c.batch), ("seq_len", c.seq_len), ("num_heads", c.num_heads), ("embed_dim", c.embed_dim),
                          ("mode", c.mode), ("attention", c.attention), ("block", c.block), ("device", device)):
             raw.insert(0, col, val)
         raws.append(raw)
-        done.append({**c._asdict(), "device": device, "reps": int(raw["rep"].max()) + 1,
+        done.append({**c._asdict(), "device": device, "reps": int(raw["rep"].max()) + 1, "seconds_share": share,
                      "stopped_by": raw.attrs["stopped_by"], "seconds_spent": time.perf_counter() - t0})
         if log is not None:
             log(f"{c.block} {c.attention} {c.mode} S={c.seq_len}: {done[-1]['reps']} reps, "
