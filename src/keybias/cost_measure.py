@@ -267,14 +267,15 @@ def time_block(
             for ph, t in zip(phases, acc, strict=True):
                 rows.append({"rep": rep, "position": pos, "implementation": name, "phase": ph, "seconds": t})
         rep += 1
-        if rep >= min_reps and (rep - min_reps) % check_every == 0:
-            if target_half_width > 0 and half_width(times["control"], times["with_bk"],
-                                                    seed=config_seed(seed, "stop", *key)) <= target_half_width:
-                stopped_by = "target"
-                break
-            if time.perf_counter() - start >= max_seconds:
-                stopped_by = "max_seconds"
-                break
+        if rep < min_reps:
+            continue
+        if target_half_width > 0 and (rep - min_reps) % check_every == 0 and half_width(
+                times["control"], times["with_bk"], seed=config_seed(seed, "stop", *key)) <= target_half_width:
+            stopped_by = "target"
+            break
+        if time.perf_counter() - start >= max_seconds:
+            stopped_by = "max_seconds"
+            break
     frame = pd.DataFrame(rows)
     frame["inner"] = inner
     frame["clock"] = clock
