@@ -264,6 +264,9 @@ def test_device_status_and_not_run_rows():
         extra = out[out.device == "cuda"]
         assert len(extra) == 1 and set(extra.status) == {"not run"} and (extra.reason != "").all()
         assert out.loc[out.device == "cpu", "status"].eq("measured").all()
+        medians = pd.DataFrame([{"device": "cpu", "block": "tiny", "implementation": "with_bk", "median_s": 0.1}])
+        extra = cost_measure.with_not_run(medians, configs, "cpu").query("device == 'cuda'")
+        assert set(extra["implementation"]) == set(cost_measure.IMPLEMENTATIONS) and "ratio" not in extra
 
 
 # ----------------------------------------------------------------------------- statistics

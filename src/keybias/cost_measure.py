@@ -416,12 +416,16 @@ def device_status(device: str) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def not_run_rows(configs: pd.DataFrame, device: str, reason: str) -> pd.DataFrame:
-    """One row per configuration and ratio for a device that was not run, with the reason."""
+def not_run_rows(configs: pd.DataFrame, device: str, reason: str, per: str | None = "ratio") -> pd.DataFrame:
+    """Rows for a device that was not run, with the reason: one per configuration and, with
+    per="ratio" or "implementation", one per ratio or implementation."""
     from keybias.cost_stats import RATIOS
 
     out = configs[["block", "attention", "mode", "embed_dim", "num_heads", "seq_len", "batch"]].drop_duplicates()
-    out = out.merge(pd.DataFrame({"ratio": list(RATIOS)}), how="cross")
+    if per is not None:
+        _choice("per", per, ("ratio", "implementation"))
+        values = list(RATIOS) if per == "ratio" else list(IMPLEMENTATIONS)
+        out = out.merge(pd.DataFrame({per: values}), how="cross")
     out.insert(0, "device", device)
     out["status"], out["reason"] = "not run", reason
     return out
@@ -433,7 +437,8 @@ def with_not_run(frame: pd.DataFrame, configs: pd.DataFrame, device: str) -> pd.
     out["status"], out["reason"] = "measured", ""
     absent = device_status(device)
     absent = absent[absent["status"] == "not run"]
-    extra = [not_run_rows(configs, r.device, r.reason) for r in absent.itertuples()]
+    per = "ratio" if "ratio" in out else "implementation" if "implementation" in out else None
+    extra = [not_run_rows(configs, r.device, r.reason, per) for r in absent.itertuples()]
     if "ratio" in out and out["ratio"].nunique() == 1:
         extra = [x[x["ratio"] == out["ratio"].iloc[0]] for x in extra]
     return pd.concat([out, *extra], ignore_index=True) if extra else out
