@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from keybias import cost_judge, cost_measure, cost_stats
+from keybias import cost_judge, cost_measure
 from keybias.cost_measure import ATTENTIONS, BLOCKS, CLOCKS, PASSES
 from keybias.params import Param
 
@@ -141,8 +141,6 @@ def main(argv=None) -> int:
     print(f"wrote {args.out}/cost_bench_*.csv and cost_bench_provenance.json in {wall:.0f} s", file=sys.stderr)
     return 0
 
-
-__all__ = ["PARAMETERS", "MACHINE_SPECIFIC_OUTPUTS", "FULL_BENCH", "QUICK_BENCH", "bench_outputs", "main", "cost_stats"]
 
 if __name__ == "__main__":
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
