@@ -194,8 +194,12 @@ def test_headline_counts_count_only_independent_tests():
     assert counts["IndepTestsTotal"] == 4 and counts["IndepContradictionsTotal"] == 1
     text = C.headline_macros(counts)
     assert r"\newcommand{\IndepTestsFloatThirtyTwo}{1}" in text and r"\newcommand{\ClaimsTest}{2}" in text
-    with pytest.raises(ValueError, match="independent"):
-        C.headline_counts(claims, verdicts.drop(columns="independent"))
+    every = C.headline_counts(claims, verdicts.drop(columns="independent").assign(status="measured"))
+    assert every["IndepTestsFloatThirtyTwo"] == 2 and every["IndepContradictionsFloatThirtyTwo"] == 1
+    skipped = C.headline_counts(claims, verdicts.assign(status=["measured"] * 5 + ["skipped"]))
+    assert skipped["IndepTestsBfloatSixteen"] == 0
+    with pytest.raises(ValueError, match="expected"):
+        C.headline_counts(claims, verdicts.drop(columns="expected"))
 
 
 def test_claims_table_groups_by_kind_with_bound_origin():

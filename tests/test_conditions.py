@@ -227,3 +227,24 @@ def test_figure_is_readable_and_table_has_verdicts(frame):
     assert fig.get_size_inches()[0] == pytest.approx(style.FULL_WIDTH)
     table = conditions.table_latex(summary)
     assert table.count(r"\\") == len(CASES) + 1 and "not redundant" in table
+
+
+def test_explicit_grouped_query_attention_matches_sdpa():
+    """The explicit GQA/MQA path (key heads repeated) is what SDPA's enable_gqa computes."""
+    w = conditions._weights(4, **SIZES)
+    E, H = SIZES["embed_dim"], SIZES["num_heads"]
+    d, G = E // H, 1
+    q = conditions._split(w["x"] @ w["w_q"].T + w["b_q"], H)
+    k = conditions._split(w["x"] @ w["w_k"][: G * d].T + w["b_k"][: G * d], G)
+    v = conditions._split(w["x"] @ w["w_v"][: G * d].T + w["b_v"][: G * d], G)
+    o = torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+    expected = conditions._merge(o) @ w["w_o"].T + w["b_o"]
+    assert torch.allclose(conditions.attention(w, kv_heads=G), expected, atol=1e-12)
+
+
+def test_fully_masked_row_gives_the_output_bias_and_other_rows_are_untouched():
+    w = conditions._weights(5, **SIZES)
+    masked = conditions.attention(w, masked_row=True)
+    plain = conditions.attention(w)
+    assert torch.allclose(masked[:, 0], w["b_o"].expand_as(masked[:, 0]))
+    assert torch.allclose(masked[:, 1:], plain[:, 1:], rtol=0, atol=1e-14)

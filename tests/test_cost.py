@@ -234,9 +234,9 @@ def test_gpus_are_timed_with_the_wall_clock():
 
 
 @pytest.mark.parametrize("kw,match", [({"min_reps": 5}, "min_reps"), ({"max_reps": 31, "min_reps": 40}, "max_reps"),
-                                      ({"max_seconds": 0.0}, "max_seconds"), ({"target_half_width": 1.5}, "target")])
+                                      ({"budget_seconds": 0.0}, "budget_seconds"), ({"target_half_width": 1.5}, "target")])
 def test_check_settings_refuses_before_work(kw, match):
-    args = dict(min_reps=30, max_reps=30, max_seconds=1.0, target_half_width=0.0)
+    args = dict(min_reps=30, max_reps=30, budget_seconds=1.0, target_half_width=0.0)
     args.update(kw)
     with pytest.raises(ValueError, match=match):
         cost_measure.check_settings(**args)
@@ -264,6 +264,9 @@ def test_device_status_and_not_run_rows():
         extra = out[out.device == "cuda"]
         assert len(extra) == 1 and set(extra.status) == {"not run"} and (extra.reason != "").all()
         assert out.loc[out.device == "cpu", "status"].eq("measured").all()
+        medians = pd.DataFrame([{"device": "cpu", "block": "tiny", "implementation": "with_bk", "median_s": 0.1}])
+        extra = cost_measure.with_not_run(medians, configs, "cpu").query("device == 'cuda'")
+        assert set(extra["implementation"]) == set(cost_measure.IMPLEMENTATIONS) and "ratio" not in extra
 
 
 # ----------------------------------------------------------------------------- statistics
@@ -481,7 +484,7 @@ def test_profiles_set_exactly_the_parameters(profile):
     checked = load_profile(profile, ROOT / "params", ["06_cost"])["06_cost"]
     assert set(checked) == set(cost.PARAMETERS)
     cost_measure.check_settings(min_reps=checked["min_reps"], max_reps=checked["max_reps"],
-                                max_seconds=checked["max_seconds"], target_half_width=checked["target_half_width"])
+                                budget_seconds=checked["budget_seconds"], target_half_width=checked["target_half_width"])
 
 
 def test_paper_profile_claims_issue_twelve_resolution():
@@ -502,7 +505,7 @@ def test_machine_specific_outputs_cover_timings_only():
 
 
 @pytest.mark.parametrize("argv", [[], ["--full", "--quick"], ["--quick", "--device", "tpu"], ["--quick", "--threads", "0"],
-                                  ["--quick", "--max-seconds", "-1"]])
+                                  ["--quick", "--budget-seconds", "-1"]])
 def test_cli_refuses_bad_arguments(argv):
     with pytest.raises(SystemExit) as exc:
         cost.main(argv)
@@ -516,3 +519,7 @@ def test_cli_quick_writes_machine_files(tmp_path):
             "cost_bench_provenance.json"} <= names
     ratios = pd.read_csv(tmp_path / "cost_bench_ratios.csv")
     assert set(ratios["status"]) >= {"measured"}
+    run = pd.read_csv(tmp_path / "cost_bench_configs.csv")
+    # one shared budget, inference first; a spent budget still gives every configuration min_reps
+    assert list(run["mode"]) == sorted(run["mode"]) and (run["reps"] >= 30).all()
+    assert run["seconds_share"].iloc[-1] <= cost.QUICK_BENCH["budget_seconds"]

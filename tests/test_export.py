@@ -52,3 +52,18 @@ def test_atomic_write_leaves_old_file_on_failure(tmp_path, monkeypatch):
         export.atomic_write_text(target, "new")
     assert target.read_text() == "old"
     assert [p.name for p in tmp_path.iterdir()] == ["file.txt"]
+
+
+def test_claim_records_kind_origin_and_detectable_effect(tmp_path):
+    rec = export.Recorder("99_test", tmp_path, profile="smoke", device="cpu")
+    record = rec.claim("t", "x is small", 0.5, 1.0, kind="test", bound_origin="theory", min_detectable=0.25)
+    assert (record["kind"], record["bound_origin"], record["min_detectable"]) == ("test", "theory", 0.25)
+    implied = rec.claim("i", "follows", 0.5, 1.0, kind="implied", implied_by="t", bound_origin="theory")
+    assert implied["implied_by"] == ["t"]
+    with pytest.raises(ValueError, match="kind"):
+        rec.claim("k", "bad kind", 0, 1, kind="guess")
+    with pytest.raises(ValueError, match="implied_by"):
+        rec.claim("j", "implied by nothing", 0, 1, kind="implied")
+    from_dicts = rec.claims_from([dict(claim_id="d", statement="s", value=2.0, bound=1.0, comparison=">",
+                                       kind="consistency", bound_origin="count")])
+    assert from_dicts[0]["holds"] is True and from_dicts[0]["kind"] == "consistency"

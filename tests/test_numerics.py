@@ -15,6 +15,8 @@ import yaml
 
 from keybias import claims as C
 from keybias import numerics as nm
+from keybias import numerics_judge as nj
+from keybias import numerics_show as ns
 from keybias import verdict
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -111,18 +113,18 @@ def _synthetic(alpha: float, seed: int = 0) -> pd.DataFrame:
 
 
 def test_fit_law_recovers_slope_one_and_rejects_half():
-    one = nm.fit_law(nm.add_floor(_synthetic(1.0))).iloc[0]
-    assert abs(one["slope"] - 1) <= nm.normal_quantile() * one["slope_se"]
+    one = nj.fit_law(nj.add_floor(_synthetic(1.0))).iloc[0]
+    assert abs(one["slope"] - 1) <= nj.normal_quantile() * one["slope_se"]
     assert one["model_constant"] == pytest.approx(2.0, rel=0.02)
-    half = nm.fit_law(nm.add_floor(_synthetic(0.5))).iloc[0]
-    assert abs(half["slope"] - 1) > nm.normal_quantile() * half["slope_se"]
+    half = nj.fit_law(nj.add_floor(_synthetic(0.5))).iloc[0]
+    assert abs(half["slope"] - 1) > nj.normal_quantile() * half["slope_se"]
     assert half["slope"] == pytest.approx(0.5, abs=0.05)
 
 
 def test_accuracy_crossing_matches_law():
-    df = nm.add_floor(_synthetic(1.0))
-    law = nm.fit_law(df)
-    cross = nm.accuracy_crossing(df, law).iloc[0]
+    df = nj.add_floor(_synthetic(1.0))
+    law = nj.fit_law(df)
+    cross = nj.accuracy_crossing(df, law).iloc[0]
     # err = e0 sqrt(1 + r^2) doubles at r = sqrt(3)
     assert cross["crossing"] == pytest.approx(math.sqrt(3), rel=0.15)
     assert cross["crossing_pred"] == pytest.approx(math.sqrt(3), rel=0.15)
@@ -207,40 +209,40 @@ def test_parameters_match_notebook_and_profiles():
 
 # ----------------------------------------------------------------------------- constants, claims, macros, figures
 def test_fit_mask_uses_dominance_constant():
-    df = nm.add_floor(_synthetic(1.0))
+    df = nj.add_floor(_synthetic(1.0))
     ratio = df["delta_rms"] / df["floor_rms"]
-    mask = nm.fit_mask(df)
-    assert (ratio[mask] >= nm.DOMINANCE).all()
+    mask = nj.fit_mask(df)
+    assert (ratio[mask] >= nj.DOMINANCE).all()
     # rows between twice and DOMINANCE times the floor exist and are excluded
-    between = (ratio >= 2.0) & (ratio < nm.DOMINANCE)
+    between = (ratio >= 2.0) & (ratio < nj.DOMINANCE)
     assert between.any() and not mask[between].any()
-    assert nm.fit_mask(df, dominance=2.0)[between].all()
+    assert nj.fit_mask(df, dominance=2.0)[between].all()
 
 
 def test_unit_roundoff_span_and_failure_probability_tex():
-    assert nm.unit_roundoff_span_log2(["float64", "float32", "bfloat16", "float16"]) == 45
-    assert nm.unit_roundoff_span_log2(["float32", "float16"]) == 13
-    assert math.isnan(nm.unit_roundoff_span_log2([]))
-    assert nm.failure_probability_tex(1e-6) == "10^{-6}"
-    assert nm.failure_probability_tex(2e-6) != "10^{-6}"
+    assert nj.unit_roundoff_span_log2(["float64", "float32", "bfloat16", "float16"]) == 45
+    assert nj.unit_roundoff_span_log2(["float32", "float16"]) == 13
+    assert math.isnan(nj.unit_roundoff_span_log2([]))
+    assert nj.failure_probability_tex(1e-6) == "10^{-6}"
+    assert nj.failure_probability_tex(2e-6) != "10^{-6}"
 
 
 def test_crossing_check_flags_one_sided_crossing():
     law = pd.DataFrame({"dtype": ["float32"] * 3, "path": ["a", "b", "c"], "model_scatter_log10": 0.01})
     crossing = pd.DataFrame({"dtype": ["float32"] * 3, "path": ["a", "b", "c"],
                              "crossing": [2.0, 3.0, math.nan], "crossing_pred": [2.1, math.nan, math.nan]})
-    m = nm.crossing_check(crossing, law, 0.25).set_index("path")
+    m = nj.crossing_check(crossing, law, 0.25).set_index("path")
     assert list(m.index) == ["a", "b"]  # "c": neither crosses, nothing to compare
     assert m.loc["a", "deviation_log10"] < m.loc["a", "allowance_log10"]
     assert m.loc["b", "deviation_log10"] == math.inf
 
 
 def _claim_inputs():
-    df = nm.add_floor(_synthetic(1.0))
-    law = nm.fit_law(df)
-    pooled = nm.pooled_slope(df)
+    df = nj.add_floor(_synthetic(1.0))
+    law = nj.fit_law(df)
+    pooled = nj.pooled_slope(df)
     df["delta_max"], df["tolerance"] = df["delta_rms"], 0.5
-    checks = nm.crossing_check(nm.accuracy_crossing(df, law), law, 0.25)
+    checks = nj.crossing_check(nj.accuracy_crossing(df, law), law, 0.25)
     gsum = pd.DataFrame({"dtype": ["float32", "float16"], "path": "explicit", "status": "ok",
                          "grad_over_tol_max": 1e-3, "control_over_tol_min": [100.0, 0.01],
                          "verdict": ["redundant", "invalid"], "unit_roundoff": [2.0**-24, 2.0**-11],
@@ -257,7 +259,7 @@ def _holds(claims) -> dict[str, bool]:
 
 def test_precision_claims_hold_on_consistent_data():
     law, pooled, df, checks, gsum, grads = _claim_inputs()
-    claims = nm.precision_claims(law, pooled, df, checks, gsum, grads, 16)
+    claims = nj.precision_claims(law, pooled, df, checks, gsum, grads, 16)
     assert all(_holds(claims).values()), _holds(claims)
     by_id = {c["claim_id"]: c for c in claims}
     assert "2^13" in by_id["precision-bk-gradient-scales-with-u"]["statement"]
@@ -270,65 +272,65 @@ def test_gradient_tolerance_claim_ignores_unpowered_rows_and_fails_without_any()
     law, pooled, df, checks, gsum, grads = _claim_inputs()
     # an unpowered float16 row far outside the tolerance is not judged by the tolerance claim
     loud = gsum.assign(grad_over_tol_max=[1e-3, 50.0])
-    assert _holds(nm.precision_claims(law, pooled, df, checks, loud, grads, 16))["precision-bk-gradient-within-tolerance"]
+    assert _holds(nj.precision_claims(law, pooled, df, checks, loud, grads, 16))["precision-bk-gradient-within-tolerance"]
     # with no powered row at all the claim has no data and fails
     weak = gsum.assign(control_over_tol_min=0.5)
-    assert not _holds(nm.precision_claims(law, pooled, df, checks, weak, grads, 16))["precision-bk-gradient-within-tolerance"]
+    assert not _holds(nj.precision_claims(law, pooled, df, checks, weak, grads, 16))["precision-bk-gradient-within-tolerance"]
 
 
 def test_output_claim_judges_only_magnitudes_whose_tolerance_is_below_the_output():
     law, pooled, df, checks, gsum, grads = _claim_inputs()
     vacuous = df.assign(tolerance=np.where(df["ratio"] > 100, 10.0, 0.5), delta_max=np.where(df["ratio"] > 100, 5.0, 1e-6))
-    claim = next(c for c in nm.precision_claims(law, pooled, vacuous, checks, gsum, grads, 16)
+    claim = next(c for c in nj.precision_claims(law, pooled, vacuous, checks, gsum, grads, 16)
                  if c["claim_id"] == "precision-output-change-within-tolerance")
     assert claim["value"] < 1 and claim["min_detectable"] == pytest.approx(0.5)
     nothing_judged = df.assign(tolerance=10.0)
-    assert not _holds(nm.precision_claims(law, pooled, nothing_judged, checks, gsum, grads, 16))[
+    assert not _holds(nj.precision_claims(law, pooled, nothing_judged, checks, gsum, grads, 16))[
         "precision-output-change-within-tolerance"]
 
 
 def test_precision_claims_fail_when_a_dtype_has_no_fit():
     law, pooled, df, checks, gsum, grads = _claim_inputs()
     extra = pd.concat([df, df.assign(dtype="float16")], ignore_index=True)
-    c = {c["claim_id"]: c for c in nm.precision_claims(law, pooled, extra, checks, gsum, grads, 16)}
+    c = {c["claim_id"]: c for c in nj.precision_claims(law, pooled, extra, checks, gsum, grads, 16)}
     assert math.isnan(c["precision-law-slope-one"]["value"])
     assert math.isnan(c["precision-rounding-model-constant"]["value"])
 
 
 def test_precision_claims_with_no_data_fail_or_are_left_out():
     law, pooled, df, checks, gsum, grads = _claim_inputs()
-    claims = {c["claim_id"]: c for c in nm.precision_claims(
+    claims = {c["claim_id"]: c for c in nj.precision_claims(
         law.iloc[0:0], pooled.iloc[0:0], df.iloc[0:0], checks.iloc[0:0], gsum.iloc[0:0], grads.iloc[0:0], 16)}
     assert "precision-bk-gradient-scales-with-u" not in claims
     assert all(math.isnan(c["value"]) for c in claims.values())
-    one = {c["claim_id"] for c in nm.precision_claims(law, pooled, df, checks, gsum.iloc[:1], grads, 16)}
+    one = {c["claim_id"] for c in nj.precision_claims(law, pooled, df, checks, gsum.iloc[:1], grads, 16)}
     assert "precision-bk-gradient-scales-with-u" not in one  # one dtype: no scaling to test
 
 
 # ----------------------------------------------------------------------------- mutation tests
 @pytest.mark.claim_mutation("precision-law-slope-one")
-@pytest.mark.parametrize("alpha", [1 - 1.5 * nm.SLOPE_MARGIN, 1 + 1.5 * nm.SLOPE_MARGIN, 0.5, 2.0])
+@pytest.mark.parametrize("alpha", [1 - 1.5 * nj.SLOPE_MARGIN, 1 + 1.5 * nj.SLOPE_MARGIN, 0.5, 2.0])
 def test_slope_claim_fails_on_a_law_of_another_slope(alpha):
     law, pooled, df, checks, gsum, grads = _claim_inputs()
-    bent = nm.add_floor(_synthetic(alpha))
+    bent = nj.add_floor(_synthetic(alpha))
     bent["delta_max"], bent["tolerance"] = bent["delta_rms"], 0.5
-    claims = nm.precision_claims(nm.fit_law(bent), nm.pooled_slope(bent), bent, checks, gsum, grads, 16)
+    claims = nj.precision_claims(nj.fit_law(bent), nj.pooled_slope(bent), bent, checks, gsum, grads, 16)
     assert not _holds(claims)["precision-law-slope-one"]
 
 
 def test_slope_claim_states_the_smallest_deviation_it_detects():
     law, pooled, df, checks, gsum, grads = _claim_inputs()
-    vague = pooled.assign(slope_se=0.05, detectable_dev=nm.SLOPE_MARGIN + nm.normal_quantile() * 0.05)
-    claim = next(c for c in nm.precision_claims(law, vague, df, checks, gsum, grads, 16)
+    vague = pooled.assign(slope_se=0.05, detectable_dev=nj.SLOPE_MARGIN + nj.normal_quantile() * 0.05)
+    claim = next(c for c in nj.precision_claims(law, vague, df, checks, gsum, grads, 16)
                  if c["claim_id"] == "precision-law-slope-one")
-    assert claim["min_detectable"] == pytest.approx(nm.SLOPE_MARGIN + nm.normal_quantile() * 0.05)
+    assert claim["min_detectable"] == pytest.approx(nj.SLOPE_MARGIN + nj.normal_quantile() * 0.05)
 
 
 @pytest.mark.claim_mutation("precision-rounding-model-constant")
 def test_model_constant_claim_fails_when_the_model_is_off_by_more_than_lambda():
     law, pooled, df, checks, gsum, grads = _claim_inputs()
     off = df.assign(pred_rms=df["pred_rms"] / (3 * verdict.LAMBDA))
-    claims = nm.precision_claims(nm.fit_law(off), pooled, off, checks, gsum, grads, 16)
+    claims = nj.precision_claims(nj.fit_law(off), pooled, off, checks, gsum, grads, 16)
     assert not _holds(claims)["precision-rounding-model-constant"]
 
 
@@ -336,15 +338,15 @@ def test_model_constant_claim_fails_when_the_model_is_off_by_more_than_lambda():
 def test_crossing_claim_fails_when_the_calibration_mispredicts():
     law, pooled, df, checks, gsum, grads = _claim_inputs()
     miscalibrated = law.assign(model_constant=law["model_constant"] * 10)
-    bad_checks = nm.crossing_check(nm.accuracy_crossing(df, miscalibrated), miscalibrated, 0.25)
-    assert not _holds(nm.precision_claims(law, pooled, df, bad_checks, gsum, grads, 16))["precision-accuracy-crossing-law"]
+    bad_checks = nj.crossing_check(nj.accuracy_crossing(df, miscalibrated), miscalibrated, 0.25)
+    assert not _holds(nj.precision_claims(law, pooled, df, bad_checks, gsum, grads, 16))["precision-accuracy-crossing-law"]
 
 
 @pytest.mark.claim_mutation("precision-bq-gradient-consistent")
 def test_control_claim_fails_when_the_bq_gradient_has_no_direction():
     law, pooled, df, checks, gsum, grads = _claim_inputs()
     aimless = gsum.assign(bq_mean_cos=[0.01, 0.1])
-    assert not _holds(nm.precision_claims(law, pooled, df, checks, aimless, grads, 16))["precision-bq-gradient-consistent"]
+    assert not _holds(nj.precision_claims(law, pooled, df, checks, aimless, grads, 16))["precision-bq-gradient-consistent"]
 
 
 _ATTENTION = nm.attention
@@ -366,13 +368,15 @@ def _measured_claims(monkeypatch, mutant=None):
         monkeypatch.setattr(nm, "attention", mutant)
     sizes = dict(head_dim=16, num_heads=1, seq_len=8, batch=4, seed=0, progress=False)
     dtypes, paths = ["float64", "float32"], ["explicit"]
-    errors = nm.add_floor(nm.error_sweep(dtypes, paths, ratios=[0.03, 10.0, 1000.0], **sizes))
+    errors = nj.add_floor(nm.error_sweep(dtypes, paths, ratios=np.logspace(-1.5, 3, 7), **sizes))
     grads = nm.gradient_sweep(dtypes, paths, batches=12, **sizes)
-    law, pooled, _, checks, _, _ = _claim_inputs()
-    return _holds(nm.precision_claims(law, pooled, errors, checks, nm.gradient_summary(grads), grads, 8))
+    _, pooled, _, checks, _, _ = _claim_inputs()
+    law = nj.fit_law(errors)
+    return _holds(nj.precision_claims(law, pooled, errors, checks, nm.gradient_summary(grads), grads, 8))
 
 
-MEASURED = ["precision-output-change-within-tolerance", "precision-bk-gradient-within-tolerance",
+MEASURED = ["precision-rounding-model-constant", "precision-output-change-within-tolerance",
+            "precision-bk-gradient-within-tolerance",
             "precision-bk-gradient-noise-scale", "precision-bk-gradient-scales-with-u",
             "precision-bk-gradient-no-direction", "precision-bq-gradient-consistent"]
 
@@ -389,7 +393,7 @@ def test_measured_claims_fail_when_keys_are_reused_as_values(monkeypatch):
     assert not any(holds[c] for c in MEASURED[:-1]), holds
 
 
-@pytest.mark.claim_mutation(*MEASURED[:4])
+@pytest.mark.claim_mutation(*MEASURED[:5])
 def test_measured_claims_fail_with_an_extra_key_slot(monkeypatch):
     """A zero key slot after the bias (add_zero_attn) makes b_k change outputs and gradients.
 
@@ -397,7 +401,7 @@ def test_measured_claims_fail_with_an_extra_key_slot(monkeypatch):
     mean), so the direction claim does not see this break; the size claims do.
     """
     holds = _measured_claims(monkeypatch, _attention_with_zero_slot)
-    assert not any(holds[c] for c in MEASURED[:4]), holds
+    assert not any(holds[c] for c in MEASURED[:5]), holds
     assert holds["precision-bk-gradient-no-direction"]
 
 
@@ -411,21 +415,21 @@ def test_macros_and_figures_from_summaries():
 
     style.apply()
     law, pooled, df, checks, gsum, grads = _claim_inputs()
-    m = nm.law_macros(df, law, pooled)
+    m = nj.law_macros(df, law, pooled)
     assert m["PrecSlopeFloatThirtyTwo"][0] == pytest.approx(1.0, abs=0.05)
     assert m["PrecModelConstWide"][0] == pytest.approx(2.0, rel=0.02) and "PrecModelConstSdpaHalf" not in m
-    g = nm.gradient_macros(gsum.assign(bk_consistency=0.3, bq_consistency=0.9), grads, 16)
+    g = nj.gradient_macros(gsum.assign(bk_consistency=0.3, bq_consistency=0.9), grads, 16)
     assert g["PrecUnitRoundoffSpanLog"][0] == 13 and g["PrecGradRedundantCount"][0] == 1
     assert g["PrecGradPoweredCount"][0] == 1 and g["PrecGradPoweredDtypes"][0] == "float32"
-    r = nm.run_macros(head_dim=16, num_heads=2, seq_len=8, batch=2, grad_batches=4, ratio_points=5,
+    r = nj.run_macros(head_dim=16, num_heads=2, seq_len=8, batch=2, grad_batches=4, ratio_points=5,
                       ratio_log10_min=-1, ratio_log10_max=2)
-    assert r["PrecDominance"][0] == nm.DOMINANCE and r["PrecFailureProbability"][0] == "10^{-6}"
-    crossing = nm.accuracy_crossing(df, law)
-    fig = nm.plot_error_vs_bias(df, law, ["float32"])
+    assert r["PrecDominance"][0] == nj.DOMINANCE and r["PrecFailureProbability"][0] == "10^{-6}"
+    crossing = nj.accuracy_crossing(df, law)
+    fig = ns.plot_error_vs_bias(df, law, ["float32"])
     assert len(fig.axes[0].lines) >= 3
-    fig2 = nm.plot_accuracy(df, crossing, ["float32"])
-    assert len(fig2.axes) == 1 and nm.plot_accuracy(df, crossing, ["float64"]) is None
-    fig3 = nm.plot_gradient(gsum.assign(ratio_median=[1e-7, 1e-4]))
+    fig2 = ns.plot_accuracy(df, crossing, ["float32"])
+    assert len(fig2.axes) == 1 and ns.plot_accuracy(df, crossing, ["float64"]) is None
+    fig3 = ns.plot_gradient(gsum.assign(ratio_median=[1e-7, 1e-4]))
     assert len(fig3.axes) == 2
     for f in (fig, fig2, fig3):
         assert f.get_figwidth() == pytest.approx(style.FULL_WIDTH)

@@ -11,6 +11,7 @@ import yaml
 
 from keybias import export, style
 from keybias import sweep as S
+from keybias import sweep_controls as K
 from keybias import sweep_judge as J
 from keybias import sweep_show as SH
 from keybias import verdict as VD
@@ -125,8 +126,8 @@ def _kw(**over):
 
 @pytest.mark.parametrize("bad", [{"dtypes": ["float8"]}, {"options": ["gated"]}, {"device": "tpu"},
                                  {"masks": ["diagonal"]}, {"sizes": ["4:3:1:1:1"]}, {"families": ["jax"]},
-                                 {"families": ["realistic"]}, {"realistic_options": ["dropout"]},
-                                 {"realistic_sizes": ["8:3:4:4:1"], "families": ["realistic"]}])
+                                 {"families": ["realistic"]}, {"realistic": ["8:2:4:4:1:dropout"]},
+                                 {"realistic": ["8:3:4:4:1:plain"]}, {"realistic": ["8:2:4:4:1"]}])
 def test_bad_input_raises_before_work(bad):
     with pytest.raises(ValueError):
         S.build_configs(**_kw(**bad))
@@ -148,8 +149,8 @@ def test_device_rows_say_absent_or_not_requested(monkeypatch):
 
 
 def test_realistic_rows_carry_the_keyword_axes():
-    cfgs = S.build_configs(**_kw(families=["realistic"], realistic_sizes=["64:4:8:16:1"],
-                                 realistic_options=["plain", "kdim_vdim", "add_bias_kv", "add_zero_attn"]))
+    cfgs = S.build_configs(**_kw(families=["realistic"], realistic=[
+        f"64:4:8:16:1:{o}" for o in ("plain", "kdim_vdim", "add_bias_kv", "add_zero_attn")]))
     real = [c for c in cfgs if c["family"] == "realistic"]
     assert len(real) == 4 and {c["dtype"] for c in real} == {"float64"}
     df, _, _ = S.run_sweep(real, [1.0])
@@ -210,13 +211,13 @@ def test_power_control_orders_the_dtypes():
     eps = {}
     for dt in ("float64", "float32", "bfloat16"):
         cfg = S._base(family="sizes", case="MHA sizes", dtype=dt, mode="inference", embed_dim=16, num_heads=2)
-        eps[dt] = S.min_detectable_break(cfg, FACTOR)["min_detectable_eps"]
+        eps[dt] = K.min_detectable_break(cfg, FACTOR)["min_detectable_eps"]
     assert eps["float64"] < eps["float32"] < eps["bfloat16"] <= 1.0, eps
     assert eps["float64"] <= 1e-10 and eps["bfloat16"] >= 1e-4
 
 
 def test_calibration_is_held_out_and_finite():
-    factors, rows = S.calibrate_null_factor(["float64", "float32", "bfloat16"], [1.0, 100.0], seed=0, cases=3)
+    factors, rows = K.calibrate_null_factor(["float64", "float32", "bfloat16"], [1.0, 100.0], seed=0, cases=3)
     assert set(factors) == {"float32", "bfloat16"}
     assert all(math.isfinite(v) and v > 0 for v in factors.values())
     assert (rows.seed >= 1000).all() and len(rows) == 2 * 3 * 2

@@ -30,8 +30,9 @@ from urllib.parse import unquote, urlsplit
 
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable", "chrome")
 VIRTUAL_TIME_MS = 20000
-# Raw TeX left in prose after typesetting: $...$ or $$...$$ with something TeX-like inside.
-_RAW_MATH = re.compile(r"\$\$?[^$\n]{1,200}?[\\^_{}][^$\n]{0,200}?\$\$?")
+# Raw TeX left in prose after typesetting: $...$ or $$...$$ with no space just inside, the
+# pattern MathJax itself would have typeset had it run.
+_RAW_MATH = re.compile(r"\$\$?(?=\S)[^$\n]{1,400}?(?<=\S)\$\$?")
 
 
 def find_chromium() -> str | None:
@@ -177,24 +178,22 @@ def page_requests(netlog: Path, origin: str, page_url: str) -> tuple[list[str], 
 
 def load_page(chromium: str, server: LoggingServer, rel: str, screenshot: Path | None,
               *, budget_ms: int = VIRTUAL_TIME_MS, timeout: float = 120) -> PageReport:
-    """Dump the DOM of `rel` after scripts ran; optionally screenshot it in a second load."""
+    """Dump the DOM of `rel` after its scripts ran, and optionally screenshot it."""
     start_local = len(server.log.local)
     origin, url = f"http://127.0.0.1:{server.port}", server.url(rel)
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="keybias-chromium-") as scratch:
         base = chromium_command(chromium, server.port, Path(scratch) / "profile", budget_ms=budget_ms)
         netlog = Path(scratch) / "netlog.json"
-        done = subprocess.run([*base, f"--log-net-log={netlog}", "--dump-dom", url],
-                              capture_output=True, text=True, timeout=timeout)
+        extra = [f"--log-net-log={netlog}", "--dump-dom"]
+        if screenshot is not None:  # one load gives both the DOM and the picture
+            screenshot.parent.mkdir(parents=True, exist_ok=True)
+            extra.append(f"--screenshot={screenshot}")
+        done = subprocess.run([*base, *extra, url], capture_output=True, text=True, timeout=timeout)
         if done.returncode != 0:
             raise RuntimeError(f"chromium failed on {rel} ({done.returncode}):\n{done.stderr[-2000:]}")
         requested, background = page_requests(netlog, origin, url)
         stderr = done.stderr
-        if screenshot is not None:
-            screenshot.parent.mkdir(parents=True, exist_ok=True)
-            shot = subprocess.run([*base, f"--screenshot={screenshot}", url],
-                                  capture_output=True, text=True, timeout=timeout)
-            stderr += shot.stderr
     seconds = time.perf_counter() - t0
     with server.log.lock:
         local = list(server.log.local[start_local:])
@@ -251,26 +250,69 @@ def outside_folder(requests: list[tuple[str, int]], folder_prefix: str) -> list[
     return bad
 
 
+def page_problems(report: PageReport, page_text: str, folder_prefix: str) -> list[str]:
+    """Everything wrong with one loaded page; empty when a reader offline sees it whole."""
+    found = inspect_dom(report.dom)
+    problems = []
+    if report.external_requests:
+        problems.append(f"requested other hosts: {report.external_requests}")
+    bad_local = outside_folder(report.local_requests, folder_prefix)
+    if bad_local:
+        problems.append(f"requests outside its folder or failing: {bad_local}")
+    if "$" in page_text or "\\(" in page_text:
+        if not any(path.endswith("/tex-chtml-full.js") and path.startswith(folder_prefix)
+                   for path, _ in report.local_requests):
+            problems.append("never loaded the shared local MathJax")
+        if found.math_elements == 0:
+            problems.append("no typeset math (mjx-container) although the page has TeX")
+    if found.math_errors:
+        problems.append(f"{found.math_errors} MathJax errors")
+    if found.raw_math:
+        problems.append(f"raw TeX left in prose: {found.raw_math[:5]}")
+    if found.images_without_alt:
+        problems.append(f"{found.images_without_alt} images without alt text")
+    if not found.has_header or not found.index_link:
+        problems.append("no navigation header with a link to ../index.html")
+    if not found.toc_entries:
+        problems.append("no table of contents")
+    if report.screenshot is not None and not (
+        report.screenshot.is_file() and report.screenshot.stat().st_size > 1000
+    ):
+        problems.append("no screenshot written")
+    return problems
+
+
+def check_folder(folder: Path, shots: Path | None, chromium: str | None = None,
+                 *, budget_ms: int = VIRTUAL_TIME_MS) -> dict[str, list[str]]:
+    """`page_problems` of every *.html in `folder`, served with its parent as the web root
+    (so a reference to ../anything is a request outside the folder, and is reported)."""
+    folder = Path(folder).resolve()
+    chromium = chromium or find_chromium()
+    if chromium is None:
+        raise RuntimeError("no Chromium found (apt-get install chromium, or set KEYBIAS_CHROMIUM)")
+    prefix = f"/{folder.name}/"
+    results = {}
+    with LoggingServer(folder.parent) as server:
+        for page in sorted(folder.glob("*.html")):
+            shot = shots / f"{page.stem}.png" if shots is not None else None
+            report = load_page(chromium, server, f"{folder.name}/{page.name}", shot, budget_ms=budget_ms)
+            results[page.name] = page_problems(report, page.read_text(), prefix)
+    return results
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    folder = Path(argv[0] if argv else "results/notebooks").resolve()
+    folder = Path(argv[0] if argv else "results/notebooks")
     shots = Path(argv[1]) if len(argv) > 1 else Path(tempfile.mkdtemp(prefix="keybias-shots-"))
-    chromium = find_chromium()
-    if chromium is None:
-        print("no Chromium found (apt-get install chromium); nothing checked")
+    if find_chromium() is None:
+        print("no Chromium found (apt-get install chromium); nothing checked", file=sys.stderr)
         return 2
-    failures = 0
-    with LoggingServer(folder) as server:
-        for page in sorted(folder.glob("*.html")):
-            report = load_page(chromium, server, page.name, shots / f"{page.stem}.png")
-            found = inspect_dom(report.dom)
-            bad = outside_folder(report.local_requests, "/") + report.external_requests
-            ok = found.math_elements > 0 and not found.raw_math and not bad and not found.math_errors
-            failures += not ok
-            print(f"{page.name}: {found.math_elements} typeset, raw {found.raw_math[:3]}, "
-                  f"blocked/failed {bad[:3]}, {report.seconds:.1f} s -> {'ok' if ok else 'FAIL'}")
-    print(f"screenshots in {shots}")
-    return 1 if failures else 0
+    t0 = time.perf_counter()
+    results = check_folder(folder, shots)
+    for name, problems in results.items():
+        print(f"{name}: " + ("ok" if not problems else "FAIL: " + "; ".join(problems)))
+    print(f"{len(results)} pages in {time.perf_counter() - t0:.1f} s; screenshots in {shots}")
+    return 1 if not results or any(results.values()) else 0
 
 
 if __name__ == "__main__":

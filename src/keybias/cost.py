@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from keybias import cost_judge, cost_measure, cost_stats
+from keybias import cost_judge, cost_measure
 from keybias.cost_measure import ATTENTIONS, BLOCKS, CLOCKS, PASSES
 from keybias.params import Param
 
@@ -38,7 +38,8 @@ PARAMETERS = {
     "passes": Param(str, many=True, choices=PASSES, help="inference (forward) and/or a training step"),
     "min_reps": Param(int, minimum=30, help="interleaved repetitions per configuration, at least"),
     "max_reps": Param(int, minimum=30, help="repetitions per configuration, at most"),
-    "max_seconds": Param(float, positive=True, help="time per configuration after which repetitions stop"),
+    "budget_seconds": Param(float, positive=True,
+                            help="timing budget of all configurations together (min_reps always run)"),
     "target_half_width": Param(float, minimum=0.0, maximum=1.0,
                                help="stop once the control's interval half-width is this small (0: never early)"),
     "resolution_bound": Param(float, positive=True, maximum=1.0,
@@ -67,9 +68,9 @@ MACHINE_SPECIFIC_OUTPUTS = [
 
 # `make bench`: every block, both sequence lengths, both attentions, both passes.
 FULL_BENCH = dict(blocks=["BERT-base", "GPT-2 small"], seq_lens=[128, 512], batch=8, attentions=list(ATTENTIONS),
-                  passes=list(PASSES), min_reps=30, max_reps=400, max_seconds=600.0, target_half_width=0.008,
+                  passes=list(PASSES), min_reps=30, max_reps=400, budget_seconds=7200.0, target_half_width=0.008,
                   warmup=3, min_rep_seconds=0.0, optimizer="adam", n_boot=4000, seed=0, clock="process")
-QUICK_BENCH = dict(FULL_BENCH, blocks=["tiny"], seq_lens=[16], batch=2, max_reps=30, max_seconds=5.0,
+QUICK_BENCH = dict(FULL_BENCH, blocks=["tiny"], seq_lens=[16], batch=2, max_reps=30, budget_seconds=5.0,
                    target_half_width=0.0, n_boot=500)
 
 
@@ -99,7 +100,8 @@ def main(argv=None) -> int:
     parser.add_argument("--clock", choices=sorted(CLOCKS), default="process",
                         help="process CPU time (default; robust on a shared machine) or wall time; GPUs always use wall")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores torch sees)")
-    parser.add_argument("--max-seconds", type=float, default=None, help="time budget per configuration (default 600)")
+    parser.add_argument("--budget-seconds", type=float, default=None,
+                        help="timing budget of the whole grid (default 7200; min_reps always run)")
     args = parser.parse_args(argv)
     from keybias.export import atomic_write_text
     from keybias.params import ParameterError, resolve_device
@@ -111,12 +113,12 @@ def main(argv=None) -> int:
     threads = args.threads if args.threads is not None else torch.get_num_threads()
     if threads <= 0:
         parser.error(f"--threads must be positive, got {threads}")
-    if args.max_seconds is not None and args.max_seconds <= 0:
-        parser.error(f"--max-seconds must be positive, got {args.max_seconds}")
+    if args.budget_seconds is not None and args.budget_seconds <= 0:
+        parser.error(f"--budget-seconds must be positive, got {args.budget_seconds}")
     spec = dict(FULL_BENCH if args.full else QUICK_BENCH, threads=threads, device=device,
                 clock=cost_measure.clock_for(device, args.clock))
-    if args.max_seconds is not None:
-        spec["max_seconds"] = args.max_seconds
+    if args.budget_seconds is not None:
+        spec["budget_seconds"] = args.budget_seconds
     grid = {k: spec.pop(k) for k in ("blocks", "seq_lens", "batch", "attentions", "passes")}
     configs = cost_measure.block_configs(**grid)
     t0 = time.time()
@@ -139,8 +141,6 @@ def main(argv=None) -> int:
     print(f"wrote {args.out}/cost_bench_*.csv and cost_bench_provenance.json in {wall:.0f} s", file=sys.stderr)
     return 0
 
-
-__all__ = ["PARAMETERS", "MACHINE_SPECIFIC_OUTPUTS", "FULL_BENCH", "QUICK_BENCH", "bench_outputs", "main", "cost_stats"]
 
 if __name__ == "__main__":
     os.environ.setdefault("HF_HUB_OFFLINE", "1")

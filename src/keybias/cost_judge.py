@@ -209,7 +209,8 @@ def timing_claims(ratios: pd.DataFrame, model: pd.DataFrame, *, resolution_bound
              statement="The byte model of the removed work predicts a saving inside the measured saving's interval "
                        "in the share of configurations the nominal level predicts (two-sided).",
              value=_finite_or_nan(main, judged, inside / m), bound=model_bound, comparison=">=", kind="test",
-             bound_origin=f"byte model fixed before timing; Binomial(n, {LEVEL:g}) quantile at tail {CHANCE_TAIL:g}"),
+             bound_origin=f"byte model fixed before timing; Binomial(n, {LEVEL:g}) quantile at tail {CHANCE_TAIL:g}",
+             min_detectable=detectable),
         dict(claim_id="cost-removal-not-slower",
              statement="Removing b_k makes no configuration's step significantly slower, beyond the one-sided "
                        "misses chance explains.",

@@ -17,8 +17,10 @@ zeroing of its gradient (`cost_judge.removed_work` counts the bytes).
 
 One repetition runs each implementation once, in a fresh random order, so load drifts hit
 all alike. Repetitions continue past `min_reps` until the control's interval is narrow
-enough (`target_half_width`), `max_reps` or `max_seconds`: the stopping rule reads only the
-control's spread, never the saving, so it cannot steer the estimate of the saving.
+enough (`target_half_width`), `max_reps` or its share of the time budget: the stopping rule
+reads only the control's spread, never the saving, so it cannot steer the estimate of the
+saving. `run_benchmark` shares one budget among the configurations, inference first: time
+that a cheap configuration does not need goes to the expensive ones after it.
 """
 
 from __future__ import annotations
@@ -191,7 +193,7 @@ def clock_for(device: str, clock: str) -> str:
     return "wall" if str(device).startswith(("cuda", "mps")) else clock
 
 
-def check_settings(*, min_reps: int, max_reps: int, max_seconds: float, target_half_width: float) -> None:
+def check_settings(*, min_reps: int, max_reps: int, budget_seconds: float, target_half_width: float) -> None:
     """Refuse inconsistent repetition settings before any work starts."""
     _positive("min_reps", min_reps)
     _positive("max_reps", max_reps)
@@ -199,8 +201,8 @@ def check_settings(*, min_reps: int, max_reps: int, max_seconds: float, target_h
         raise ValueError(f"min_reps={min_reps} must be >= 30")
     if max_reps < min_reps:
         raise ValueError(f"max_reps={max_reps} must be >= min_reps={min_reps}")
-    if not max_seconds > 0:
-        raise ValueError(f"max_seconds={max_seconds} must be positive")
+    if not budget_seconds > 0:
+        raise ValueError(f"budget_seconds={budget_seconds} must be positive")
     if not 0 <= target_half_width < 1:
         raise ValueError(f"target_half_width={target_half_width} must be in [0, 1)")
 
@@ -265,14 +267,15 @@ def time_block(
             for ph, t in zip(phases, acc, strict=True):
                 rows.append({"rep": rep, "position": pos, "implementation": name, "phase": ph, "seconds": t})
         rep += 1
-        if rep >= min_reps and (rep - min_reps) % check_every == 0:
-            if target_half_width > 0 and half_width(times["control"], times["with_bk"],
-                                                    seed=config_seed(seed, "stop", *key)) <= target_half_width:
-                stopped_by = "target"
-                break
-            if time.perf_counter() - start >= max_seconds:
-                stopped_by = "max_seconds"
-                break
+        if rep < min_reps:
+            continue
+        if target_half_width > 0 and (rep - min_reps) % check_every == 0 and half_width(
+                times["control"], times["with_bk"], seed=config_seed(seed, "stop", *key)) <= target_half_width:
+            stopped_by = "target"
+            break
+        if time.perf_counter() - start >= max_seconds:
+            stopped_by = "max_seconds"
+            break
     frame = pd.DataFrame(rows)
     frame["inner"] = inner
     frame["clock"] = clock
@@ -355,10 +358,11 @@ def optimizer_param_step_seconds(embed_dim: int, optimizer: str = "adam", device
 
 
 def run_benchmark(
-    configs: pd.DataFrame, *, min_reps=30, max_reps=30, max_seconds=math.inf, target_half_width=0.0, warmup=2,
+    configs: pd.DataFrame, *, min_reps=30, max_reps=30, budget_seconds=math.inf, target_half_width=0.0, warmup=2,
     min_rep_seconds=0.0, threads=1, optimizer="adam", n_boot=2000, seed=0, device="cpu", clock="process", log=None,
 ) -> dict:
-    """Time every configuration of `configs` (see `block_configs`).
+    """Time every configuration of `configs` (see `block_configs`), inference first, within
+    `budget_seconds` for all of them together (each gets an equal share of what is left).
 
     Returns DataFrames raw, medians, ratios, configs (with reps and the stopping rule) and a
     dict `machine` (threads, copy bandwidth, small-kernel overhead, one-parameter optimizer
@@ -368,24 +372,28 @@ def run_benchmark(
 
     _choice("device", device, ("cpu", "cuda", "mps"))
     _positive("threads", threads)
-    check_settings(min_reps=min_reps, max_reps=max_reps, max_seconds=max_seconds, target_half_width=target_half_width)
+    check_settings(min_reps=min_reps, max_reps=max_reps, budget_seconds=budget_seconds,
+                   target_half_width=target_half_width)
     if device == "cuda" and not torch.cuda.is_available():
         raise ValueError("device='cuda' requested but torch.cuda.is_available() is False")
     if configs.empty:
         raise ValueError("no configurations to time")
     torch.set_num_threads(threads)
     raws, done = [], []
-    for c in configs.itertuples(index=False):
+    ordered = configs.iloc[configs["mode"].map({"inference": 0, "training": 1}).argsort(kind="stable")]
+    deadline = time.perf_counter() + budget_seconds
+    for i, c in enumerate(ordered.itertuples(index=False)):
         t0 = time.perf_counter()
+        share = max(0.0, (deadline - t0) / (len(ordered) - i))  # min_reps run even when it is spent
         raw = time_block(block=c.block, seq_len=int(c.seq_len), batch=int(c.batch), attention=c.attention, mode=c.mode,
-                         min_reps=min_reps, max_reps=max_reps, max_seconds=max_seconds,
+                         min_reps=min_reps, max_reps=max_reps, max_seconds=share,
                          target_half_width=target_half_width, warmup=warmup, min_rep_seconds=min_rep_seconds,
                          optimizer=optimizer, seed=seed, device=device, clock=clock)
         for col, val in (("batch", c.batch), ("seq_len", c.seq_len), ("num_heads", c.num_heads), ("embed_dim", c.embed_dim),
                          ("mode", c.mode), ("attention", c.attention), ("block", c.block), ("device", device)):
             raw.insert(0, col, val)
         raws.append(raw)
-        done.append({**c._asdict(), "device": device, "reps": int(raw["rep"].max()) + 1,
+        done.append({**c._asdict(), "device": device, "reps": int(raw["rep"].max()) + 1, "seconds_share": share,
                      "stopped_by": raw.attrs["stopped_by"], "seconds_spent": time.perf_counter() - t0})
         if log is not None:
             log(f"{c.block} {c.attention} {c.mode} S={c.seq_len}: {done[-1]['reps']} reps, "
@@ -408,12 +416,16 @@ def device_status(device: str) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def not_run_rows(configs: pd.DataFrame, device: str, reason: str) -> pd.DataFrame:
-    """One row per configuration and ratio for a device that was not run, with the reason."""
+def not_run_rows(configs: pd.DataFrame, device: str, reason: str, per: str | None = "ratio") -> pd.DataFrame:
+    """Rows for a device that was not run, with the reason: one per configuration and, with
+    per="ratio" or "implementation", one per ratio or implementation."""
     from keybias.cost_stats import RATIOS
 
     out = configs[["block", "attention", "mode", "embed_dim", "num_heads", "seq_len", "batch"]].drop_duplicates()
-    out = out.merge(pd.DataFrame({"ratio": list(RATIOS)}), how="cross")
+    if per is not None:
+        _choice("per", per, ("ratio", "implementation"))
+        values = list(RATIOS) if per == "ratio" else list(IMPLEMENTATIONS)
+        out = out.merge(pd.DataFrame({per: values}), how="cross")
     out.insert(0, "device", device)
     out["status"], out["reason"] = "not run", reason
     return out
@@ -425,7 +437,8 @@ def with_not_run(frame: pd.DataFrame, configs: pd.DataFrame, device: str) -> pd.
     out["status"], out["reason"] = "measured", ""
     absent = device_status(device)
     absent = absent[absent["status"] == "not run"]
-    extra = [not_run_rows(configs, r.device, r.reason) for r in absent.itertuples()]
+    per = "ratio" if "ratio" in out else "implementation" if "implementation" in out else None
+    extra = [not_run_rows(configs, r.device, r.reason, per) for r in absent.itertuples()]
     if "ratio" in out and out["ratio"].nunique() == 1:
         extra = [x[x["ratio"] == out["ratio"].iloc[0]] for x in extra]
     return pd.concat([out, *extra], ignore_index=True) if extra else out

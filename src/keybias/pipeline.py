@@ -447,7 +447,7 @@ class Build:
         for message in broken:
             log(f"CLAIM CONTRACT: {message}")
         if broken:
-            raise BuildError(f"{len(broken)} claim contract error(s); see above")
+            raise BuildError(f"{len(broken)} claim contract error(s):\n" + "\n".join(broken))
         if getattr(self, "results", None) is not None:
             write_headline_macros(self.results, claims)
         failed = [c for c in claims if not c["holds"]]

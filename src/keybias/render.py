@@ -18,7 +18,8 @@ logged; figures get alt text from, in order, the output's own metadata, the `alt
 `rec.figure` (the step record's `figures_alt`, or a literal `alt=` in the cell), and else the
 first sentence of the markdown cell that introduces them. `output_problems` lists, per cell,
 what an executed notebook should not contain at all (stderr, warnings, progress bars, errors,
-dumped docstrings, huge or path reprs), so each notebook's owner can fix the source.
+dumped docstrings, huge or path reprs, figures saved but not shown), so each notebook's owner
+can fix the source.
 
 Command line: `python -m keybias.render [--results DIR] {render,check}`: re-render every
 executed notebook in DIR/notebooks (no kernel needed), or list their output problems.
@@ -223,7 +224,9 @@ def output_problems(nb: dict, docstrings: list[str] | None = None) -> list[dict]
     Kinds: `stderr` (any stderr stream), `progress` (progress-bar fragments), `warning`
     (a Python warning printed anywhere), `error` (an error output), `docstring` (a keybias
     docstring printed as text), `huge` (a plain-text output over HUGE_TEXT_CHARS characters),
-    `path_repr` (a repr of paths or objects, e.g. the tuple `rec.figure` returns).
+    `path_repr` (a repr of paths or objects, e.g. the tuple `rec.figure` returns),
+    `figure_not_shown` (a cell saves a figure with `rec.figure` but displays no image, so the
+    reader never sees it next to the code that made it).
     """
     docstrings = keybias_docstrings() if docstrings is None else docstrings
     problems = []
@@ -251,6 +254,12 @@ def output_problems(nb: dict, docstrings: list[str] | None = None) -> list[dict]
             line_start = shown.rfind("\n", 0, warning.start()) + 1 if warning else 0
             excerpt = " ".join(shown[line_start:].split())[:160]
             problems += [{"cell": index, "output": number, "kind": k, "excerpt": excerpt} for k in kinds]
+        calls = _figure_calls(_source(cell))
+        images = sum(1 for o in cell.get("outputs", []) if set(o.get("data", {})) & set(IMAGE_MIMES))
+        if len(calls) > images:
+            missing = [name for name, _ in calls[images:]]
+            problems.append({"cell": index, "output": None, "kind": "figure_not_shown",
+                             "excerpt": f"rec.figure {missing} saved but not displayed in the notebook"})
     return problems
 
 
@@ -267,7 +276,8 @@ def format_problems(found: dict[str, list[dict]]) -> str:
     lines = []
     for name, problems in found.items():
         for p in problems:
-            lines.append(f"{name}: cell {p['cell']} output {p['output']}: {p['kind']}: {p['excerpt']}")
+            where = f"cell {p['cell']}" + ("" if p["output"] is None else f" output {p['output']}")
+            lines.append(f"{name}: {where}: {p['kind']}: {p['excerpt']}")
     return "\n".join(lines)
 
 
@@ -299,7 +309,10 @@ def _first_sentence(markdown: str) -> str:
     text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", text)
     text = " ".join(text.split())
     match = re.match(r"(.+?[.!?])(\s|$)", text)
-    return (match.group(1) if match else text)[:300]
+    sentence = (match.group(1) if match else text)[:300]
+    # alt text is read aloud, not typeset: TeX becomes its words
+    sentence = re.sub(r"\\([A-Za-z]+)", r"\1", sentence.replace("$", ""))
+    return re.sub(r"[{}]|\\[,;! ]", "", sentence)
 
 
 def _existing_alt(output: dict, mime: str) -> str | None:
@@ -396,7 +409,7 @@ def _header_html(*, name, section, profile, device, commit, dirty, modules, repo
         f'<a href="{e(module_href(m, commit, repo))}"><code>keybias.{e(m)}</code></a>' for m in modules
     ) or "none"
     return (
-        f'<header class="kb-header" role="banner">'
+        f'<header class="kb-header">'
         f'<p><a href="{INDEX_HREF}">&larr; All results</a> &middot; '
         f'<a href="{PAPER_HREF}">the paper (PDF)</a></p>'
         f"<p>Notebook <code>notebooks/{e(name)}.ipynb</code> supports {section_html}.</p>"
@@ -464,7 +477,6 @@ def render_notebook_html(
     add_alt_text(nb, figures_alt)
     exporter = HTMLExporter(template_name=TEMPLATE_NAME, extra_template_basedirs=[str(TEMPLATES)])
     resources = {"keybias": {"mathjax_src": MATHJAX_SRC, "mathjax_fonts": MATHJAX_FONTS}}
-    logging.getLogger("traitlets").setLevel(logging.ERROR)
     page, _ = exporter.from_notebook_node(nb, resources=resources)
     header = _header_html(
         name=name,
@@ -515,6 +527,12 @@ def external_references(page: str) -> list[str]:
     for node in soup.find_all("script"):
         found += [f"js {url}" for url in _JS_REMOTE.findall(node.get_text())]
     return found
+
+
+def render_inputs() -> list[Path]:
+    """Files whose change changes a rendered page (for a build key): code, templates, MathJax."""
+    templates = sorted(p for p in TEMPLATES.rglob("*") if p.is_file())
+    return [Path(__file__).resolve(), *templates, MATHJAX_SOURCE / "SOURCE.md"]
 
 
 # -- the shared renderer --------------------------------------------------------------------

@@ -31,11 +31,11 @@ import itertools
 import math
 import time
 
-import numpy as np
 import pandas as pd
 import torch
 
 from keybias import sweep_cases as C
+from keybias import sweep_controls as K
 from keybias import variants as V
 from keybias import verdict as VD
 from keybias.hf_attention import MODELS as HF_MODELS
@@ -65,22 +65,10 @@ MASKS = (
 SDPA_BACKENDS = ("MATH", "FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION")
 LAYERS = ("encoder_layer", "decoder_layer_self", "decoder_layer_cross", "transformer")
 ALL_DEVICES = ("cpu", "cuda", "mps")
+_base = C.base_config  # the tests build single configurations with it
+NULL_FACTORS = C.NULL_FACTORS
 REALISTIC_OPTIONS = ("plain", "kdim_vdim", "add_bias_kv", "add_zero_attn", "add_bias_kv_zero_attn")
 DROPOUT_P = 0.1
-# the rounding null: query side times a, key side divided by a (exact in real arithmetic); a is
-# not a power of two, so every entry is re-rounded
-NULL_FACTORS = (1.1, 1.3)
-CALIBRATION_CASES = 48
-# held-out calibration shapes: (embed_dim, num_heads, tgt_len, src_len, batch, mode, mask)
-CALIBRATION_SHAPES = (
-    (8, 2, 5, 5, 2, "eval", "none"), (16, 4, 7, 7, 2, "inference", "none"), (4, 2, 3, 3, 2, "eval", "causal"),
-    (32, 4, 9, 9, 1, "inference", "bool"), (16, 2, 6, 6, 2, "eval", "key_padding"),
-    (12, 3, 4, 8, 2, "eval", "none"), (4, 1, 5, 5, 2, "inference_no_fastpath", "float"),
-    (16, 16, 5, 5, 2, "eval", "is_causal"),
-)
-EPS_GRID = tuple(10.0 ** -k for k in range(16))  # per-key score perturbations of the power control
-
-
 PARAMETERS = {
     "families": Param(str, many=True, choices=FAMILIES, help="which parts of the map to run"),
     "embed_dims": Param(int, many=True, positive=True, help="embed_dim values of the MHA grid"),
@@ -106,12 +94,11 @@ PARAMETERS = {
     "magnitudes": Param(
         float, many=True, positive=True, help="|delta| / median key norm of the perturbations"
     ),
-    "realistic_sizes": Param(
+    "realistic": Param(
         str, many=True,
-        help="realistic-size subset entries 'embed_dim:num_heads:tgt_len:src_len:batch' (issue 12)",
+        help="realistic-size subset entries 'embed_dim:num_heads:tgt_len:src_len:batch:option' (issue 12), "
+             f"option one of {list(REALISTIC_OPTIONS)}",
     ),
-    "realistic_options": Param(str, many=True, choices=REALISTIC_OPTIONS,
-                               help="constructor options crossed with realistic_sizes"),
     "realistic_dtypes": Param(str, many=True, choices=DTYPES, help="dtypes of the realistic-size subset"),
     "calibration_cases": Param(int, positive=True,
                                help="held-out configurations per dtype that calibrate the rounding null"),
@@ -144,20 +131,16 @@ def parse_size(text: str) -> tuple[int, int, int, int, int]:
     return e, h, lq, lk, b
 
 
+def parse_realistic(text: str) -> tuple[int, int, int, int, int, str]:
+    """'E:H:Lq:Lk:B:option' -> (E, H, Lq, Lk, B, option); ValueError names what is wrong."""
+    size, sep, option = str(text).rpartition(":")
+    if not sep or option not in REALISTIC_OPTIONS:
+        raise ValueError(f"realistic entry {text!r} must be 'embed_dim:num_heads:tgt_len:src_len:batch:option' "
+                         f"with option one of {list(REALISTIC_OPTIONS)}")
+    return (*parse_size(size), option)
+
+
 # ----------------------------------------------------------------------------- configurations
-def _base(**kw) -> dict:
-    cfg = {
-        "family": "mha", "case": "", "variant": "softmax", "option": "plain", "mode": "eval",
-        "mask": "none", "embed_dim": 8, "num_heads": 2, "kdim": None, "vdim": None,
-        "tgt_len": 5, "src_len": 5, "batch": 2, "batch_first": True, "bias": True,
-        "add_bias_kv": False, "add_zero_attn": False, "dropout": 0.0, "need_weights": False,
-        "self_attention": True, "dtype": "float32", "device": "cpu", "sdpa_backend": "default",
-        "hf_attn_implementation": "", "seed": 0,
-    }
-    cfg.update(kw)
-    return cfg
-
-
 def _option_kwargs(option: str, embed_dim: int) -> dict:
     kw = {"option": option}
     if option == "bias_false":
@@ -194,8 +177,7 @@ def build_configs(
     size_dtypes,
     variants,
     hf_models,
-    realistic_sizes=(),
-    realistic_options=("plain",),
+    realistic=(),
     realistic_dtypes=("float64",),
     seed=0,
     device="cpu",
@@ -217,12 +199,11 @@ def build_configs(
             raise ValueError(f"{name} must be a non-empty list of positive integers, got {vals!r}")
     if seq_len <= 0 or batch_size <= 0:
         raise ValueError("seq_len and batch_size must be positive")
-    realistic_options = _check_list("realistic_options", realistic_options, REALISTIC_OPTIONS)
     realistic_dtypes = _check_list("realistic_dtypes", realistic_dtypes, DTYPES)
     parsed = [parse_size(s) for s in sizes]
-    realistic = [parse_size(s) for s in realistic_sizes]
+    realistic = [parse_realistic(s) for s in realistic]
     if "realistic" in families and not realistic:
-        raise ValueError("families includes 'realistic' but realistic_sizes is empty")
+        raise ValueError("families includes 'realistic' but the realistic list is empty")
     devices = ["cpu"] + ([device] if device != "cpu" else [])
     pairs = [(e, h) for e in embed_dims for h in _heads_for(e, num_heads)]
     cfgs: list[dict] = []
@@ -236,37 +217,37 @@ def build_configs(
                 kw = {**common, "embed_dim": e, "num_heads": h, "mode": mode, "mask": mask,
                       "dtype": dt, "need_weights": nw, "batch_first": bf}
                 kw.update(_option_kwargs(opt, e))
-                cfgs.append(_base(family="mha", case=f"MHA {opt}", **kw))
+                cfgs.append(C.base_config(family="mha", case=f"MHA {opt}", **kw))
             # every (embed_dim, num_heads) pair crossed with batch_first, mask, dtype and need_weights for
             # the plain module (the option grid above cycles the shapes); modes are cycled
             shapes = itertools.product(pairs, batch_first, masks, dtypes, need_weights)
             for i, ((e, h), bf, mask, dt, nw) in enumerate(shapes):
-                cfgs.append(_base(family="mha", case="MHA shapes", **{
+                cfgs.append(C.base_config(family="mha", case="MHA shapes", **{
                     **common, "embed_dim": e, "num_heads": h, "batch_first": bf, "mask": mask, "dtype": dt,
                     "need_weights": nw, "mode": modes[i % len(modes)]}))
             # single key and the option that breaks it
             for opt, dt in itertools.product(("plain", "add_zero_attn"), dtypes):
                 kw = {**common, "tgt_len": 4, "src_len": 1, "self_attention": False, "dtype": dt}
                 kw.update(_option_kwargs(opt, 8))
-                cfgs.append(_base(family="mha", case=f"MHA single key {opt}", **kw))
+                cfgs.append(C.base_config(family="mha", case=f"MHA single key {opt}", **kw))
         if "sizes" in families:
             for (e, h, lq, lk, b), dt in itertools.product(parsed, size_dtypes):
-                cfgs.append(_base(
+                cfgs.append(C.base_config(
                     family="sizes", case="MHA sizes", embed_dim=e, num_heads=h, tgt_len=lq,
                     src_len=lk, batch=b, self_attention=lq == lk, dtype=dt, device=dev,
                     seed=seed, mode="inference",
                 ))
         if "realistic" in families:
-            for (e, h, lq, lk, b), opt, dt in itertools.product(realistic, realistic_options, realistic_dtypes):
+            for (e, h, lq, lk, b, opt), dt in itertools.product(realistic, realistic_dtypes):
                 kw = _option_kwargs(opt, e)
                 kw.setdefault("self_attention", lq == lk)
-                cfgs.append(_base(
+                cfgs.append(C.base_config(
                     family="realistic", case=f"realistic {opt}", embed_dim=e, num_heads=h, tgt_len=lq,
                     src_len=lk, batch=b, dtype=dt, device=dev, seed=seed, mode="eval", **kw,
                 ))
         if "layers" in families:
             for layer, mode, dt, nf in itertools.product(LAYERS, ("train", "eval"), dtypes, (False, True)):
-                cfgs.append(_base(
+                cfgs.append(C.base_config(
                     family="layers", case=layer, variant=layer, option="norm_first" if nf else "plain",
                     mode=mode, mask="causal" if layer != "encoder_layer" else "none", dtype=dt,
                     embed_dim=16, num_heads=4, dropout=DROPOUT_P if mode == "train" else 0.0,
@@ -276,20 +257,20 @@ def build_configs(
             for be, mask, dt, p in itertools.product(
                 SDPA_BACKENDS, ("none", "bool", "float", "is_causal"), dtypes, (0.0, DROPOUT_P)
             ):
-                cfgs.append(_base(
+                cfgs.append(C.base_config(
                     family="sdpa", case=f"SDPA {be}", sdpa_backend=be, mask=mask, dtype=dt,
                     dropout=p, mode="train" if p else "eval", embed_dim=16, num_heads=2,
                     **common,
                 ))
         if "variants" in families:
             for var, dt, mask in itertools.product(variants, dtypes, ("none", "causal")):
-                cfgs.append(_base(
+                cfgs.append(C.base_config(
                     family="variants", case=f"variant {var}", variant=var, dtype=dt, mask=mask,
                     embed_dim=16, num_heads=2, **common,
                 ))
         if "hf" in families:
             for name, impl, dt in itertools.product(hf_models, ("eager", "sdpa"), dtypes):
-                cfgs.append(_base(
+                cfgs.append(C.base_config(
                     family="hf", case=f"HF {name}", variant=name, hf_attn_implementation=impl,
                     dtype=dt, embed_dim=16, num_heads=2, mask="causal" if name in ("gpt2", "qwen2") else "none",
                     **common,
@@ -303,43 +284,11 @@ def build_configs(
             why = f"not_requested: device {dev!r} is present but was not asked for (DEVICE={device}); not run"
         else:
             continue
-        cfgs.append(_base(family="device", case=why, device=dev, dtype="float32"))
+        cfgs.append(C.base_config(family="device", case=why, device=dev, dtype="float32"))
     return cfgs
 
 
 # ----------------------------------------------------------------------------- measurement
-def _tolerance(dtype, st: dict, n_slots: int, y_abs: float) -> float:
-    return VD.output_tolerance(
-        dtype, head_dim=st["head_dim"], n_keys=n_slots, score_abs_max=st["S"],
-        value_abs_max=st["V_o"], out_dim=st["out_dim"], output_abs_max=y_abs,
-    )
-
-
-def _finite_abs_max(t: torch.Tensor) -> float:
-    """max |t| over the finite entries (a fully masked row may be NaN); NaN if none is finite."""
-    t = t.detach().double()
-    ok = torch.isfinite(t)
-    return float(t[ok].abs().max()) if bool(ok.any()) else math.nan
-
-
-def rounding_null(case: dict, obj, inp, reference: torch.Tensor) -> float:
-    """The largest output change that the exact rescalings NULL_FACTORS cause in obj's own dtype
-    (rounding alone, see sweep_cases.qk_rescaled); NaN if the case has no such rescaling or a
-    rescaled run is not finite where the reference is."""
-    sides = case["qk_scale"](obj) if "qk_scale" in case else None
-    if sides is None:
-        return math.nan
-    out = 0.0
-    for factor in NULL_FACTORS:
-        with C.qk_rescaled(sides, factor):
-            y = C.first_output(case["run"](obj, inp))
-        d = C.change(y, reference)
-        if not math.isfinite(d):
-            return math.nan
-        out = max(out, d)
-    return out
-
-
 def _max_or_nan(values) -> float:
     """max over all values, NaN if any is not finite (Python's max would depend on the order)."""
     values = list(values)
@@ -391,8 +340,8 @@ def measure(cfg: dict, magnitudes, null_factor: dict | None = None) -> tuple[dic
         q, k, v, w_o, n_slots = case["stats"](obj64, inp64)
         st0 = C.tolerance_stats(q, k, v, w_o, cfg["num_heads"], cfg["dropout"] if cfg["mode"] == "train" else 0.0)
         typical = {"b_q": st0["norm_q"], "b_k": st0["norm_k"], "b_v": st0["norm_v"], "joint": st0["norm_k"]}
-        y_abs = _finite_abs_max(base)
-        y64_abs = _finite_abs_max(base64)
+        y_abs = C.finite_abs_max(base)
+        y64_abs = C.finite_abs_max(base64)
         e_k = roles["b_k"][0].numel()
         # the precision the kernels work in: float64 models whose eager softmax is float32 round at float32
         work, work64 = dtype, torch.float64
@@ -400,10 +349,10 @@ def measure(cfg: dict, magnitudes, null_factor: dict | None = None) -> tuple[dic
             work64 = C.TORCH_DTYPES[case["working_dtype"]]
             if VD.unit_roundoff(case["working_dtype"]) > VD.unit_roundoff(dtype):
                 work = work64
-        null_base = rounding_null(case, obj, inp, base) if low else math.nan
+        null_base = C.rounding_null(case, obj, inp, base) if low else math.nan
 
         def judged_tolerance(st, null_pert):
-            analytic = _tolerance(work, st, n_slots, y_abs)
+            analytic = C.output_tolerance_for(work, st, n_slots, y_abs)
             if not low:
                 return analytic, analytic
             return VD.null_tolerance(analytic, null_base=null_base, null_perturbed=null_pert, factor=kappa), analytic
@@ -427,14 +376,14 @@ def measure(cfg: dict, magnitudes, null_factor: dict | None = None) -> tuple[dic
                         y = C.first_output(case["run"](obj, inp))
                         ch[r] = C.change(y, base)
                         if r in ("b_k", "joint"):
-                            null_pert[r] = rounding_null(case, obj, inp, y)
+                            null_pert[r] = C.rounding_null(case, obj, inp, y)
                 else:
                     ch[r] = ch64[r]
             control = min(ch["b_q"], ch["b_v"])
             control64 = min(ch64["b_q"], ch64["b_v"])
             st = {**st0, "S": smax["b_k"]}
             tol, analytic = judged_tolerance(st, null_pert.get("b_k", math.nan))
-            tol64 = _tolerance(work64, st, n_slots, y64_abs)
+            tol64 = C.output_tolerance_for(work64, st, n_slots, y64_abs)
             entry = {
                 "magnitude": mag, "bk_abs": ch["b_k"], "control_abs": control, "tolerance_abs": tol,
                 "bk_rel": ch["b_k"] / y_abs, "control_rel": control / y_abs, "tolerance_rel": tol / y_abs,
@@ -458,7 +407,7 @@ def measure(cfg: dict, magnitudes, null_factor: dict | None = None) -> tuple[dic
         with C.perturbed(roles["b_k"], drop):
             y = C.first_output(case["run"](obj, inp))
             d_drop = C.change(y, base)
-            null_drop = rounding_null(case, obj, inp, y) if low else math.nan
+            null_drop = C.rounding_null(case, obj, inp, y) if low else math.nan
         tol_drop, _ = judged_tolerance(st_d, null_drop)
     drop_mag = float(drop.norm()) / typical["b_k"] if typical["b_k"] > 0 else 1.0
     nearest = min(per_mag, key=lambda e: abs(math.log(e["magnitude"]) - math.log(max(drop_mag, 1e-30))))
@@ -520,124 +469,6 @@ def _gradient(cfg: dict, case: dict, dtype, st: dict, n_slots: int, work) -> dic
     }
 
 
-# ----------------------------------------------------------------------------- power
-def has_power_control(cfg: dict) -> bool:
-    """The size-matched positive control runs on plain MHA without a mask of its own (it adds one),
-    with at least two keys (over one key softmax is 1 whatever the score)."""
-    return cfg["src_len"] >= 2 and (cfg["family"] in ("sizes", "realistic") and cfg["option"] == "plain") or (
-        cfg["family"] == "mha" and cfg["case"] == "MHA shapes" and cfg["mask"] == "none"
-        and not cfg["need_weights"])
-
-
-def min_detectable_break(cfg: dict, null_factor: dict | None = None) -> dict:
-    """The smallest per-key score perturbation the verdict rule of this configuration detects.
-
-    The control breaks assumption (A1) by a known amount: key j's score gets eps * r_j for every
-    query (r_j standard normal, fixed seed), through a float attn_mask, so the attention weights
-    change by a relative eps * (r_j - mean) and no shift can undo it. It is judged exactly as the
-    b_k change is (same dtype, same tolerance rule, null measured with a zero float mask), for eps
-    on the decade grid EPS_GRID; the answer is the smallest eps whose change exceeds the tolerance,
-    found by bisection (detection grows with eps). NaN if not even the largest is detected."""
-    dtype = C.TORCH_DTYPES[cfg["dtype"]]
-    low = dtype != torch.float64
-    kappa = (null_factor or {}).get(cfg["dtype"], math.nan) if low else math.nan
-    case = C.case(cfg)
-    lq, lk, dev = cfg["tgt_len"], cfg["src_len"], cfg["device"]
-    r = torch.randn(lk, generator=torch.Generator().manual_seed(cfg["seed"] + 13), dtype=torch.float64)
-    with C.mode_context(cfg):
-        obj, inp = case["build"](dtype)
-
-        def run_eps(eps):
-            mask = (eps * r).expand(lq, lk).to(dev, dtype).contiguous()
-            return C.first_output(case["run"](obj, {**inp, "attn_mask": mask}))
-
-        base = run_eps(0.0)
-        y_abs = _finite_abs_max(base)
-        zero = {**inp, "attn_mask": torch.zeros(lq, lk, dtype=dtype, device=dev)}
-        q, k, v, w_o, n_slots = case["stats"](obj, inp)
-        st = C.tolerance_stats(q, k, v, w_o, cfg["num_heads"])
-        st["S"] += float(r.abs().max())  # the largest eps of the grid is 1
-        analytic = _tolerance(dtype, st, n_slots, y_abs)
-        if low:
-            null = rounding_null(case, obj, zero, base)
-            tol = VD.null_tolerance(analytic, null_base=null, null_perturbed=null, factor=kappa)
-        else:
-            tol = analytic
-        detected = {}
-
-        def seen(i):
-            if i not in detected:
-                detected[i] = C.change(run_eps(EPS_GRID[i]), base) > tol
-            return detected[i]
-
-        lo, hi = 0, len(EPS_GRID) - 1  # EPS_GRID descends: find the last index still detected
-        if not seen(lo):
-            return {"min_detectable_eps": math.nan, "power_tolerance_rel": tol / y_abs}
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if seen(mid):
-                lo = mid
-            else:
-                hi = mid - 1
-    return {"min_detectable_eps": EPS_GRID[lo], "power_tolerance_rel": tol / y_abs}
-
-
-# ----------------------------------------------------------------------------- calibration
-def calibrate_null_factor(dtypes, magnitudes, *, seed: int, cases: int = CALIBRATION_CASES) -> tuple[dict, pd.DataFrame]:
-    """The factor kappa of the low-precision tolerance, per dtype, from held-out configurations.
-
-    Held out: plain nn.MultiheadAttention with seeds seed + 1000 + i, which the sweep never uses,
-    shapes and masks cycling through CALIBRATION_SHAPES. Plain MHA is the one configuration whose
-    exact invariance the proof (notebook 01) and the float64 analytic bound establish without any
-    low-precision data; so in its own dtype the b_k change there is rounding alone, and
-
-        change caused by b_k / (null at the start + null at the perturbed state)
-
-    is what kappa must cover. kappa is the largest ratio over every case and magnitude. The sweep
-    then judges every configuration, plain MHA included, on its own seed with this fixed kappa.
-    Returns ({dtype: kappa}, the calibration rows)."""
-    low = [d for d in dict.fromkeys(dtypes) if d != "float64"]
-    rows = []
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny problems: no thread-pool wake-ups
-    for dt in low:
-        dtype = C.TORCH_DTYPES[dt]
-        for i in range(cases):
-            e, h, lq, lk, b, mode, mask = CALIBRATION_SHAPES[i % len(CALIBRATION_SHAPES)]
-            cfg = _base(family="mha", case="calibration", embed_dim=e, num_heads=h, tgt_len=lq, src_len=lk,
-                        batch=b, mode=mode, mask=mask, dtype=dt, seed=seed + 1000 + i,
-                        self_attention=lq == lk, batch_first=bool(i % 2))
-            case = C.case(cfg)
-            with C.mode_context(cfg):
-                obj, inp = case["build"](dtype)
-                bk = case["roles"](obj)["b_k"]
-                typical = C.tolerance_stats(*case["stats"](obj, inp)[:4], h)["norm_k"]
-                gen = torch.Generator().manual_seed(cfg["seed"] + 7)
-                y0 = C.first_output(case["run"](obj, inp))
-                n0 = rounding_null(case, obj, inp, y0)
-                for mag in magnitudes:
-                    direction = torch.randn(bk[0].numel(), generator=gen, dtype=torch.float64)
-                    with C.perturbed(bk, direction / direction.norm() * mag * typical):
-                        y1 = C.first_output(case["run"](obj, inp))
-                        n1 = rounding_null(case, obj, inp, y1)
-                    d = C.change(y1, y0)
-                    denom = n0 + n1
-                    rows.append({"dtype": dt, "case": i, "seed": cfg["seed"], "embed_dim": e, "num_heads": h,
-                                 "tgt_len": lq, "src_len": lk, "batch": b, "mode": mode, "mask": mask,
-                                 "magnitude": mag, "change": d, "null_sum": denom,
-                                 "ratio": d / denom if denom > 0 else math.nan})
-    torch.set_num_threads(threads)
-    frame = pd.DataFrame(rows)
-    factors = {}
-    for dt in low:
-        ratios = frame.loc[frame.dtype == dt, "ratio"].to_numpy(dtype=float)
-        ratios = ratios[np.isfinite(ratios)]
-        if not ratios.size:
-            raise ValueError(f"calibration of the rounding null for {dt} has no case with a nonzero null")
-        factors[dt] = float(ratios.max())
-    return factors, frame
-
-
 # ----------------------------------------------------------------------------- the sweep
 def _rejected_row(cfg: dict, exc: Exception) -> dict:
     msg = " ".join(str(exc).split())[:300]
@@ -693,8 +524,8 @@ def run_sweep(configs: list[dict], magnitudes, *, null_factor: dict | None = Non
         else:
             try:
                 row, per_mag = measure(cfg, magnitudes, null_factor)
-                if row["status"] == "measured" and has_power_control(cfg):
-                    row.update(min_detectable_break(cfg, null_factor))
+                if row["status"] == "measured" and K.has_power_control(cfg):
+                    row.update(K.min_detectable_break(cfg, null_factor))
             except Exception as exc:  # noqa: BLE001 - PyTorch's own rejection is the result
                 row, per_mag = _rejected_row(cfg, exc), []
         row["config_id"] = config_id

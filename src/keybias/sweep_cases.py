@@ -24,6 +24,9 @@ from keybias import variants as V
 from keybias import verdict as VD
 from keybias.params import DTYPES
 
+# the rounding null: query side times a, key side divided by a (exact in real arithmetic); a is
+# not a power of two, so every entry is re-rounded
+NULL_FACTORS = (1.1, 1.3)
 _BACKEND_NAMES = {int(v.value): k for k, v in SDPBackend.__members__.items()}
 
 TORCH_DTYPES = {name: getattr(torch, name) for name in DTYPES}
@@ -511,3 +514,49 @@ def perturbed(views: list, delta: torch.Tensor):
             for v, s in zip(views, saved, strict=True):
                 v.copy_(s)
 
+
+# ----------------------------------------------------------------------------- shared by measure and controls
+def base_config(**kw) -> dict:
+    """A configuration with every axis at its default, overridden by `kw`."""
+    cfg = {
+        "family": "mha", "case": "", "variant": "softmax", "option": "plain", "mode": "eval",
+        "mask": "none", "embed_dim": 8, "num_heads": 2, "kdim": None, "vdim": None,
+        "tgt_len": 5, "src_len": 5, "batch": 2, "batch_first": True, "bias": True,
+        "add_bias_kv": False, "add_zero_attn": False, "dropout": 0.0, "need_weights": False,
+        "self_attention": True, "dtype": "float32", "device": "cpu", "sdpa_backend": "default",
+        "hf_attn_implementation": "", "seed": 0,
+    }
+    cfg.update(kw)
+    return cfg
+
+
+def output_tolerance_for(dtype, st: dict, n_slots: int, y_abs: float) -> float:
+    return VD.output_tolerance(
+        dtype, head_dim=st["head_dim"], n_keys=n_slots, score_abs_max=st["S"],
+        value_abs_max=st["V_o"], out_dim=st["out_dim"], output_abs_max=y_abs,
+    )
+
+
+def finite_abs_max(t: torch.Tensor) -> float:
+    """max |t| over the finite entries (a fully masked row may be NaN); NaN if none is finite."""
+    t = t.detach().double()
+    ok = torch.isfinite(t)
+    return float(t[ok].abs().max()) if bool(ok.any()) else math.nan
+
+
+def rounding_null(case: dict, obj, inp, reference: torch.Tensor) -> float:
+    """The largest output change that the exact rescalings NULL_FACTORS cause in obj's own dtype
+    (rounding alone, see sweep_cases.qk_rescaled); NaN if the case has no such rescaling or a
+    rescaled run is not finite where the reference is."""
+    sides = case["qk_scale"](obj) if "qk_scale" in case else None
+    if sides is None:
+        return math.nan
+    out = 0.0
+    for factor in NULL_FACTORS:
+        with qk_rescaled(sides, factor):
+            y = first_output(case["run"](obj, inp))
+        d = change(y, reference)
+        if not math.isfinite(d):
+            return math.nan
+        out = max(out, d)
+    return out

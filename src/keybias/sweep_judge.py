@@ -54,6 +54,11 @@ def finite_min(values) -> float:
     return float(arr.min()) if arr.size else math.nan
 
 
+def decade(value: float) -> str:
+    """A power of ten as LaTeX math, e.g. 1e-9 -> '10^{-9}' (the power control's grid is decades)."""
+    return f"10^{{{round(math.log10(value))}}}"
+
+
 def slug(text: str) -> str:
     return "".join(ch if ch.isalnum() else "-" for ch in text.lower()).strip("-")
 
@@ -360,7 +365,7 @@ def invariance_claims(df: pd.DataFrame, mags: pd.DataFrame, *, min_configs: int,
         macros[f"InvContradictions{word}"] = int(by_dtype.loc[dt, "contradictions"]) if present else NOT_RUN
         macros[f"InvNullBasis{word}"] = int(by_dtype.loc[dt, "null_basis"]) if present else NOT_RUN
         eps = detect.get(dt, math.nan)
-        macros[f"InvMinDetect{word}"] = eps if math.isfinite(eps) else NOT_RUN
+        macros[f"InvMinDetect{word}"] = decade(eps) if math.isfinite(eps) else NOT_RUN
         kappa = (null_factor or {}).get(dt, math.nan)
         macros[f"InvNullFactor{word}"] = kappa if math.isfinite(kappa) else NOT_RUN
     for cat, short in CATEGORY_MACROS.items():

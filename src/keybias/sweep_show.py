@@ -11,7 +11,8 @@ from keybias import style
 from keybias import sweep_judge as J
 from keybias.params import DTYPES
 
-_LOG_FLOOR = -20.0
+_LOG_FLOOR = -20.0  # a zero change (0/0 included) sits at the left edge of the axis
+_AXIS_LIMIT = 7.8
 
 
 def plot_map(df: pd.DataFrame, mags: pd.DataFrame):
@@ -34,7 +35,7 @@ def plot_map(df: pd.DataFrame, mags: pd.DataFrame):
     def lg(num, den):
         with np.errstate(divide="ignore", invalid="ignore"):
             r = np.log10(num.astype(float).to_numpy() / den.astype(float).to_numpy())
-        return np.clip(np.where(np.isnan(r), _LOG_FLOOR, r), _LOG_FLOOR, 8)
+        return np.clip(np.where(np.isnan(r), _LOG_FLOOR, r), -_AXIS_LIMIT, _AXIS_LIMIT)
 
     rng = np.random.default_rng(0)
     for ax, mag in zip(axes[0], levels, strict=True):
@@ -50,7 +51,7 @@ def plot_map(df: pd.DataFrame, mags: pd.DataFrame):
         ax.axvline(0.0, color="black", lw=0.8)
         ax.set_title(f"magnitude {mag:g}")
         ax.set_xlabel("log10(change / tolerance)")
-        ax.set_xlim(-8, 8)
+        ax.set_xlim(-8, 8)  # zero or unbounded ratios are drawn at the edges
         ax.grid(axis="x", alpha=0.3)
     axes[0][0].set_yticks(range(len(cats)), cats)
     axes[0][0].tick_params(axis="y", labelsize=style.MIN_FONT_PT)

@@ -135,10 +135,24 @@ def _tolerance(site: Site, unit: nn.Module, runs: list[dict[str, torch.Tensor]])
                                     value_abs_max=value, out_dim=w_o.shape[1], output_abs_max=y_max)
 
 
+def _float64_kernels(work: nn.Module) -> None:
+    """Certify with PyTorch's SDPA kernel: some eager Hugging Face kernels (ViT's) take the
+    softmax in float32 even in a float64 model, which float64's tolerance does not allow for.
+    The copy gets its own config, so the caller's model keeps its kernel."""
+    for module in work.modules():
+        config = getattr(module, "config", None)
+        if getattr(config, "_attn_implementation", None) == "eager":
+            try:
+                config._attn_implementation = "sdpa"
+            except (ValueError, AttributeError):
+                pass
+
+
 def certify(unit: nn.Module, site: Site, change: Callable[[nn.Module], None], *, seed: int = 0) -> dict[str, float]:
     """Apply `change` to a float64 eval-mode copy of `unit`; return the output change, its
     rounding tolerance and whether the change is within it (non-finite outputs never are)."""
     work = copy.deepcopy(unit).double().eval()
+    _float64_kernels(work)
     with torch.no_grad():
         before = _run(work, site, seed)
         change(work)

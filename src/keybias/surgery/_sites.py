@@ -214,12 +214,13 @@ def _mha_site(path: str, module: nn.MultiheadAttention) -> Site:
     if module.bias_k is not None:
         site.key_partner = Slot("", "bias_k")
         site.value_partner = Slot("", "bias_v")
-    if module.add_zero_attn:
+    if module.add_zero_attn and site.key is not None:
         site.refuse_strip = ("add_zero_attn=True appends a zero key that gets no b_k, so removing b_k "
                              "changes the scores of the real keys but not of the zero key")
+    if module.add_zero_attn and site.value is not None:
         site.refuse_fold = ("add_zero_attn=True appends a zero value that gets no b_v, so the weighted "
                             "sum of values does not shift by b_v")
-    if module.out_proj.bias is None:
+    if module.out_proj.bias is None and site.value is not None:
         site.refuse_fold = site.refuse_fold or "out_proj has no bias to fold b_v into"
     return site
 

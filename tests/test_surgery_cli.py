@@ -1,0 +1,111 @@
+"""python -m keybias.surgery: MiniLM round trip, and clear errors that leave nothing behind."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from keybias import families, pretrained
+from keybias.surgery import cli
+
+
+def _leftovers(parent: Path) -> list[str]:
+    return sorted(p.name for p in parent.iterdir())
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory):
+    out = tmp_path_factory.mktemp("cli") / "minilm-stripped"
+    lines: list[str] = []
+    summary = cli.convert(pretrained.model_path(), out, fold_value=True, log=lines.append)
+    return out, summary, "\n".join(lines)
+
+
+def test_minilm_round_trip_loads_with_transformers_and_sentence_transformers(converted):
+    out, summary, log = converted
+    assert summary["whole_model_check"]["holds"]
+    assert "strip_key_bias:" in log and "fold_value_bias:" in log and "wrote" in log
+    from transformers import AutoModel
+
+    model = AutoModel.from_pretrained(str(out), local_files_only=True, use_safetensors=True)
+    for layer in model.encoder.layer:
+        assert torch.count_nonzero(layer.attention.self.key.bias) == 0
+        assert torch.count_nonzero(layer.attention.self.value.bias) == 0
+    st = pytest.importorskip("sentence_transformers")
+    texts = pretrained.sentences(12, 0)
+    original = st.SentenceTransformer(str(pretrained.model_path()), device="cpu", local_files_only=True)
+    stripped = st.SentenceTransformer(str(out), device="cpu", local_files_only=True)
+    a = torch.as_tensor(original.encode(texts, convert_to_numpy=True))
+    b = torch.as_tensor(stripped.encode(texts, convert_to_numpy=True))
+    # unit vectors in float32: a change of a few float32 ulps of an O(1) number is rounding
+    assert (a - b).abs().max() <= 1e-5
+    # the comparison has power: a model with its query biases changed does not pass it
+    with torch.no_grad():
+        for layer in stripped[0].auto_model.encoder.layer:
+            layer.attention.self.query.bias.add_(0.05)
+    c = torch.as_tensor(stripped.encode(texts, convert_to_numpy=True))
+    assert (a - c).abs().max() > 1e-3
+
+
+def _write_tiny(directory: Path, family: str) -> Path:
+    model = families.build(family).float()
+    model.save_pretrained(str(directory), safe_serialization=True)
+    return directory
+
+
+@pytest.mark.parametrize("case", ["missing", "not_a_dir", "no_config", "no_safetensors", "pickle_only",
+                                  "refused_architecture", "nothing_handled", "output_exists"])
+def test_bad_input_fails_clearly_and_leaves_nothing(tmp_path, case, capsys):
+    src, out = tmp_path / "in", tmp_path / "out"
+    expected = {"missing": "does not exist", "not_a_dir": "not a directory", "no_config": "no config.json",
+                "no_safetensors": "no *.safetensors", "pickle_only": "only pickle checkpoints",
+                "refused_architecture": "rotary", "nothing_handled": "no attention module this tool handles",
+                "output_exists": "already exists"}[case]
+    if case == "not_a_dir":
+        src.write_text("x")
+    elif case in ("no_config", "no_safetensors", "pickle_only"):
+        src.mkdir()
+        if case != "no_config":
+            (src / "config.json").write_text("{}")
+        if case == "pickle_only":
+            (src / "pytorch_model.bin").write_bytes(b"never unpickled")
+    elif case == "refused_architecture":
+        _write_tiny(src, "LLaMA attention_bias")
+    elif case == "nothing_handled":
+        import transformers
+
+        cfg = transformers.LlamaConfig(hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                       num_key_value_heads=2, intermediate_size=32, vocab_size=40)
+        transformers.LlamaModel(cfg).save_pretrained(str(src), safe_serialization=True)
+    elif case == "output_exists":
+        _write_tiny(src, "BERT")
+        out.mkdir()
+    before = _leftovers(tmp_path)
+    code = cli.main([str(src), str(out)])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.startswith("error:") and expected in err
+    assert _leftovers(tmp_path) == before  # no output, no temporary folder
+    if case != "output_exists":
+        assert not out.exists()
+
+
+def test_tiny_bert_directory_round_trips_with_dtype(tmp_path):
+    src = _write_tiny(tmp_path / "in", "BERT")
+    out = tmp_path / "out"
+    assert cli.main([str(src), str(out), "--fold-value", "--dtype", "float64"]) == 0
+    from transformers import AutoModel
+
+    model = AutoModel.from_pretrained(str(out), local_files_only=True, use_safetensors=True)
+    assert model.dtype == torch.float64
+    assert (out / "keybias_surgery.json").is_file()
+
+
+def test_module_entry_point_prints_usage():
+    done = subprocess.run([sys.executable, "-m", "keybias.surgery", "--help"], capture_output=True, text=True,
+                          check=True)
+    assert "IN_DIR" in done.stdout.upper() and "--fold-value" in done.stdout and "--dtype" in done.stdout
