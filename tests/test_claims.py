@@ -126,6 +126,17 @@ def test_pipeline_check_names_a_claim_that_fails_on_nan(tmp_path, capsys):
     assert "empty selection or non-finite data" in capsys.readouterr().err
 
 
+def test_pipeline_check_stops_on_a_verdict_table_it_cannot_count(tmp_path):
+    run = [claim("fine")]
+    write_manifest(tmp_path, "smoke", run)
+    (tmp_path / "results" / "data").mkdir(parents=True)
+    (tmp_path / "results" / "data" / "invariance.csv").write_text("dtype,verdict\nfloat32,redundant\n")
+    build = pipeline.Build.__new__(pipeline.Build)
+    build.profile, build.root, build.results = "smoke", tmp_path, tmp_path / "results"
+    with pytest.raises(pipeline.BuildError, match="expected"):
+        build.check_claims(run)
+
+
 # -- manifest command -------------------------------------------------------------------------
 def test_manifest_command_writes_only_the_notebooks_of_the_run(tmp_path):
     write_manifest(tmp_path, "smoke", [claim("kept", notebook="02_other"), claim("old", notebook="01_x")])
