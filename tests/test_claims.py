@@ -116,6 +116,39 @@ def test_deleting_a_claim_from_a_step_record_fails_the_pipeline_check_naming_it(
     assert f"claim {victim['id']!r}" in capsys.readouterr().err
 
 
+def _step_records_from_the_manifest(tmp_path):
+    """A project with notebooks 01 and 03 whose step records hold exactly the smoke manifest."""
+    import shutil
+
+    root, results = tmp_path / "proj", tmp_path / "results"
+    (root / "notebooks").mkdir(parents=True)
+    shutil.copytree(ROOT / "params", root / "params")
+    manifest = C.load_manifest("smoke", ROOT)
+    provenance = {"started_utc": "2026-01-01T00:00:00+00:00", "commit": "0" * 40, "dirty": False,
+                  "versions": {"torch": "x", "python": "x"}, "wall_seconds": 1.0,
+                  "machine": {"cpu": "x", "torch_threads": 1, "devices_present": ["cpu"]}}
+    for nb in ("01_symbolic", "03_precision"):
+        shutil.copy(ROOT / "notebooks" / f"{nb}.ipynb", root / "notebooks")
+        records = [claim(cid, notebook=nb, kind=kind) for cid, kind in manifest[nb].items()]
+        step = {"notebook": nb, "profile": "smoke", "device": "cpu", "claims": records, "outputs": [],
+                "provenance": provenance}
+        (results / "steps").mkdir(parents=True, exist_ok=True)
+        (results / "steps" / f"{nb}.json").write_text(json.dumps(step))
+    return pipeline.Build("smoke", "cpu", results, root=root), results
+
+
+def test_deleting_a_claim_from_a_step_record_fails_gather_and_check(tmp_path, capsys):
+    build, results = _step_records_from_the_manifest(tmp_path)
+    build.check_claims(build.gather())
+    step_path = results / "steps" / "03_precision.json"
+    step = json.loads(step_path.read_text())
+    victim = step["claims"].pop(0)["id"]
+    step_path.write_text(json.dumps(step))
+    with pytest.raises(pipeline.BuildError, match=victim):
+        build.check_claims(build.gather())
+    assert f"claim {victim!r} (03_precision, test) is in params/claims/smoke/03_precision.json" in capsys.readouterr().err
+
+
 def test_pipeline_check_names_a_claim_that_fails_on_nan(tmp_path, capsys):
     run = [claim("fine"), claim("nan-claim", holds=False, value=float("nan"))]
     write_manifest(tmp_path, "smoke", run)
@@ -124,6 +157,17 @@ def test_pipeline_check_names_a_claim_that_fails_on_nan(tmp_path, capsys):
     with pytest.raises(pipeline.BuildError, match="nan-claim"):
         build.check_claims(run)
     assert "empty selection or non-finite data" in capsys.readouterr().err
+
+
+def test_pipeline_check_stops_on_a_verdict_table_it_cannot_count(tmp_path):
+    run = [claim("fine")]
+    write_manifest(tmp_path, "smoke", run)
+    (tmp_path / "results" / "data").mkdir(parents=True)
+    (tmp_path / "results" / "data" / "invariance.csv").write_text("dtype,verdict\nfloat32,redundant\n")
+    build = pipeline.Build.__new__(pipeline.Build)
+    build.profile, build.root, build.results = "smoke", tmp_path, tmp_path / "results"
+    with pytest.raises(pipeline.BuildError, match="expected"):
+        build.check_claims(run)
 
 
 # -- manifest command -------------------------------------------------------------------------

@@ -205,6 +205,7 @@ def test_parameters_match_notebook_and_profiles():
         assert set(section) == set(nm.PARAMETERS)
         for name, spec in nm.PARAMETERS.items():
             spec.check(name, section[name])
+        assert section["calibration_seed"] != section["seed"], "the crossing calibration must be held out"
 
 
 # ----------------------------------------------------------------------------- constants, claims, macros, figures

@@ -449,7 +449,10 @@ class Build:
         if broken:
             raise BuildError(f"{len(broken)} claim contract error(s):\n" + "\n".join(broken))
         if getattr(self, "results", None) is not None:
-            write_headline_macros(self.results, claims)
+            try:
+                write_headline_macros(self.results, claims)
+            except ValueError as exc:
+                raise BuildError(f"headline counts (results/macros/claims.tex): {exc}") from exc
         failed = [c for c in claims if not c["holds"]]
         for c in failed:
             why = " (NaN: an empty selection or non-finite data)" if c["value"] != c["value"] else ""
