@@ -112,6 +112,10 @@ def load_model(dtype: str = "float32"):
         raise ValueError(f"dtype must be 'float32' or 'float64', got {dtype!r}")
     os.environ["HF_HUB_OFFLINE"] = "1"
     os.environ["TRANSFORMERS_OFFLINE"] = "1"
+    import warnings
+
+    # tqdm.auto warns about missing ipywidgets inside a notebook; there is no progress bar here
+    warnings.filterwarnings("ignore", message="IProgress not found")
     import transformers
     from transformers import AutoModel, AutoTokenizer
 
