@@ -18,8 +18,7 @@ import torch
 from torch import nn
 
 from keybias import verdict
-
-from ._sites import Site
+from keybias.surgery._sites import Site
 
 BATCH, QUERIES, KEYS = 2, 5, 6
 

@@ -10,8 +10,8 @@ import torch
 from torch import nn
 from torch.nn.utils import parametrize
 
-from ._certify import certify
-from ._sites import Site, Slot, discover
+from keybias.surgery._certify import certify
+from keybias.surgery._sites import Site, Slot, discover
 
 STORAGES = ("remove", "zeros")
 
