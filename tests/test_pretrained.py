@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 import torch
 
-from keybias import params, pretrained
+from keybias import params, pretrained, pretrained_judge, pretrained_show
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -121,13 +121,13 @@ NORMS = pd.DataFrame({"layer": [0, 1], "bq_norm": [1.0, 2.0], "bk_norm": [0.1, 0
 REF = pd.DataFrame([{"model": "gpt2", "layers": 12, "hidden_size": 768, "total_parameters": 10**8,
                      "key_bias_parameters": 9216, "value_bias_parameters": 9216, "config_count": 9216,
                      "fraction_key_bias": 9e-5, "counted_by": "x"}])
-CHANGE_IDS = [f"pretrained-{v.replace('_', '-')}-within-rounding-{d}" for v, _ in pretrained.CHANGE_CLAIMS
+CHANGE_IDS = [f"pretrained-{v.replace('_', '-')}-within-rounding-{d}" for v, _ in pretrained_judge.CHANGE_CLAIMS
               for d in ("float32", "float64")]
 
 
 def _claims(changes, norms=NORMS):
     savings = pretrained.parameters_saved(changes, _fake_info(), REF)
-    claims, macros = pretrained.pretrained_claims(changes, norms, _fake_info(), savings)
+    claims, macros = pretrained_judge.pretrained_claims(changes, norms, _fake_info(), savings)
     return {c["claim_id"]: c for c in claims}, macros
 
 
@@ -156,7 +156,7 @@ def test_pretrained_claims_fail_on_missing_rows():
 
 
 @pytest.mark.claim_mutation(*CHANGE_IDS)
-@pytest.mark.parametrize("variant", [v for v, _ in pretrained.CHANGE_CLAIMS])
+@pytest.mark.parametrize("variant", [v for v, _ in pretrained_judge.CHANGE_CLAIMS])
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_change_claims_fail_when_the_change_exceeds_rounding(variant, dtype):
     changes = _fake_changes(dtypes=("float32", "float64"))
@@ -200,7 +200,7 @@ def test_strip_claim_fails_for_a_surgery_that_changes_outputs(monkeypatch):
     monkeypatch.setattr(pretrained.surgery, "strip_key_bias", broken)
     changes, norms, info = pretrained.embedding_changes(4, 2, 32, 10.0, 0, noise_batch_size=3,
                                                         dtypes=["float64"], num_threads=1)
-    claims, _ = pretrained.pretrained_claims(changes, norms, info, pretrained.reference_savings())
+    claims, _ = pretrained_judge.pretrained_claims(changes, norms, info, pretrained.reference_savings())
     by_id = {c["claim_id"]: c for c in claims}
     assert not _holds(by_id["pretrained-strip-key-bias-within-rounding-float64"])
     assert _holds(by_id["pretrained-zero-key-bias-within-rounding-float64"])
@@ -219,10 +219,10 @@ def test_family_table_and_claims_hold(small_table):
     assert t.loc["BERT", "strip"] == "removed" and t.loc["LLaMA attention_bias", "strip"] == "refused"
     assert "rotary" in t.loc["LLaMA attention_bias", "reason"]
     assert t.loc["GPT-2", "key_bias_removed"] == 2 * 16
-    claims, macros = pretrained.family_claims(small_table)
+    claims, macros = pretrained_judge.family_claims(small_table)
     assert all(_holds(c) for c in claims)
     assert macros["PretFamilies"] == 5 and macros["PretFamiliesWrong"] == 0
-    assert "$b_k$ removed" in pretrained.family_table_latex(small_table)
+    assert "$b_k$ removed" in pretrained_show.family_table_latex(small_table)
 
 
 @pytest.mark.claim_mutation("pretrained-families-handled-unchanged-float64")
@@ -240,7 +240,7 @@ def test_family_claim_fails_for_a_fold_that_forgets_w_o_b_v(monkeypatch, small_t
     args, kwargs = families.model_inputs("BERT", model)
     row = pretrained.family_row("BERT", model, args, kwargs, "handled", "mutated")
     table = pd.concat([small_table[small_table["family"] != "BERT"], pd.DataFrame([row])], ignore_index=True)
-    claims = {c["claim_id"]: c for c in pretrained.family_claims(table)[0]}
+    claims = {c["claim_id"]: c for c in pretrained_judge.family_claims(table)[0]}
     assert not _holds(claims["pretrained-families-handled-unchanged-float64"])
 
 
@@ -248,7 +248,7 @@ def test_family_claim_fails_for_a_fold_that_forgets_w_o_b_v(monkeypatch, small_t
 def test_family_control_claim_fails_without_power(small_table):
     table = small_table.copy()
     table.loc[table["family"] == "BERT", "forced_change"] = 0.0
-    claims = {c["claim_id"]: c for c in pretrained.family_claims(table)[0]}
+    claims = {c["claim_id"]: c for c in pretrained_judge.family_claims(table)[0]}
     assert not _holds(claims["pretrained-families-control-detected"])
 
 
@@ -265,23 +265,23 @@ def test_refusal_claim_fails_when_a_refused_family_was_redundant(monkeypatch, sm
     args, kwargs = families.model_inputs("BERT relative_key", model)
     row = pretrained.family_row("BERT relative_key", model, args, kwargs, "refused", "mutated")
     table = pd.concat([small_table, pd.DataFrame([row])], ignore_index=True)
-    claims = {c["claim_id"]: c for c in pretrained.family_claims(table)[0]}
+    claims = {c["claim_id"]: c for c in pretrained_judge.family_claims(table)[0]}
     assert not _holds(claims["pretrained-families-refusals-needed"])
 
 
 def test_family_claims_fail_on_empty_or_one_sided_tables(small_table):
     with pytest.raises(ValueError, match="empty"):
-        pretrained.family_claims(small_table.iloc[0:0])
+        pretrained_judge.family_claims(small_table.iloc[0:0])
     with pytest.raises(ValueError, match="handled and refused"):
-        pretrained.family_claims(small_table[small_table["expected"] == "handled"])
+        pretrained_judge.family_claims(small_table[small_table["expected"] == "handled"])
 
 
 def test_bias_norm_outputs():
     norms = pd.DataFrame({"layer": [0, 1], "bq_norm": [1.0, 2.0], "bk_norm": [0.1, 0.2], "bv_norm": [1.0, 1.0],
                           "wk_fro_over_sqrt_din": [1.0, 1.0], "key_norm_median": [5.0, 6.0],
                           "bk_over_key_norm": [0.02, 0.03]})
-    assert r"$\|b_k\|$" in pretrained.bias_norms_latex(norms)
-    fig = pretrained.bias_norms_figure(norms)
+    assert r"$\|b_k\|$" in pretrained_show.bias_norms_latex(norms)
+    fig = pretrained_show.bias_norms_figure(norms)
     assert len(fig.axes[0].lines) == 3
     from keybias import style
 
