@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 import torch
 
-from keybias import params, pretrained
+from keybias import params, pretrained, pretrained_judge, pretrained_show
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -91,21 +91,8 @@ def test_reference_savings_match_configs():
     frame = pretrained.reference_savings()
     assert list(frame["model"]) == list(pretrained.REFERENCE_MODELS)
     assert (frame["key_bias_parameters"] == frame["config_count"]).all()
+    assert (frame["value_bias_parameters"] == frame["config_count"]).all()
     assert frame.set_index("model").loc["bert-large", "key_bias_parameters"] == 24 * 1024
-
-
-def test_gpt2_packed_slice_is_read_off_the_module():
-    from transformers import BertConfig, BertModel, GPT2Config, GPT2Model
-
-    with torch.device("meta"):
-        gpt = GPT2Model(GPT2Config(n_layer=3, n_embd=32, n_head=4, vocab_size=10, n_positions=8))
-        bert = BertModel(BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                                    intermediate_size=64, vocab_size=10))
-    for which in ("query", "key", "value"):
-        assert pretrained.gpt2_packed_bias_slice(gpt, which) == 3 * 32
-    assert pretrained.gpt2_packed_bias_slice(bert) == 0  # no c_attn: nothing counted
-    with pytest.raises(ValueError, match="which"):
-        pretrained.gpt2_packed_bias_slice(gpt, "output")
 
 
 def _fake_changes(strip_diff=1e-7, dtypes=("float32",)):
@@ -125,44 +112,181 @@ def _fake_info():
 
 
 def _holds(claim):
-    _id, _statement, value, bound, op = claim
+    value, bound, op = claim["value"], claim["bound"], claim["comparison"]
     return {"<=": value <= bound, ">": value > bound, "<": value < bound, "==": value == bound}[op]
 
 
-def test_pretrained_claims_pass_and_fail():
-    norms = pd.DataFrame({"layer": [0, 1], "bq_norm": [1.0, 2.0], "bk_norm": [0.1, 0.2], "bv_norm": [1.0, 1.0],
-                          "bk_over_key_norm": [0.01, 0.02], "key_norm_median": [5.0, 6.0]})
-    ref = pd.DataFrame([{"model": "gpt2", "layers": 12, "hidden_size": 768, "total_parameters": 10**8,
-                         "key_bias_parameters": 9216, "value_bias_parameters": 9216, "config_count": 9216,
-                         "fraction_key_bias": 9e-5, "counted_by": "x"}])
-    changes = _fake_changes()
-    savings = pretrained.parameters_saved(changes, _fake_info(), ref)
-    assert savings.loc[0, "value_bias_parameters"] == 8
-    claims, macros = pretrained.pretrained_claims(changes, norms, _fake_info(), savings)
-    by_id = {c[0]: c for c in claims}
+NORMS = pd.DataFrame({"layer": [0, 1], "bq_norm": [1.0, 2.0], "bk_norm": [0.1, 0.2], "bv_norm": [1.0, 1.0],
+                      "bk_over_key_norm": [0.01, 0.02], "key_norm_median": [5.0, 6.0]})
+REF = pd.DataFrame([{"model": "gpt2", "layers": 12, "hidden_size": 768, "total_parameters": 10**8,
+                     "key_bias_parameters": 9216, "value_bias_parameters": 9216, "config_count": 9216,
+                     "fraction_key_bias": 9e-5, "counted_by": "x"}])
+CHANGE_IDS = [f"pretrained-{v.replace('_', '-')}-within-rounding-{d}" for v, _ in pretrained_judge.CHANGE_CLAIMS
+              for d in ("float32", "float64")]
+
+
+def _claims(changes, norms=NORMS):
+    savings = pretrained.parameters_saved(changes, _fake_info(), REF)
+    claims, macros = pretrained_judge.pretrained_claims(changes, norms, _fake_info(), savings)
+    return {c["claim_id"]: c for c in claims}, macros
+
+
+def test_pretrained_claims_hold_on_good_data_with_kinds():
+    claims, macros = _claims(_fake_changes(dtypes=("float32", "float64")))
+    assert all(_holds(c) for c in claims.values())
+    assert all(c["kind"] in ("test", "consistency", "implied") and c["bound_origin"] for c in claims.values())
+    assert claims["pretrained-strip-saves-layers-times-hidden"]["kind"] == "consistency"
+    assert claims["pretrained-saved-gpt2-matches-config"]["kind"] == "consistency"
+    assert claims["pretrained-strip-key-bias-within-rounding-float64"]["kind"] == "test"
+    # analytic float32 tolerance (no float64 twin): an independent test
+    assert claims["pretrained-strip-key-bias-within-rounding-float32"]["kind"] == "test"
+    measured = _fake_changes(dtypes=("float32", "float64"))
+    measured.loc[measured["dtype"] == "float32", "tolerance_kind"] = "measured"
+    implied, _ = _claims(measured)
+    c = implied["pretrained-strip-key-bias-within-rounding-float32"]
+    assert c["kind"] == "implied" and c["implied_by"] == ["pretrained-strip-key-bias-within-rounding-float64"]
+    assert macros["PretStripDiffFloatSixtyFour"] == 1e-7
+
+
+def test_pretrained_claims_fail_on_missing_rows():
+    with pytest.raises(ValueError, match="positive control"):
+        _claims(_fake_changes().query("variant != 'random_query_bias_control'"))
+    with pytest.raises(ValueError, match="strip_key_bias"):
+        _claims(_fake_changes().query("variant != 'strip_key_bias'"))
+
+
+@pytest.mark.claim_mutation(*CHANGE_IDS)
+@pytest.mark.parametrize("variant", [v for v, _ in pretrained_judge.CHANGE_CLAIMS])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_change_claims_fail_when_the_change_exceeds_rounding(variant, dtype):
+    changes = _fake_changes(dtypes=("float32", "float64"))
+    sel = (changes["dtype"] == dtype) & (changes["variant"] == variant)
+    changes.loc[sel, "max_abs_diff"] = 1e-2
+    claims, _ = _claims(changes)
+    assert not _holds(claims[f"pretrained-{variant.replace('_', '-')}-within-rounding-{dtype}"])
+    changes.loc[sel, "max_abs_diff"] = float("nan")  # NaN never passes
+    claims, _ = _claims(changes)
+    assert not _holds(claims[f"pretrained-{variant.replace('_', '-')}-within-rounding-{dtype}"])
+
+
+@pytest.mark.claim_mutation("pretrained-control-detected-float32", "pretrained-control-detected-float64")
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_control_claim_fails_without_power(dtype):
+    changes = _fake_changes(dtypes=("float32", "float64"))
+    sel = (changes["dtype"] == dtype) & (changes["variant"] == "random_query_bias_control")
+    changes.loc[sel, "max_abs_diff"] = 1e-9
+    claims, _ = _claims(changes)
+    assert not _holds(claims[f"pretrained-control-detected-{dtype}"])
+
+
+@pytest.mark.claim_mutation("pretrained-bk-smaller-than-bq")
+def test_bk_claim_fails_when_a_key_bias_outgrows_its_query_bias():
+    claims, _ = _claims(_fake_changes(), NORMS.assign(bk_norm=[0.1, 3.0]))
+    assert not _holds(claims["pretrained-bk-smaller-than-bq"])
+
+
+@pytest.mark.claim_mutation("pretrained-strip-key-bias-within-rounding-float64")
+def test_strip_claim_fails_for_a_surgery_that_changes_outputs(monkeypatch):
+    """A real model and a broken surgery: 'strip' that also zeroes the query biases."""
+    real = pretrained.surgery.strip_key_bias
+
+    def broken(model, **kw):
+        report = real(model, **kw)
+        with torch.no_grad():
+            for layer in model.encoder.layer:
+                layer.attention.self.query.bias.zero_()
+        return report
+
+    monkeypatch.setattr(pretrained.surgery, "strip_key_bias", broken)
+    changes, norms, info = pretrained.embedding_changes(4, 2, 32, 10.0, 0, noise_batch_size=3,
+                                                        dtypes=["float64"], num_threads=1)
+    claims, _ = pretrained_judge.pretrained_claims(changes, norms, info, pretrained.reference_savings())
+    by_id = {c["claim_id"]: c for c in claims}
+    assert not _holds(by_id["pretrained-strip-key-bias-within-rounding-float64"])
+    assert _holds(by_id["pretrained-zero-key-bias-within-rounding-float64"])
+
+
+# ---------------------------------------------------------------------------- the family table
+
+@pytest.fixture(scope="module")
+def small_table():
+    names = ["nn.MultiheadAttention", "BERT", "GPT-2", "LLaMA attention_bias", "MHA add_zero_attn"]
+    return pretrained.family_table(0, names)
+
+
+def test_family_table_and_claims_hold(small_table):
+    t = small_table.set_index("family")
+    assert t.loc["BERT", "strip"] == "removed" and t.loc["LLaMA attention_bias", "strip"] == "refused"
+    assert "rotary" in t.loc["LLaMA attention_bias", "reason"]
+    assert t.loc["GPT-2", "key_bias_removed"] == 2 * 16
+    claims, macros = pretrained_judge.family_claims(small_table)
     assert all(_holds(c) for c in claims)
-    assert "pretrained-control-detected-float64" not in by_id  # no float64 run: no claim
-    assert macros["PretStripDiffFloatSixtyFour"] == r"\text{(not run)}"
-    assert macros["PretTolMeasuredCount"] == 0 and "analytic" in macros["PretTolSentence"]
-    # a strip that changes the output beyond rounding makes its claim fail
-    bad, _ = pretrained.pretrained_claims(_fake_changes(strip_diff=1e-2), norms, _fake_info(), savings)
-    assert not _holds({c[0]: c for c in bad}["pretrained-strip-key-bias-within-rounding-float32"])
-    # key bias larger than the query bias in one layer: that claim fails
-    big = norms.assign(bk_norm=[0.1, 3.0])
-    worse, _ = pretrained.pretrained_claims(changes, big, _fake_info(), savings)
-    assert not _holds(worse[0])
-    # float64 rows bring their own control claim
-    both, _ = pretrained.pretrained_claims(_fake_changes(dtypes=("float32", "float64")), norms, _fake_info(), savings)
-    assert _holds({c[0]: c for c in both}["pretrained-control-detected-float64"])
+    assert macros["PretFamilies"] == 5 and macros["PretFamiliesWrong"] == 0
+    assert "$b_k$ removed" in pretrained_show.family_table_latex(small_table)
+
+
+@pytest.mark.claim_mutation("pretrained-families-handled-unchanged-float64")
+def test_family_claim_fails_for_a_fold_that_forgets_w_o_b_v(monkeypatch, small_table):
+    from keybias import families
+
+    def forgetful(model, **kw):  # drops b_v without adding W_o b_v to b_o
+        with torch.no_grad():
+            for layer in model.encoder.layer:
+                layer.attention.self.value.bias.zero_()
+        return {"modules_changed": ["x"], "modules": [], "not_handled": [], "unchanged": []}
+
+    monkeypatch.setattr(pretrained.surgery, "fold_value_bias", forgetful)
+    model = families.build("BERT")
+    args, kwargs = families.model_inputs("BERT", model)
+    row = pretrained.family_row("BERT", model, args, kwargs, "handled", "mutated")
+    table = pd.concat([small_table[small_table["family"] != "BERT"], pd.DataFrame([row])], ignore_index=True)
+    claims = {c["claim_id"]: c for c in pretrained_judge.family_claims(table)[0]}
+    assert not _holds(claims["pretrained-families-handled-unchanged-float64"])
+
+
+@pytest.mark.claim_mutation("pretrained-families-control-detected")
+def test_family_control_claim_fails_without_power(small_table):
+    table = small_table.copy()
+    table.loc[table["family"] == "BERT", "forced_change"] = 0.0
+    claims = {c["claim_id"]: c for c in pretrained_judge.family_claims(table)[0]}
+    assert not _holds(claims["pretrained-families-control-detected"])
+
+
+@pytest.mark.claim_mutation("pretrained-families-refusals-needed")
+def test_refusal_claim_fails_when_a_refused_family_was_redundant(monkeypatch, small_table):
+    """A tool that wrongly refuses BERT relative_key: zeroing its b_k by hand changes nothing."""
+    from keybias import families
+
+    def refuse(model, **kw):
+        raise pretrained.surgery.SurgeryRefused("wrong", [{"reason": "wrongly refused"}], {})
+
+    monkeypatch.setattr(pretrained.surgery, "strip_key_bias", refuse)
+    model = families.build("BERT relative_key")
+    args, kwargs = families.model_inputs("BERT relative_key", model)
+    row = pretrained.family_row("BERT relative_key", model, args, kwargs, "refused", "mutated")
+    table = pd.concat([small_table, pd.DataFrame([row])], ignore_index=True)
+    claims = {c["claim_id"]: c for c in pretrained_judge.family_claims(table)[0]}
+    assert not _holds(claims["pretrained-families-refusals-needed"])
+
+
+def test_family_claims_fail_on_empty_or_one_sided_tables(small_table):
+    with pytest.raises(ValueError, match="empty"):
+        pretrained_judge.family_claims(small_table.iloc[0:0])
+    with pytest.raises(ValueError, match="handled and refused"):
+        pretrained_judge.family_claims(small_table[small_table["expected"] == "handled"])
 
 
 def test_bias_norm_outputs():
     norms = pd.DataFrame({"layer": [0, 1], "bq_norm": [1.0, 2.0], "bk_norm": [0.1, 0.2], "bv_norm": [1.0, 1.0],
                           "wk_fro_over_sqrt_din": [1.0, 1.0], "key_norm_median": [5.0, 6.0],
                           "bk_over_key_norm": [0.02, 0.03]})
-    assert r"$\|b_k\|$" in pretrained.bias_norms_latex(norms)
-    fig = pretrained.bias_norms_figure(norms)
+    assert r"$\|b_k\|$" in pretrained_show.bias_norms_latex(norms)
+    fig = pretrained_show.bias_norms_figure(norms)
     assert len(fig.axes[0].lines) == 3
+    from keybias import style
+
+    assert style.smallest_font_pt(fig) >= style.MIN_FONT_PT
+    assert fig.get_size_inches()[0] <= style.FULL_WIDTH
 
 
 @pytest.mark.parametrize("profile", ["paper", "smoke"])

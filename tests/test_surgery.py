@@ -10,12 +10,12 @@ import warnings
 
 import pytest
 import torch
-
-pytestmark = pytest.mark.filterwarnings("ignore::keybias.surgery.InPlaceWriteWarning",
-                                        "ignore::keybias.surgery.FullyMaskedRowWarning")
 from torch import nn
 
 from keybias import surgery
+
+pytestmark = pytest.mark.filterwarnings("ignore::keybias.surgery.InPlaceWriteWarning",
+                                        "ignore::keybias.surgery.FullyMaskedRowWarning")
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")

@@ -43,6 +43,26 @@ def test_torchscript_works_with_explicit_zeros():
     assert (scripted(x, x, x)[0] - y0).abs().max() <= 1e-12
 
 
+def test_torch_export_handles_the_reparameterized_bias():
+    m = _mha()
+    x = _x()
+    y0 = m(x, x, x, need_weights=False)[0]
+    with pytest.warns(surgery.InPlaceWriteWarning):
+        surgery.strip_key_bias(m)
+        surgery.fold_value_bias(m, assume_no_fully_masked_rows=True)
+
+    class Self(nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, x):
+            return self.inner(x, x, x, need_weights=False)[0]
+
+    exported = torch.export.export(Self(m), (x,))
+    assert (exported.module()(x) - y0).abs().max() <= 1e-12
+
+
 def test_meta_device_is_refused_clearly_and_plan_counts():
     with torch.device("meta"):
         model = nn.TransformerEncoderLayer(8, 2, 16, batch_first=True)

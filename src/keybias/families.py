@@ -25,6 +25,10 @@ VOCAB, WIDTH, HEADS, FFN, SEQ, BATCH = 40, 16, 2, 32, 7, 2
 def _offline() -> None:
     os.environ["HF_HUB_OFFLINE"] = "1"
     os.environ["TRANSFORMERS_OFFLINE"] = "1"
+    import warnings
+
+    # tqdm.auto warns about missing ipywidgets inside a notebook; there is no progress bar here
+    warnings.filterwarnings("ignore", message="IProgress not found")
     import transformers
 
     # the tiny configs use small vocabularies; the config checks on special-token ids warn

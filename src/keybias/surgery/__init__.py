@@ -61,7 +61,7 @@ from typing import Any
 
 from torch import nn
 
-from ._core import (
+from keybias.surgery._core import (
     STORAGES,
     FullyMaskedRowWarning,
     InPlaceWriteWarning,

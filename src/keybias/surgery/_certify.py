@@ -18,8 +18,7 @@ import torch
 from torch import nn
 
 from keybias import verdict
-
-from ._sites import Site
+from keybias.surgery._sites import Site
 
 BATCH, QUERIES, KEYS = 2, 5, 6
 
@@ -58,6 +57,7 @@ def _run(unit: nn.Module, site: Site, seed: int) -> dict[str, torch.Tensor]:
     """One forward of the unit in float64 eval mode: output y and the q, k, v it used."""
     gen = torch.Generator().manual_seed(seed)
     seen: dict[str, torch.Tensor] = {}
+
     def keep(name: str) -> Callable:
         def hook(_module, _inputs, output):
             seen.setdefault(name, output)

@@ -10,8 +10,8 @@ import torch
 from torch import nn
 from torch.nn.utils import parametrize
 
-from ._certify import certify
-from ._sites import Site, Slot, discover
+from keybias.surgery._certify import certify
+from keybias.surgery._sites import Site, Slot, discover
 
 STORAGES = ("remove", "zeros")
 
@@ -55,7 +55,7 @@ class _KeepEntries(nn.Module):
         raise RuntimeError(
             "a bias re-parameterized by keybias.surgery (storage='remove') cannot be compiled by "
             "torch.jit.script; run strip_key_bias/fold_value_bias with storage='zeros' (explicit zeros, "
-            "a plain Parameter), or use torch.compile / torch.export, which handle it"
+            "a plain Parameter), or use torch.export, which handles it"
         )
 
 

@@ -239,7 +239,7 @@ def _hf_site(model: nn.Module, path: str, module: nn.Module, family: str, names)
         if not _is_projection(dense):
             return None
         unit_path, prefix, out = parent_path, path.rpartition(".")[2] + ".", "output.dense"
-    q, k, v = (getattr(module, n) for n in names)
+    k, v = getattr(module, names[1]), getattr(module, names[2])
     site = Site(path=path, unit_path=unit_path, family=family, layout="triple", out=out,
                 projections=tuple(prefix + n for n in names), heads=_heads(module, config),
                 dropout=_dropout(module))
@@ -255,7 +255,6 @@ def _hf_site(model: nn.Module, path: str, module: nn.Module, family: str, names)
     reason = _position_reason(module)
     if reason:
         site.refuse_strip = site.refuse_fold = reason
-    del q
     return site
 
 
