@@ -457,6 +457,11 @@ def test_verdict_table_gives_bounds_only_where_unresolved():
     assert r"\le" in tex and tex.count(r"\\") == len(table) + 1
 
 
+def test_attention_words():
+    assert cost_show.attention_words(["self"]) == "self-attention"
+    assert cost_show.attention_words(["self", "cross"]).startswith("self-attention and cross-attention")
+
+
 def test_gpu_prediction_is_labelled_and_computed_from_datasheet_bandwidth():
     configs = cost_measure.block_configs(["BERT-base"], [128], 8)
     gpu = cost_judge.gpu_prediction(configs)
