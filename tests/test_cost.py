@@ -492,6 +492,15 @@ def test_profiles_set_exactly_the_parameters(profile):
                                 budget_seconds=checked["budget_seconds"], target_half_width=checked["target_half_width"])
 
 
+@pytest.mark.parametrize("profile", ["smoke", "paper"])
+def test_every_timing_claim_can_fail_at_the_profiles_size(profile):
+    """With n configurations, each count bound must leave room to fail: a bound of 0 (or n) is no test."""
+    p = load_profile(profile, ROOT / "params", ["06_cost"])["06_cost"]
+    n = len(cost_measure.block_configs(p["blocks"], p["seq_lens"], p["batch"], p["attentions"], p["passes"]))
+    assert cost_stats.binomial_lower_fraction(n, cost_stats.LEVEL, cost_stats.CHANCE_TAIL) > 0
+    assert cost_stats.binomial_upper_count(n, (1 - cost_stats.LEVEL) / 2, cost_stats.CHANCE_TAIL) < n
+
+
 def test_paper_profile_claims_issue_twelve_resolution():
     checked = load_profile("paper", ROOT / "params", ["06_cost"])["06_cost"]
     assert checked["resolution_bound"] == cost_judge.ISSUE_RESOLUTION
