@@ -537,3 +537,7 @@ def test_cli_quick_writes_machine_files(tmp_path):
     # one shared budget, inference first; a spent budget still gives every configuration min_reps
     assert list(run["mode"]) == sorted(run["mode"]) and (run["reps"] >= 30).all()
     assert run["seconds_share"].iloc[-1] <= cost.QUICK_BENCH["budget_seconds"]
+    import json
+
+    measured = json.loads((tmp_path / "cost_bench_provenance.json").read_text())["measured"]
+    assert {"load_average_before", "load_average_after", "cores", "bandwidth_bytes_per_s"} <= set(measured)
