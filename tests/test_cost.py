@@ -457,6 +457,11 @@ def test_verdict_table_gives_bounds_only_where_unresolved():
     assert r"\le" in tex and tex.count(r"\\") == len(table) + 1
 
 
+def test_attention_words():
+    assert cost_show.attention_words(["self"]) == "self-attention"
+    assert cost_show.attention_words(["self", "cross"]).startswith("self-attention and cross-attention")
+
+
 def test_gpu_prediction_is_labelled_and_computed_from_datasheet_bandwidth():
     configs = cost_measure.block_configs(["BERT-base"], [128], 8)
     gpu = cost_judge.gpu_prediction(configs)
@@ -485,6 +490,15 @@ def test_profiles_set_exactly_the_parameters(profile):
     assert set(checked) == set(cost.PARAMETERS)
     cost_measure.check_settings(min_reps=checked["min_reps"], max_reps=checked["max_reps"],
                                 budget_seconds=checked["budget_seconds"], target_half_width=checked["target_half_width"])
+
+
+@pytest.mark.parametrize("profile", ["smoke", "paper"])
+def test_every_timing_claim_can_fail_at_the_profiles_size(profile):
+    """With n configurations, each count bound must leave room to fail: a bound of 0 (or n) is no test."""
+    p = load_profile(profile, ROOT / "params", ["06_cost"])["06_cost"]
+    n = len(cost_measure.block_configs(p["blocks"], p["seq_lens"], p["batch"], p["attentions"], p["passes"]))
+    assert cost_stats.binomial_lower_fraction(n, cost_stats.LEVEL, cost_stats.CHANCE_TAIL) > 0
+    assert cost_stats.binomial_upper_count(n, (1 - cost_stats.LEVEL) / 2, cost_stats.CHANCE_TAIL) < n
 
 
 def test_paper_profile_claims_issue_twelve_resolution():
@@ -523,3 +537,7 @@ def test_cli_quick_writes_machine_files(tmp_path):
     # one shared budget, inference first; a spent budget still gives every configuration min_reps
     assert list(run["mode"]) == sorted(run["mode"]) and (run["reps"] >= 30).all()
     assert run["seconds_share"].iloc[-1] <= cost.QUICK_BENCH["budget_seconds"]
+    import json
+
+    measured = json.loads((tmp_path / "cost_bench_provenance.json").read_text())["measured"]
+    assert {"load_average_before", "load_average_after", "cores", "bandwidth_bytes_per_s"} <= set(measured)

@@ -64,6 +64,9 @@ MACHINE_SPECIFIC_OUTPUTS = [
     "tables/cost_timing*.tex",
     "macros/06_cost.tex",  # mixes exact memory counts with timing numbers
     "steps/06_cost.json",  # timing claims carry measured values
+    # where timings lived before results/machine/ existed: stale copies must never be compared
+    "data/cost_timing*.csv",
+    "data/cost_bench*",
 ]
 
 # `make bench`: every block, both sequence lengths, both attentions, both passes.

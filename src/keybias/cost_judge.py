@@ -20,16 +20,17 @@ from keybias.cost_stats import (
     binomial_lower_fraction,
     binomial_upper_count,
 )
-from keybias.export import format_number
 
 # The resolution issue 12 asks of the benchmark: the control's interval half-width, as a share of step time.
 ISSUE_RESOLUTION = 0.01
 # Peak memory bandwidth of current data-centre GPUs, for the byte model's *prediction* only
 # (nothing here is measured on a GPU): macro tag -> (name, bytes/s).
 GPU_BANDWIDTHS = {
-    # NVIDIA H100 Tensor Core GPU datasheet (2023), H100 SXM: "GPU memory bandwidth 3.35TB/s" (HBM3).
+    # NVIDIA H100 Tensor Core GPU datasheet, specifications table, H100 SXM: GPU memory bandwidth
+    # 3.35 TB/s (80 GB HBM3); https://www.nvidia.com/en-us/data-center/h100/
     "HOneHundred": ("H100 SXM (HBM3)", 3.35e12),
-    # NVIDIA H200 Tensor Core GPU datasheet (2024), H200 SXM: "GPU memory bandwidth 4.8TB/s" (HBM3e).
+    # NVIDIA H200 Tensor Core GPU datasheet, specifications table, H200 SXM: GPU memory bandwidth
+    # 4.8 TB/s (141 GB HBM3e); https://www.nvidia.com/en-us/data-center/h200/
     "HTwoHundred": ("H200 SXM (HBM3e)", 4.8e12),
 }
 # Columns a timing row needs to be judged; a non-finite entry fails every claim it enters.
@@ -299,6 +300,3 @@ def gpu_macros(gpu: pd.DataFrame) -> dict:
         out[f"CostGpu{tag}PredictedMaxUs"] = float(rows["predicted_saving_us"].max())
     return out
 
-
-def format_percent(x: float) -> str:
-    return format_number(100 * float(x), 3)

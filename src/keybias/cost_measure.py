@@ -26,6 +26,7 @@ that a cheap configuration does not need goes to the expensive ones after it.
 from __future__ import annotations
 
 import math
+import os
 import time
 
 import numpy as np
@@ -379,6 +380,8 @@ def run_benchmark(
     if configs.empty:
         raise ValueError("no configurations to time")
     torch.set_num_threads(threads)
+    # other programs' load explains a resolution missed on a shared machine, so it is recorded
+    load_before = _load_average()
     raws, done = [], []
     ordered = configs.iloc[configs["mode"].map({"inference": 0, "training": 1}).argsort(kind="stable")]
     deadline = time.perf_counter() + budget_seconds
@@ -401,10 +404,20 @@ def run_benchmark(
     raw = pd.concat(raws, ignore_index=True)
     medians, ratios = summarize(raw, n_boot=n_boot, seed=seed)
     machine = measure_machine(device, clock=clock)
-    machine.update(threads=torch.get_num_threads(), interop_threads=torch.get_num_interop_threads(), device=device, clock=clock)
+    machine.update(threads=torch.get_num_threads(), interop_threads=torch.get_num_interop_threads(), device=device,
+                   clock=clock, load_average_before=load_before, load_average_after=_load_average(),
+                   cores=os.cpu_count())
     machine["optimizer_param_step_s"] = {
         int(e): optimizer_param_step_seconds(int(e), optimizer, device, clock=clock) for e in configs["embed_dim"].unique()}
     return {"raw": raw, "medians": medians, "ratios": ratios, "configs": pd.DataFrame(done), "machine": machine}
+
+
+def _load_average() -> float:
+    """The one-minute load average (runnable processes), NaN where the OS has none."""
+    try:
+        return float(os.getloadavg()[0])
+    except (AttributeError, OSError):
+        return float("nan")
 
 
 def device_status(device: str) -> pd.DataFrame:

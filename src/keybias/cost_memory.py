@@ -131,11 +131,15 @@ def per_layer_memory(embed_dims, num_heads: int | None = None) -> pd.DataFrame:
 
 
 def _hf_model(name: str):
-    import os as _os
+    import os
+    import warnings
 
-    _os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    _os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    import transformers
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    with warnings.catch_warnings():
+        # transformers imports tqdm.auto, which warns in a kernel without ipywidgets; no bar is drawn here
+        warnings.filterwarnings("ignore", message="IProgress not found")
+        import transformers
 
     a = ARCHITECTURES[name]
     with torch.device("meta"):

@@ -113,6 +113,15 @@ def time_saving_figure(model: pd.DataFrame, ratios: pd.DataFrame, *, device: str
     return fig
 
 
+def attention_words(attentions) -> str:
+    """The attentions timed, in words for the paper."""
+    names = {"self": "self-attention", "cross": "cross-attention to a separate memory of the same length"}
+    if not attentions:
+        raise ValueError("no attentions")
+    words = [names[a] for a in attentions]
+    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]
+
+
 def cuda_sentence(device: str) -> str:
     """One sentence for the paper on the CUDA rows: measured on which GPU, or why not run."""
     if device == "cuda":
