@@ -216,11 +216,17 @@ def test_power_control_orders_the_dtypes():
     assert eps["float64"] <= 1e-10 and eps["bfloat16"] >= 1e-4
 
 
-def test_calibration_is_held_out_and_finite():
-    factors, rows = K.calibrate_null_factor(["float64", "float32", "bfloat16"], [1.0, 100.0], seed=0, cases=3)
-    assert set(factors) == {"float32", "bfloat16"}
-    assert all(math.isfinite(v) and v > 0 for v in factors.values())
-    assert (rows.seed >= 1000).all() and len(rows) == 2 * 3 * 2
+def test_calibration_is_held_out_per_dtype_and_magnitude():
+    cfgs = S.build_configs(**_kw(dtypes=["float64", "float32", "bfloat16"], masks=["none", "causal"]))
+    factors, rows = K.calibrate_null_factor(cfgs, [1.0, 100.0], cases=3)
+    assert set(factors) == {"float32", "bfloat16"} and all(set(f) == {1.0, 100.0} for f in factors.values())
+    assert all(math.isfinite(v) and v > 0 for f in factors.values() for v in f.values())
+    sweep_seeds = {c["seed"] for c in cfgs}
+    assert not sweep_seeds & set(rows.seed) and (rows.seed >= 1000).all()
+    own = [c for c in cfgs if c["dtype"] == "float32" and c["family"] == "mha" and c["src_len"] >= 2]
+    assert len(rows[rows.dtype == "float32"]) == 2 * (len(own) + len(K.CALIBRATION_SHAPES))
+    assert S.C.null_factor_for(factors, "float32", 90.0) == factors["float32"][100.0]
+    assert S.C.null_factor_for(factors, "float32") == max(factors["float32"].values())
 
 
 def _small_sweep():
@@ -353,7 +359,7 @@ def test_mutation_gradient_above_bound(small):
 @pytest.mark.claim_mutation("invariance-no-unexpected-invalid")
 def test_mutation_unexpected_invalid(small):
     _, df, mags = small
-    bad = _flip(df, _valid("float16"), "verdict", "invalid")
+    bad = _flip(df, _valid("float32"), "verdict", "invalid")
     assert not _claims(bad, mags)[0]["invariance-no-unexpected-invalid"]["holds"]
 
 

@@ -544,6 +544,20 @@ def finite_abs_max(t: torch.Tensor) -> float:
     return float(t[ok].abs().max()) if bool(ok.any()) else math.nan
 
 
+def null_factor_for(null_factor: dict | None, dtype: str, magnitude: float | None = None) -> float:
+    """kappa for a dtype: `null_factor[dtype]` is a number, or {magnitude: kappa} (then the value at
+    the nearest magnitude on a log scale, or the largest when `magnitude` is None); NaN if absent."""
+    value = (null_factor or {}).get(dtype, math.nan)
+    if not isinstance(value, dict):
+        return float(value)
+    if not value:
+        return math.nan
+    if magnitude is None:
+        return max(value.values())
+    nearest = min(value, key=lambda m: abs(math.log(m) - math.log(max(magnitude, 1e-30))))
+    return value[nearest]
+
+
 def rounding_null(case: dict, obj, inp, reference: torch.Tensor) -> float:
     """The largest output change that the exact rescalings NULL_FACTORS cause in obj's own dtype
     (rounding alone, see sweep_cases.qk_rescaled); NaN if the case has no such rescaling or a
