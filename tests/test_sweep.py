@@ -48,7 +48,7 @@ def test_low_precision_verdict_uses_its_own_null_not_float64():
     assert row["verdict"] == "not_redundant" and row["verdict_float64"] == "redundant"
     assert (mags.tolerance_from == "null").all()
     ok, mags = _measure(dtype="float32", mode="eval")
-    assert ok["verdict"] == "redundant" and ok["verdict_basis"] == "rounding null"
+    assert ok["verdict"] == "redundant" and ok["verdict_basis"] == "rounding null" and ok["independent"]
     assert (mags.null_base_rel > 0).all() and (mags.null_perturbed_rel > 0).all()
 
 

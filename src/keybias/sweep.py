@@ -530,6 +530,9 @@ def run_sweep(configs: list[dict], magnitudes, *, null_factor: dict | None = Non
                 row, per_mag = _rejected_row(cfg, exc), []
         row["config_id"] = config_id
         row["expected"], row["assumption"] = expected_verdict(row)
+        # every verdict is judged against its own dtype's tolerance (analytic, or the same-dtype
+        # null): none follows from another dtype's, so each valid one is an independent test
+        row["independent"] = row.get("verdict") in (VD.REDUNDANT, VD.NOT_REDUNDANT)
         row["kdim"] = cfg["kdim"] or cfg["embed_dim"]
         row["vdim"] = cfg["vdim"] or cfg["embed_dim"]
         row["training"] = cfg["mode"] == "train"
