@@ -387,3 +387,15 @@ def test_power_table_and_figures(small):
     assert style.smallest_font_pt(fig) >= style.MIN_FONT_PT
     assert fig.get_size_inches()[0] == pytest.approx(style.FULL_WIDTH)
     assert len(fig.axes) == mags.magnitude.nunique()
+
+
+def test_tail_quantile_covers_more_tests_than_the_calibration_has():
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    held_out = rng.exponential(1.0, 200)
+    few, many = K.tail_quantile(held_out, 10), K.tail_quantile(held_out, 10_000)
+    assert held_out.max() <= few < many
+    # the exponential tail: P(exceed) per draw ~ alpha / tests, so 10,000 fresh draws rarely pass it
+    fresh = rng.exponential(1.0, (50, 10_000)).max(axis=1)
+    assert (fresh > many).mean() < 0.25

@@ -18,6 +18,8 @@ from keybias import sweep_cases as C
 from keybias import verdict as VD
 
 CALIBRATION_CASES = 48
+FAMILY_ALPHA = 0.05  # family-wise false-alarm rate of the low-precision tests of one dtype and magnitude
+TAIL_FRACTION = 0.1  # the largest tenth of the held-out ratios fits the exponential tail
 HELD_OUT_SEED_OFFSET = 1000  # calibration seeds: the sweep seed + this + k, never used by the sweep
 # held-out calibration shapes: (embed_dim, num_heads, tgt_len, src_len, batch, mode, mask)
 CALIBRATION_SHAPES = (
@@ -116,9 +118,10 @@ def calibrate_null_factor(configs: list[dict], magnitudes, *, cases: int = CALIB
 
         change caused by b_k / (null at the start + null at the perturbed state)
 
-    is what kappa must cover. kappa[dtype][m] is the largest ratio at magnitude m (the rounding of
-    a state moved far by a large b_k differs from that of a small move, so each magnitude gets its
-    own factor). The sweep then judges every configuration, plain MHA included, on its own seed.
+    is what kappa must cover. kappa[dtype][m] is `tail_quantile` of the ratios at magnitude m: the
+    ratio the sweep's tests of that dtype exceed with probability at most FAMILY_ALPHA together
+    (the rounding of a state moved far by a large b_k differs from that of a small move, so each
+    magnitude gets its own factor). The sweep then judges every configuration, plain MHA included, on its own seed.
     Returns ({dtype: {magnitude: kappa}}, the calibration rows)."""
     magnitudes = [float(m) for m in magnitudes]
     low = [d for d in dict.fromkeys(c["dtype"] for c in configs if c["family"] != "device") if d != "float64"]
@@ -156,6 +159,7 @@ def calibrate_null_factor(configs: list[dict], magnitudes, *, cases: int = CALIB
     frame = pd.DataFrame(rows)
     factors = {}
     for dt in low:
+        tests = sum(c["dtype"] == dt and c["family"] != "device" for c in configs)
         factors[dt] = {}
         for mag in magnitudes:
             ratios = frame.loc[(frame.dtype == dt) & (frame.magnitude == mag), "ratio"].to_numpy(dtype=float)
@@ -163,5 +167,25 @@ def calibrate_null_factor(configs: list[dict], magnitudes, *, cases: int = CALIB
             if not ratios.size:
                 raise ValueError(f"calibration of the rounding null for {dt} at magnitude {mag:g} has no case "
                                  "with a nonzero null")
-            factors[dt][mag] = float(ratios.max())
+            factors[dt][mag] = tail_quantile(ratios, tests)
     return factors, frame
+
+
+def tail_quantile(ratios: np.ndarray, tests: int, *, alpha: float = FAMILY_ALPHA,
+                  tail_fraction: float = TAIL_FRACTION) -> float:
+    """The ratio that `tests` independent draws exceed with probability at most `alpha` together.
+
+    The largest of n held-out ratios is only their (1 - 1/n) quantile; the sweep makes `tests`
+    draws of its own, so the factor must reach the (1 - alpha/tests) quantile (Bonferroni). The
+    upper tail is modelled as exponential above the threshold t that leaves the largest k = a tenth
+    (at least ten) of the ratios: with beta their mean excess over t, the quantile is
+    t + beta ln((k/n) / (alpha/tests)). Never below the largest ratio seen."""
+    r = np.sort(np.asarray(ratios, dtype=float))
+    n = r.size
+    k = min(max(int(math.ceil(tail_fraction * n)), 10), n - 1)
+    if k < 1 or tests < 1:
+        return float(r.max())
+    threshold = r[n - k - 1]
+    beta = float((r[n - k:] - threshold).mean())
+    quantile = threshold + beta * math.log((k / n) / (alpha / tests))
+    return float(max(quantile, r.max()))
