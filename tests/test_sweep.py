@@ -57,6 +57,7 @@ def test_null_tolerance():
     assert VD.null_tolerance(0.1, null_base=0.1, null_perturbed=0.2, factor=2.0) == 0.1
     assert VD.null_tolerance(0.5, null_base=math.nan, null_perturbed=0.2, factor=2.0) == 0.5
     assert VD.null_tolerance(0.5, null_base=0.0, null_perturbed=0.0, factor=2.0) == 0.5
+    assert VD.null_tolerance(0.5, null_base=0.0, null_perturbed=0.1, factor=2.0) == 0.5
 
 
 def test_each_magnitude_judged_with_its_own_control_and_tolerance():

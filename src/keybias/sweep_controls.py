@@ -118,7 +118,7 @@ def calibrate_null_factor(configs: list[dict], magnitudes, *, cases: int = CALIB
 
         change caused by b_k / (null at the start + null at the perturbed state)
 
-    is what kappa must cover. kappa[dtype][m] is `tail_quantile` of the ratios at magnitude m: the
+    is what kappa must cover. kappa[dtype][m] is 1 or, if larger, `tail_quantile` of the ratios at magnitude m: the
     ratio the sweep's tests of that dtype exceed with probability at most FAMILY_ALPHA together
     (the rounding of a state moved far by a large b_k differs from that of a small move, so each
     magnitude gets its own factor). The sweep then judges every configuration, plain MHA included, on its own seed.
@@ -159,7 +159,8 @@ def calibrate_null_factor(configs: list[dict], magnitudes, *, cases: int = CALIB
     frame = pd.DataFrame(rows)
     factors = {}
     for dt in low:
-        tests = sum(c["dtype"] == dt and c["family"] != "device" for c in configs)
+        # every low-precision decision of the dtype: b_k at each magnitude, the drop and the joint shift
+        tests = sum(c["dtype"] == dt and c["family"] != "device" for c in configs) * (len(magnitudes) + 2)
         factors[dt] = {}
         for mag in magnitudes:
             ratios = frame.loc[(frame.dtype == dt) & (frame.magnitude == mag), "ratio"].to_numpy(dtype=float)
@@ -167,7 +168,9 @@ def calibrate_null_factor(configs: list[dict], magnitudes, *, cases: int = CALIB
             if not ratios.size:
                 raise ValueError(f"calibration of the rounding null for {dt} at magnitude {mag:g} has no case "
                                  "with a nonzero null")
-            factors[dt][mag] = tail_quantile(ratios, tests)
+            # 1 is the triangle inequality's value if each null were as large as its state's own
+            # rounding error; the held-out tail can only raise it
+            factors[dt][mag] = max(1.0, tail_quantile(ratios, tests))
     return factors, frame
 
 

@@ -149,9 +149,9 @@ def null_tolerance(analytic: float, *, null_base: float, null_perturbed: float, 
     real arithmetic cause at the two states compared (the rounding null, measured in the same
     dtype); `factor` is calibrated on held-out configurations. Unlike `measured_tolerance`, no
     float64 number enters, so a low-precision verdict does not follow from the float64 one. When
-    the null is not available (not finite) or carries no information (zero: the transformations
-    changed no bit), the analytic bound alone is the tolerance."""
+    the null is not available (not finite) or carries no information at either state (zero: the
+    transformations changed no bit there), the analytic bound alone is the tolerance."""
     null = factor * (null_base + null_perturbed)
-    if not math.isfinite(null) or null <= 0:
+    if not (math.isfinite(null) and null_base > 0 and null_perturbed > 0):
         return analytic
     return min(analytic, null)
