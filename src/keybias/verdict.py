@@ -51,6 +51,12 @@ exact function changed. `measured_tolerance` takes the smaller of this and the a
 (both bound the rounding part). No constant enters; the threshold moves with u, with the
 magnitudes of q, k, v, W_o and with the data.
 
+Because of that triangle inequality, a low-precision verdict judged with `measured_tolerance`
+follows from the float64 one wherever the float64 change is within rounding: it is implied, not
+tested. `null_tolerance` is the independent alternative the invariance sweep uses: the rounding
+null is measured in the low-precision dtype itself, from transformations that are exact in real
+arithmetic, times a factor calibrated on held-out data; no float64 number enters.
+
 `classify` then compares the measured change with the tolerance, after checking that the
 positive control (perturbing b_q or b_v the same way) exceeds it; otherwise the test has
 no power at this precision and the configuration is `invalid`.
