@@ -309,7 +309,7 @@ def measure(cfg: dict, magnitudes, null_factor: dict | None = None) -> tuple[dic
 
     Each magnitude is judged on its own: the b_k change, the b_q/b_v control and the tolerance
     all come from that magnitude. In float64 the tolerance is the analytic bound. Below float64
-    it is `verdict.null_tolerance`: the analytic bound, or `null_factor[dtype]` times the rounding
+    it is `verdict.null_tolerance`: the analytic bound, or kappa (`null_factor[dtype][magnitude]`) times the rounding
     null measured in the same dtype at the unperturbed and at the perturbed state, whichever is
     smaller. No float64 number enters a low-precision verdict; the float64 twin of every
     configuration gives `verdict_float64` and the noise floor, separately."""
@@ -318,7 +318,6 @@ def measure(cfg: dict, magnitudes, null_factor: dict | None = None) -> tuple[dic
     case = C.case(cfg)
     family = cfg["family"]
     low = dtype != torch.float64
-    kappa = (null_factor or {}).get(cfg["dtype"], math.nan) if low else math.nan
     with C.mode_context(cfg):
         obj, inp = case["build"](dtype)
         roles = case["roles"](obj)
@@ -351,10 +350,11 @@ def measure(cfg: dict, magnitudes, null_factor: dict | None = None) -> tuple[dic
                 work = work64
         null_base = C.rounding_null(case, obj, inp, base) if low else math.nan
 
-        def judged_tolerance(st, null_pert):
+        def judged_tolerance(st, null_pert, magnitude):
             analytic = C.output_tolerance_for(work, st, n_slots, y_abs)
             if not low:
                 return analytic, analytic
+            kappa = C.null_factor_for(null_factor, cfg["dtype"], magnitude)
             return VD.null_tolerance(analytic, null_base=null_base, null_perturbed=null_pert, factor=kappa), analytic
 
         gen = torch.Generator().manual_seed(cfg["seed"] + 7)
@@ -382,7 +382,7 @@ def measure(cfg: dict, magnitudes, null_factor: dict | None = None) -> tuple[dic
             control = min(ch["b_q"], ch["b_v"])
             control64 = min(ch64["b_q"], ch64["b_v"])
             st = {**st0, "S": smax["b_k"]}
-            tol, analytic = judged_tolerance(st, null_pert.get("b_k", math.nan))
+            tol, analytic = judged_tolerance(st, null_pert.get("b_k", math.nan), mag)
             tol64 = C.output_tolerance_for(work64, st, n_slots, y64_abs)
             entry = {
                 "magnitude": mag, "bk_abs": ch["b_k"], "control_abs": control, "tolerance_abs": tol,
@@ -395,7 +395,7 @@ def measure(cfg: dict, magnitudes, null_factor: dict | None = None) -> tuple[dic
                 "verdict_float64": VD.classify(ch64["b_k"], tol64, control_delta=control64),
             }
             if "joint" in roles:
-                tol_j, _ = judged_tolerance({**st0, "S": smax["joint"]}, null_pert.get("joint", math.nan))
+                tol_j, _ = judged_tolerance({**st0, "S": smax["joint"]}, null_pert.get("joint", math.nan), mag)
                 entry["joint_rel"] = ch["joint"] / y_abs
                 entry["verdict_joint"] = VD.classify(ch["joint"], tol_j, control_delta=control)
                 joint_verdicts.append(entry["verdict_joint"])
@@ -408,8 +408,8 @@ def measure(cfg: dict, magnitudes, null_factor: dict | None = None) -> tuple[dic
             y = C.first_output(case["run"](obj, inp))
             d_drop = C.change(y, base)
             null_drop = C.rounding_null(case, obj, inp, y) if low else math.nan
-        tol_drop, _ = judged_tolerance(st_d, null_drop)
-    drop_mag = float(drop.norm()) / typical["b_k"] if typical["b_k"] > 0 else 1.0
+        drop_mag = float(drop.norm()) / typical["b_k"] if typical["b_k"] > 0 else 1.0
+        tol_drop, _ = judged_tolerance(st_d, null_drop, drop_mag)
     nearest = min(per_mag, key=lambda e: abs(math.log(e["magnitude"]) - math.log(max(drop_mag, 1e-30))))
     verdicts = [e["verdict"] for e in per_mag]
     bk = [e["bk_rel"] for e in per_mag if math.isfinite(e["bk_rel"])]
@@ -425,7 +425,7 @@ def measure(cfg: dict, magnitudes, null_factor: dict | None = None) -> tuple[dic
         verdict_float64=_combine([e["verdict_float64"] for e in per_mag]),
         noise_floor_rel=_max_or_nan([e["bk_rel_float64"] for e in per_mag]),
         noise_floor_over_tol64=_max_or_nan(floor),
-        null_factor=kappa,
+        null_factor=C.null_factor_for(null_factor, cfg["dtype"]) if low else math.nan,
         max_rel_drop=d_drop / y_abs,
         drop_verdict=VD.classify(d_drop, tol_drop, control_delta=nearest["control_abs"]),
     )
@@ -530,6 +530,9 @@ def run_sweep(configs: list[dict], magnitudes, *, null_factor: dict | None = Non
                 row, per_mag = _rejected_row(cfg, exc), []
         row["config_id"] = config_id
         row["expected"], row["assumption"] = expected_verdict(row)
+        # every verdict is judged against its own dtype's tolerance (analytic, or the same-dtype
+        # null): none follows from another dtype's, so each valid one is an independent test
+        row["independent"] = row.get("verdict") in (VD.REDUNDANT, VD.NOT_REDUNDANT)
         row["kdim"] = cfg["kdim"] or cfg["embed_dim"]
         row["vdim"] = cfg["vdim"] or cfg["embed_dim"]
         row["training"] = cfg["mode"] == "train"

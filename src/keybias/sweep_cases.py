@@ -25,8 +25,9 @@ from keybias import verdict as VD
 from keybias.params import DTYPES
 
 # the rounding null: query side times a, key side divided by a (exact in real arithmetic); a is
-# not a power of two, so every entry is re-rounded
-NULL_FACTORS = (1.1, 1.3)
+# not a power of two, so every entry is re-rounded. Four draws: the largest of two was often a
+# single unit in the last place, which made the ratio to it heavy-tailed in bfloat16.
+NULL_FACTORS = (0.7, 0.9, 1.1, 1.3)
 _BACKEND_NAMES = {int(v.value): k for k, v in SDPBackend.__members__.items()}
 
 TORCH_DTYPES = {name: getattr(torch, name) for name in DTYPES}
@@ -542,6 +543,20 @@ def finite_abs_max(t: torch.Tensor) -> float:
     t = t.detach().double()
     ok = torch.isfinite(t)
     return float(t[ok].abs().max()) if bool(ok.any()) else math.nan
+
+
+def null_factor_for(null_factor: dict | None, dtype: str, magnitude: float | None = None) -> float:
+    """kappa for a dtype: `null_factor[dtype]` is a number, or {magnitude: kappa} (then the value at
+    the nearest magnitude on a log scale, or the largest when `magnitude` is None); NaN if absent."""
+    value = (null_factor or {}).get(dtype, math.nan)
+    if not isinstance(value, dict):
+        return float(value)
+    if not value:
+        return math.nan
+    if magnitude is None:
+        return max(value.values())
+    nearest = min(value, key=lambda m: abs(math.log(m) - math.log(max(magnitude, 1e-30))))
+    return value[nearest]
 
 
 def rounding_null(case: dict, obj, inp, reference: torch.Tensor) -> float:

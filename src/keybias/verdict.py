@@ -51,6 +51,12 @@ exact function changed. `measured_tolerance` takes the smaller of this and the a
 (both bound the rounding part). No constant enters; the threshold moves with u, with the
 magnitudes of q, k, v, W_o and with the data.
 
+Because of that triangle inequality, a low-precision verdict judged with `measured_tolerance`
+follows from the float64 one wherever the float64 change is within rounding: it is implied, not
+tested. `null_tolerance` is the independent alternative the invariance sweep uses: the rounding
+null is measured in the low-precision dtype itself, from transformations that are exact in real
+arithmetic, times a factor calibrated on held-out data; no float64 number enters.
+
 `classify` then compares the measured change with the tolerance, after checking that the
 positive control (perturbing b_q or b_v the same way) exceeds it; otherwise the test has
 no power at this precision and the configuration is `invalid`.
@@ -149,9 +155,9 @@ def null_tolerance(analytic: float, *, null_base: float, null_perturbed: float, 
     real arithmetic cause at the two states compared (the rounding null, measured in the same
     dtype); `factor` is calibrated on held-out configurations. Unlike `measured_tolerance`, no
     float64 number enters, so a low-precision verdict does not follow from the float64 one. When
-    the null is not available (not finite) or carries no information (zero: the transformations
-    changed no bit), the analytic bound alone is the tolerance."""
+    the null is not available (not finite) or carries no information at either state (zero: the
+    transformations changed no bit there), the analytic bound alone is the tolerance."""
     null = factor * (null_base + null_perturbed)
-    if not math.isfinite(null) or null <= 0:
+    if not (math.isfinite(null) and null_base > 0 and null_perturbed > 0):
         return analytic
     return min(analytic, null)
