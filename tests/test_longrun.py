@@ -213,8 +213,12 @@ def test_figures_tables_and_macros():
     for fig in (S.plot_drift(grid, comparison, ext, probes, far), S.plot_output_error(probes)):
         assert style.smallest_font_pt(fig) >= style.MIN_FONT_PT
         assert fig.get_figwidth() in (pytest.approx(style.FULL_WIDTH), pytest.approx(style.HALF_WIDTH))
-    summary = J.grid_summary(grid)
+    grid_probes = pd.concat([_probes([1000]).assign(dtype=d, eps=e) for d, e in (("bfloat16", 1e-8), ("float32", 1e-8))])
+    summary = J.grid_summary(grid, grid_probes, lr=1e-3)
     assert list(summary["noise_rate"]) == pytest.approx([2.0, 0.01])
+    assert summary["steps_to_key_norm"].iloc[0] == pytest.approx(25 / (1e-6 * 16 * 2.0))
+    assert set(J.grid_macros(summary)) == {"LongRateBfloatSixteenEpsEight", "LongStepsToKeyBfloatSixteenEpsEight",
+                                           "LongRateFloatThirtyTwoEpsEight", "LongStepsToKeyFloatThirtyTwoEpsEight"}
     assert r"\toprule" in S.grid_table_latex(summary)
     assert S.extrapolation_table_latex(ext, [100_000, 1_000_000]).count(r"\\") == 3  # header and two layers
     macros = J.macros(comparison=comparison, extrap=ext, probes=probes, grid=grid, horizons=[100_000, 1_000_000])

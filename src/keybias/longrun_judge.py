@@ -217,18 +217,42 @@ def macros(*, comparison: pd.DataFrame, extrap: pd.DataFrame, probes: pd.DataFra
     return out
 
 
-def grid_summary(grid: pd.DataFrame) -> pd.DataFrame:
-    """Per grid setting (dtype, eps), means over seeds and layers at the last step: drift, ||b_k||,
-    gradient RMS and the normalized step rate r = dS/dt of the second half (1: Adam takes full-size
-    random steps; << 1: eps damps them)."""
-    _require(grid, "grid", ["dtype", "eps", "seed", "layer", "step", "drift_b_k", "grad_rms_b_k", "noise_sum"])
+def grid_summary(grid: pd.DataFrame, grid_probes: pd.DataFrame, *, lr: float) -> pd.DataFrame:
+    """Per grid setting (dtype, eps), means over seeds and layers at the last step: drift, gradient RMS,
+    the normalized step rate r = dS/dt of the second half (1 or more: Adam takes full-size random
+    steps; << 1: eps damps them), the typical key norm at the last probe, and the step count at
+    which a walk at that rate from zero reaches it, ||k||^2 / (lr^2 n r)."""
+    _require(grid, "grid", ["dtype", "eps", "seed", "layer", "step", "drift_b_k", "grad_rms_b_k", "noise_sum",
+                            "n_bias"])
+    _require(grid_probes, "grid_probes", ["dtype", "eps", "step", "key_norm"])
     rows = []
     for (dtype, eps), g in grid.groupby(["dtype", "eps"], sort=False):
         t_end = g["step"].max()
         end = g[g["step"] == t_end]
-        half = g[g["step"] == g.loc[g["step"] <= t_end / 2, "step"].max()]
-        rate = (end["noise_sum"].mean() - half["noise_sum"].mean()) / (t_end - half["step"].iloc[0])
+        t_half = g.loc[g["step"] <= t_end / 2, "step"].max()
+        half = g[g["step"] == t_half]
+        rate = (end["noise_sum"].mean() - half["noise_sum"].mean()) / (t_end - t_half)
+        p = grid_probes[(grid_probes["dtype"] == dtype) & (grid_probes["eps"] == eps)]
+        key = float(p.loc[p["step"] == p["step"].max(), "key_norm"].mean())
+        n = int(g["n_bias"].iloc[0])
         rows.append({"dtype": dtype, "eps": eps, "steps": int(t_end), "seeds": g["seed"].nunique(),
                      "drift_b_k": float(end["drift_b_k"].mean()), "grad_rms_b_k": float(g["grad_rms_b_k"].median()),
-                     "noise_rate": float(rate), "loss": float(end["loss"].mean()) if "loss" in end else math.nan})
+                     "noise_rate": float(rate), "key_norm": key,
+                     "steps_to_key_norm": key**2 / (lr**2 * n * rate) if rate > 0 else math.inf,
+                     "loss": float(end["loss"].mean()) if "loss" in end else math.nan})
     return pd.DataFrame(rows)
+
+
+_DTYPE_WORD = {"float32": "FloatThirtyTwo", "bfloat16": "BfloatSixteen"}
+_EXPONENT_WORD = {6: "Six", 7: "Seven", 8: "Eight", 9: "Nine", 10: "Ten", 12: "Twelve"}
+
+
+def grid_macros(summary: pd.DataFrame) -> dict[str, object]:
+    """Per grid setting: the noise rate and the step count to ||k|| (e.g. LongRateBfloatSixteenEpsEight)."""
+    out: dict[str, object] = {}
+    for _, r in summary.iterrows():
+        exponent = -int(round(math.log10(r["eps"])))
+        stem = f"{_DTYPE_WORD[r['dtype']]}Eps{_EXPONENT_WORD.get(exponent, 'Other')}"
+        out[f"LongRate{stem}"] = float(r["noise_rate"])
+        out[f"LongStepsToKey{stem}"] = float(r["steps_to_key_norm"])
+    return out

@@ -97,11 +97,12 @@ def extrapolation_table_latex(extrap: pd.DataFrame, horizons) -> str:
 
 def grid_table_latex(summary: pd.DataFrame) -> str:
     """The grid summary (`longrun_judge.grid_summary`) as a booktabs tabular."""
-    header = ["dtype", "eps", "steps", "seeds", r"drift of $b_k$", r"median RMS $g_{b_k}$", r"rate $r$", "loss"]
-    lines = [r"\begin{tabular}{llrrrrrr}", r"\toprule", " & ".join(header) + r" \\", r"\midrule"]
+    header = ["dtype", "eps", "steps", "seeds", r"drift of $b_k$", r"median RMS $g_{b_k}$", r"rate $r$", r"$\|k\|$",
+              r"steps to $\|b_k\|=\|k\|$"]
+    lines = [r"\begin{tabular}{llrrrrrrr}", r"\toprule", " & ".join(header) + r" \\", r"\midrule"]
     for _, r in summary.iterrows():
         cells = [str(r["dtype"]), _fmt(r["eps"]), str(int(r["steps"])), str(int(r["seeds"])), _fmt(r["drift_b_k"]),
-                 _fmt(r["grad_rms_b_k"]), _fmt(r["noise_rate"]), _fmt(r["loss"])]
+                 _fmt(r["grad_rms_b_k"]), _fmt(r["noise_rate"]), _fmt(r["key_norm"]), _fmt(r["steps_to_key_norm"])]
         lines.append(" & ".join(cells) + r" \\")
     lines += [r"\bottomrule", r"\end{tabular}"]
     return "\n".join(lines)
