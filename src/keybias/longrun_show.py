@@ -57,7 +57,7 @@ def plot_output_error(probes: pd.DataFrame):
     import matplotlib.pyplot as plt
 
     style.apply()
-    fig, ax = plt.subplots(figsize=(style.HALF_WIDTH, 2.4))
+    fig, ax = plt.subplots(figsize=(style.FULL_WIDTH, 2.4))
     g = probes[probes["step"] > 0]
     for j, layer in enumerate(sorted(g["layer"].unique())):
         h = g[g["layer"] == layer]
