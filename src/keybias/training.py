@@ -16,6 +16,9 @@ lr per step in a random direction, unless eps is larger than the noise.
 Everything runs on CPU; the model never leaves training mode (dropout is 0, so training
 and evaluation mode are the same function, and staying in training mode keeps PyTorch's
 separate inference fast path, a different kernel, out of the comparison).
+
+This module measures (returns DataFrames); the claims, macros and tables are in
+`keybias.training_judge`, the figures in `keybias.training_show`.
 """
 
 from __future__ import annotations
