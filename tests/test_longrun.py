@@ -178,18 +178,29 @@ def test_extrapolation_formula():
     norm_end = 1e-3 * math.sqrt(16 * 2.0 * 10_000)
     assert ext["steps_to_key_norm"].iloc[0] == pytest.approx(10_000 + (25 - norm_end**2) / per_step)
     assert ext["ratio_at_1000000"].iloc[0] == pytest.approx(math.sqrt(norm_end**2 + per_step * 990_000) / 5)
-    assert _held([J.extrapolation_claim(ext)]) == {"longrun-bk-reaches-key-norm-within-bert-length": True}
+    # at 10^6 steps ||b_k|| = 5.66 > ||k|| = 5: the regime is reached, the claim fails
+    assert _held([J.extrapolation_claim(ext)]) == {"longrun-bk-below-key-norm-at-bert-length": False}
 
 
-@pytest.mark.claim_mutation("longrun-bk-reaches-key-norm-within-bert-length")
-def test_extrapolation_claim_fails_for_large_keys_or_no_walk():
+def test_extrapolation_claim_holds_for_large_keys_or_no_walk():
     long = _walk(LONG_STEPS, rate=2.0, seeds=(2,), role="long")
     far = J.extrapolate(long, _probes(LONG_STEPS, key_norm=50.0), lr=1e-3, horizons=[1_000_000])
-    assert _held([J.extrapolation_claim(far)]) == {"longrun-bk-reaches-key-norm-within-bert-length": False}
+    assert _held([J.extrapolation_claim(far)]) == {"longrun-bk-below-key-norm-at-bert-length": True}
     still = _walk(LONG_STEPS, rate=0.0, seeds=(2,), role="long")
     never = J.extrapolate(still, _probes(LONG_STEPS), lr=1e-3, horizons=[1_000_000])
     assert never["steps_to_key_norm"].iloc[0] == math.inf
-    assert _held([J.extrapolation_claim(never)]) == {"longrun-bk-reaches-key-norm-within-bert-length": False}
+    assert _held([J.extrapolation_claim(never)]) == {"longrun-bk-below-key-norm-at-bert-length": True}
+
+
+@pytest.mark.claim_mutation("longrun-bk-below-key-norm-at-bert-length")
+def test_extrapolation_claim_fails_when_the_walk_outruns_the_keys():
+    # a noise rate 100x larger: ||b_k|| passes ||k|| = 50 long before 10^6 steps
+    fast = _walk(LONG_STEPS, rate=200.0, seeds=(2,), role="long")
+    ext = J.extrapolate(fast, _probes(LONG_STEPS, key_norm=50.0), lr=1e-3, horizons=[1_000_000])
+    assert _held([J.extrapolation_claim(ext)]) == {"longrun-bk-below-key-norm-at-bert-length": False}
+    nan = ext.copy()
+    nan.loc[0, "ratio_at_1000000"] = np.nan
+    assert _held([J.extrapolation_claim(nan)]) == {"longrun-bk-below-key-norm-at-bert-length": False}
 
 
 def test_empty_selection_fails_loudly():

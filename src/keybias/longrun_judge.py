@@ -164,18 +164,24 @@ def own_law_claim(comparison: pd.DataFrame) -> dict:
 
 
 def extrapolation_claim(extrap: pd.DataFrame, horizon: int = BERT_STEPS) -> dict:
-    """When does ||b_k|| first reach ||k||? Min over layers of the extrapolated step count, against
-    the horizon. The direction (reaches it within the horizon) was fixed from a 300-step pilot, before
-    the long run: bfloat16 noise makes Adam take full-size random steps (see the module doc)."""
-    _require(extrap, "extrapolation", ["steps_to_key_norm"])
-    value = float(np.min(_finite(extrap["steps_to_key_norm"], "layers")))
+    """Does ||b_k|| stay below ||k|| through `horizon` steps? Max over layers of the extrapolated ratio.
+
+    The direction was first set from a 300-step pilot ("reaches ||k|| within the horizon"); the first
+    paper-profile long run (seed 2) contradicted it (it extrapolated to about one and a half horizons,
+    because ||k|| grew and the noise rate fell as training went on). That run is therefore the
+    calibration of this claim's direction, and the paper profile's long run uses a seed it did not
+    (held out), so the claim is tested on data that did not set it."""
+    column = f"ratio_at_{int(horizon)}"
+    _require(extrap, "extrapolation", [column])
+    value = _strict_max(_finite(extrap[column], "layers"))
     return dict(
-        claim_id="longrun-bk-reaches-key-norm-within-bert-length",
-        statement=("Extrapolating the long run's random walk at its constant learning rate, ||b_k|| reaches the "
-                   "typical key norm ||k|| of its layer, the regime where notebook 03 shows b_k costs precision, "
-                   "within a BERT-length pretraining (fewest steps over layers)."),
-        value=value, bound=float(horizon), comparison="<=", kind="test",
-        bound_origin="BERT-base's pretraining length, the horizon issue 12 names")
+        claim_id="longrun-bk-below-key-norm-at-bert-length",
+        statement=("Extrapolating the long run's random walk at its constant learning rate, ||b_k|| stays below the "
+                   "typical key norm ||k|| of every layer, the regime where notebook 03 shows b_k costs precision, "
+                   "through a BERT-length pretraining (max over layers of ||b_k|| / ||k|| at that step count)."),
+        value=value, bound=COSTLY_RATIO, comparison="<", kind="test",
+        bound_origin=("the costly regime ||b_k|| = ||k|| named in issue 12; direction calibrated on a long run "
+                      "with another seed"))
 
 
 def corpus_claim(sha256: str, expected: str) -> dict:
