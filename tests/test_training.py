@@ -10,6 +10,8 @@ import pytest
 import torch
 
 from keybias import training as T
+from keybias import training_judge as J
+from keybias import training_show as S
 from keybias import verdict
 
 ARCH = dict(embed_dim=16, num_heads=2, num_layers=1, patch=4)
@@ -100,9 +102,9 @@ def test_bad_names_and_sizes_raise_before_training():
         T.study_settings(["sgd"], [1e-8], ["float16"])
     with pytest.raises(ValueError, match="pair_optimizers='lbfgs'"):
         T.run_pairs(seeds=[0], pair_optimizers=["lbfgs"], steps=2, batch_size=8, eval_every=1, lr_sgd=0.1,
-                    lr_adam=1e-3, momentum=0.9, weight_decay=0.0, progress=False, **ARCH)
+                    lr_adam=1e-3, momentum=0.9, weight_decay=0.0, **ARCH)
     with pytest.raises(ValueError, match="batch_size"):
-        T.train_bias_run(0, optimizer="sgd", steps=2, batch_size=0, lr=0.1, progress=False, **ARCH)
+        T.train_bias_run(0, optimizer="sgd", steps=2, batch_size=0, lr=0.1, **ARCH)
 
 
 def test_batch_order_is_determined_by_the_seed():
@@ -116,7 +118,7 @@ def test_batch_order_is_determined_by_the_seed():
 
 def test_optimizer_lr_and_macro_names():
     assert T.optimizer_lr("sgd_momentum", lr_sgd=0.3, lr_adam=1e-3, momentum=0.9) == pytest.approx(0.03)
-    names = [T.setting_macro_name(o, e, d) for o, e, d in
+    names = [J.setting_macro_name(o, e, d) for o, e, d in
              [("adam", 1e-8, "float32"), ("adam", 1e-12, "float32"), ("adam", 1e-8, "bfloat16"),
               ("sgd", 1e-8, "float32"), ("adamw_bias_decay", 1e-8, "float32")]]
     assert len(set(names)) == len(names)
@@ -162,8 +164,11 @@ def test_random_walk_model_matches_adam_on_pure_noise():
     assert abs(math.log2(drifts["constant"] / pred)) > 1.0
 
 
-def test_sgd_drift_bound():
-    assert T.sgd_drift_bound([1.0, 2.0], lr=0.1, momentum=0.5, n_elements=4) == pytest.approx(0.1 / 0.5 * 3 * 2)
+def test_sgd_random_walk():
+    # lr / (1 - mu) * sqrt(n * sum sigma^2) = 0.1 / 0.5 * sqrt(4 * 5)
+    assert T.sgd_random_walk([1.0, 2.0], lr=0.1, momentum=0.5, n_elements=4) == pytest.approx(0.2 * math.sqrt(20))
+    with pytest.raises(ValueError):
+        T.sgd_random_walk([], lr=0.1)
 
 
 # ----------------------------------------------------------------------------- short training runs
@@ -171,8 +176,7 @@ def test_sgd_drift_bound():
 
 def test_short_pair_run_agrees_step_by_step(data):
     threads = torch.get_num_threads()
-    curves = T.train_pair(0, optimizer="adam", steps=6, batch_size=32, eval_every=3, lr=3e-3, data=data,
-                          progress=False, **ARCH)
+    curves = T.train_pair(0, optimizer="adam", steps=6, batch_size=32, eval_every=3, lr=3e-3, data=data, **ARCH)
     first = curves.iloc[0]
     assert first["loss_kept"] == first["loss_removed"]  # identical before b_k receives any update
     assert first["param_divergence_kept"] == 0.0
@@ -181,12 +185,16 @@ def test_short_pair_run_agrees_step_by_step(data):
     summary = T.pair_summary(curves)
     assert summary["identical_steps"].iloc[0] >= 1
     assert summary["acc_diff"].iloc[0] <= 2 * summary["acc_standard_error"].iloc[0]
+    # the discordant images are counts over the same test images, and agree with the accuracies
+    n = int(summary["n_test"].iloc[0])
+    diff = (summary["kept_only_correct"] - summary["removed_only_correct"]).iloc[0] / n
+    assert diff == pytest.approx(summary["test_acc_kept"].iloc[0] - summary["test_acc_removed"].iloc[0], abs=1e-6)
     assert curves["test_acc_kept"].notna().sum() == 2
     assert torch.get_num_threads() == threads  # single_thread() restores the caller's setting
 
 
 def test_short_bias_runs_sgd_still_adam_moves(data):
-    common = dict(steps=10, batch_size=32, data=data, progress=False, **ARCH)
+    common = dict(steps=10, batch_size=32, data=data, **ARCH)
     sgd, sgd_model = T.train_bias_run(0, optimizer="sgd", lr=0.3, **common)
     adam, adam_model = T.train_bias_run(0, optimizer="adam", lr=3e-3, eps=1e-12, **common)
     assert sgd["grad_over_tolerance"].max() <= 1.0 and adam["grad_over_tolerance"].max() <= 1.0
@@ -223,43 +231,64 @@ def test_verdict_flags_a_real_change(data):
 # ----------------------------------------------------------------------------- claims, macros, tables
 
 
-def _claims(claims):
-    """id -> holds, computed the way the Recorder does."""
-    ops = {"<=": lambda a, b: a <= b, ">=": lambda a, b: a >= b}
-    return {c[0]: bool(ops[c[4]](c[2], c[3])) for c in claims}
+def _held(claims):
+    """claim id -> holds, computed by the Recorder itself."""
+    from keybias.export import Recorder
+
+    rec = Recorder("04_training", "/nonexistent", profile="test", device="cpu")
+    return {c["id"]: c["holds"] for c in rec.claims_from(claims)}
 
 
-def _pairs(acc_kept=0.90, div_kept=1e-6):
+def _pairs(kept_only=(3, 2, 4, 1), removed_only=(2, 3, 3, 2), div_kept=1e-6):
     import pandas as pd
 
     rows = []
-    for opt in ("sgd", "adam"):
-        for seed in (0, 1):
-            rows.append({"optimizer": opt, "seed": seed, "identical_steps": 3 + seed, "test_acc_removed": 0.90,
-                         "test_acc_kept": acc_kept if (opt, seed) == ("adam", 1) else 0.90,
-                         "acc_standard_error": 0.02, "max_loss_rel_diff": 1e-6, "max_loss_rel_diff_control": 2e-6,
-                         "final_divergence_kept": div_kept if (opt, seed) == ("adam", 1) else 1e-6,
-                         "final_divergence_control": 2e-6})
+    for i, (opt, seed) in enumerate((("sgd", 0), ("sgd", 1), ("adam", 0), ("adam", 1))):
+        rows.append({"optimizer": opt, "seed": seed, "identical_steps": 3 + seed, "test_acc_removed": 0.90,
+                     "test_acc_kept": 0.90 + (kept_only[i] - removed_only[i]) / 360, "max_loss_rel_diff": 1e-6,
+                     "max_loss_rel_diff_control": 2e-6,
+                     "final_divergence_kept": div_kept if (opt, seed) == ("adam", 1) else 1e-6,
+                     "final_divergence_control": 2e-6, "kept_only_correct": kept_only[i],
+                     "removed_only_correct": removed_only[i], "n_test": 360})
     frame = pd.DataFrame(rows)
     frame["acc_diff"] = (frame["test_acc_kept"] - frame["test_acc_removed"]).abs()
     return frame
 
 
-def test_pair_results_macros_and_claims_pass_and_fail():
-    claims, macros = T.pair_results(_pairs())
-    assert all(_claims(claims).values())
+def test_mcnemar_z():
+    assert J.mcnemar_z(0, 0) == 0.0
+    assert J.mcnemar_z(9, 16) == pytest.approx(-7 / 5)
+    with pytest.raises(ValueError):
+        J.mcnemar_z(-1, 2)
+
+
+def test_pair_results_pass():
+    claims, macros = J.pair_results(_pairs())
+    assert all(_held(claims).values())
+    assert all(c["kind"] == "test" and c["bound_origin"] for c in claims)
     assert macros["TrainIdenticalStepsAdam"] == 3 and macros["TrainDivergenceRatio"] == pytest.approx(0.5)
-    assert macros["TrainAccRemovedSgd"] == pytest.approx(0.90)
-    # the bound in each statement is the constant the claim checks
-    assert f"within {T.ACC_Z_BOUND} binomial" in claims[0][1] and claims[0][3] == T.ACC_Z_BOUND
-    # built to fail: accuracy off by 5 standard errors, divergence 50x the control
-    held = _claims(T.pair_results(_pairs(acc_kept=0.80, div_kept=1e-4))[0])
-    assert held == {"train-accuracy-agrees-kept-removed": False, "train-divergence-within-rounding-control": False}
-    # a missing value must fail, not be skipped by max()
-    assert _claims(T.pair_results(_pairs(div_kept=float("nan")))[0])["train-divergence-within-rounding-control"] is False
+    assert macros["TrainAccDiscordant"] == 20 and macros["TrainAccZ"] == pytest.approx(0.0)
+    # the smallest detectable difference: 1.96 sqrt(20) images of 1440
+    assert claims[0]["min_detectable"] == pytest.approx(1.96 * math.sqrt(20) / 1440)
 
 
-def _bias(*, drift_scale=1.0, decayed_norm=0.30, optimizers=("sgd", "adam", "adamw", "adamw_bias_decay")):
+@pytest.mark.claim_mutation("train-accuracy-agrees-kept-removed")
+def test_paired_accuracy_claim_fails_when_kept_loses_images():
+    # the kept model is wrong on 20 images the removed one gets right, and right on none it misses
+    held = _held(J.pair_results(_pairs(kept_only=(0, 0, 0, 0), removed_only=(5, 5, 5, 5)))[0])
+    assert held["train-accuracy-agrees-kept-removed"] is False
+
+
+@pytest.mark.claim_mutation("train-divergence-within-rounding-control")
+def test_divergence_claim_fails_at_fifty_times_the_control():
+    held = _held(J.pair_results(_pairs(div_kept=1e-4))[0])
+    assert held["train-divergence-within-rounding-control"] is False
+    # a missing value fails, not skipped by max()
+    assert _held(J.pair_results(_pairs(div_kept=float("nan")))[0])["train-divergence-within-rounding-control"] is False
+
+
+def _bias(*, drift_scale=1.0, decayed_norm=0.30, optimizers=("sgd", "adam", "adamw", "adamw_bias_decay"),
+          powered_steps=10, grad_ratio=1e-4, sgd_ratio=0.5):
     import pandas as pd
 
     rows = []
@@ -270,49 +299,140 @@ def _bias(*, drift_scale=1.0, decayed_norm=0.30, optimizers=("sgd", "adam", "ada
                 "setting": opt, "optimizer": opt, "eps": 1e-8, "dtype": "float32", "seed": seed,
                 "drift_b_k": (0.03 + 0.01 * seed) * (drift_scale if opt in ("adam", "adamw") else 1.0)
                 if adam else 1e-9,
-                "predicted_drift": 0.03 if adam else np.nan, "sgd_bound": np.nan if adam else 1e-3,
+                "predicted_drift": 0.03 if adam else np.nan, "sgd_walk": np.nan if adam else 2e-9,
+                "sgd_walk_ratio": np.nan if adam else sgd_ratio, "sgd_walk_ratio_b_q": np.nan if adam else 12.0,
                 "decayed_norm": decayed_norm if opt == "adamw_bias_decay" else np.nan,
                 "norm_b_k": 0.31, "norm_b_q": 0.2, "norm_b_v": 0.3, "test_acc": 0.8 + 0.1 * seed,
-                "grad_rms_b_k": 1e-9, "grad_rms_b_q": 1e-2, "max_grad_over_tolerance": 1e-4,
+                "grad_rms_b_k": 1e-9, "grad_rms_b_q": 1e-2, "powered_steps": powered_steps,
+                "max_grad_over_tolerance_powered": grad_ratio if powered_steps else np.nan,
+                "detectable_gradient_fraction": 1e-4 if powered_steps else np.nan,
             })
     return pd.DataFrame(rows)
 
 
-def test_bias_results_pass_and_fail():
-    claims, macros = T.bias_results(_bias())
-    held = _claims(claims)
+def test_bias_results_pass():
+    claims, macros = J.bias_results(_bias())
+    held = _held(claims)
     assert set(held) == {"train-bk-gradient-within-rounding", "train-sgd-bk-stays-put",
                          "train-adam-drift-matches-noise-prediction", "train-adamw-bias-decay-shrinks-bk"}
     assert all(held.values())
+    assert all(c["kind"] == "test" and c["bound_origin"] for c in claims)
     assert macros["TrainDriftAdamEpsEight"] == pytest.approx(0.035)  # mean over seeds
     assert macros["TrainAccAdamEpsEight"] == pytest.approx(0.85)
-    assert macros["TrainDriftAdamMax"] == pytest.approx(0.04)  # max over every Adam-family run and seed
-    # built to fail: the drift 4x the noise prediction, the decayed norm far from the measured one
-    held = _claims(T.bias_results(_bias(drift_scale=4.0, decayed_norm=0.5))[0])
-    assert not held["train-adam-drift-matches-noise-prediction"]
-    assert not held["train-adamw-bias-decay-shrinks-bk"]
+    assert macros["TrainDriftAdamMax"] == pytest.approx(0.04)
     # the noise claim excludes AdamW with decay on biases, whose drift is mostly the decay itself
     far = _bias()
     far.loc[far["optimizer"] == "adamw_bias_decay", "drift_b_k"] = 0.1
-    assert _claims(T.bias_results(far)[0])["train-adam-drift-matches-noise-prediction"]
-    assert T.bias_results(far)[1]["TrainDriftAdamMax"] == pytest.approx(0.1)
-    # no decay runs in the profile: that claim (and its macro) is not recorded at all
-    claims, macros = T.bias_results(_bias(optimizers=("sgd", "adam")))
-    assert "train-adamw-bias-decay-shrinks-bk" not in _claims(claims) and "TrainDecayDev" not in macros
-    # a missing prediction (NaN) fails instead of passing
-    nan_pred = _bias()
-    nan_pred.loc[nan_pred["optimizer"] == "adamw_bias_decay", "predicted_drift"] = np.nan
-    assert not _claims(T.bias_results(nan_pred)[0])["train-adamw-bias-decay-shrinks-bk"]
+    assert _held(J.bias_results(far)[0])["train-adam-drift-matches-noise-prediction"]
+    # no decay runs in the profile: that claim (and its macro) is not produced at all
+    claims, macros = J.bias_results(_bias(optimizers=("sgd", "adam")))
+    assert "train-adamw-bias-decay-shrinks-bk" not in _held(claims) and "TrainDecayDev" not in macros
     with pytest.raises(ValueError, match="empty"):
-        T.bias_results(_bias().iloc[:0])
+        J.bias_results(_bias().iloc[:0])
+
+
+@pytest.mark.claim_mutation("train-bk-gradient-within-rounding")
+def test_gradient_claim_fails_on_doctored_and_unpowered_data():
+    assert _held(J.bias_results(_bias(grad_ratio=5.0))[0])["train-bk-gradient-within-rounding"] is False
+    # no powered step anywhere (the b_q control never above the tolerance): nothing tested, so it fails
+    assert _held(J.bias_results(_bias(powered_steps=0))[0])["train-bk-gradient-within-rounding"] is False
+
+
+@pytest.mark.claim_mutation("train-sgd-bk-stays-put", "train-adam-drift-matches-noise-prediction")
+def test_sgd_and_adam_claims_fail_on_doctored_drift():
+    assert _held(J.bias_results(_bias(sgd_ratio=0.5))[0])["train-sgd-bk-stays-put"]
+    held = _held(J.bias_results(_bias(sgd_ratio=8.0, drift_scale=4.0))[0])
+    assert held["train-sgd-bk-stays-put"] is False
+    assert held["train-adam-drift-matches-noise-prediction"] is False
+    # no SGD run where b_q outran the bound: nothing tested, so it fails
+    unpowered = _bias()
+    unpowered["sgd_walk_ratio_b_q"] = 2.0
+    assert _held(J.bias_results(unpowered)[0])["train-sgd-bk-stays-put"] is False
+    nan_pred = _bias()
+    nan_pred.loc[nan_pred["optimizer"] == "adam", "predicted_drift"] = np.nan
+    assert _held(J.bias_results(nan_pred)[0])["train-adam-drift-matches-noise-prediction"] is False
+
+
+@pytest.mark.claim_mutation("train-adamw-bias-decay-shrinks-bk")
+def test_decay_claim_fails_when_norm_does_not_follow_the_decay():
+    assert _held(J.bias_results(_bias(decayed_norm=0.5))[0])["train-adamw-bias-decay-shrinks-bk"] is False
+
+
+def _coupled_refresh(module, args):
+    # a mutated attention in which b_k also shifts the values: b_k then changes the function and
+    # receives a real (non-noise) gradient
+    module.in_proj_bias = torch.cat([module.b_q, module.b_k, module.b_v + module.b_k])
+
+
+def _study(frames, momentum=0.9):
+    import pandas as pd
+
+    return J.bias_results(T.bias_summary(pd.concat(frames, ignore_index=True), momentum=momentum))[0]
+
+
+@pytest.mark.claim_mutation("train-bk-gradient-within-rounding", "train-sgd-bk-stays-put")
+def test_a_real_key_bias_gradient_fails_the_gradient_and_sgd_claims(data, monkeypatch):
+    # (Adam's noise law alone would not catch this one: over 40 minibatch steps a real gradient
+    # also walks; its size, far above the rounding tolerance, is what fails.)
+    common = dict(steps=40, batch_size=32, data=data, key_bias_init=0.05, **ARCH)
+    honest = [T.train_bias_run(0, optimizer="sgd", lr=0.1, **common)[0],
+              T.train_bias_run(0, optimizer="adam", lr=3e-3, **common)[0]]
+    assert all(_held(_study(honest)).values())
+    monkeypatch.setattr(T, "_refresh_in_proj_bias", _coupled_refresh)
+    coupled = [T.train_bias_run(0, optimizer="sgd", lr=0.1, **common)[0],
+               T.train_bias_run(0, optimizer="adam", lr=3e-3, **common)[0]]
+    held = _held(_study(coupled))
+    assert held["train-bk-gradient-within-rounding"] is False
+    assert held["train-sgd-bk-stays-put"] is False
+
+
+@pytest.mark.claim_mutation("train-adam-drift-matches-noise-prediction", "train-adamw-bias-decay-shrinks-bk")
+def test_weight_decay_coupling_fails_the_noise_and_decay_claims(data):
+    common = dict(steps=40, batch_size=32, data=data, key_bias_init=0.5, lr=3e-3, weight_decay=5.0, **ARCH)
+    # b_k coupled to weight decay, presented as AdamW without decay on biases: the noise law must fail
+    decayed, _ = T.train_bias_run(0, optimizer="adamw_bias_decay", **common)
+    decayed["optimizer"] = "adamw"
+    assert _held(_study([decayed]))["train-adam-drift-matches-noise-prediction"] is False
+    # and a b_k that is not decayed, presented as decayed: the decay claim must fail
+    free, _ = T.train_bias_run(0, optimizer="adamw", **common)
+    free["optimizer"] = "adamw_bias_decay"
+    assert _held(_study([free]))["train-adamw-bias-decay-shrinks-bk"] is False
+
+
+def _verdict_frame(model, images, optimizer="adam"):
+    v = T.key_bias_verdicts(model, images)
+    for key, value in (("setting", optimizer), ("optimizer", optimizer), ("seed", 0)):
+        v.insert(0, key, value)
+    return v
+
+
+@pytest.mark.claim_mutation("train-drifted-bk-never-changes-function")
+def test_function_claim_fails_when_attention_depends_on_key_bias(data, monkeypatch):
+    model = T.build_model(0, keep_key_bias=True, key_bias_init=0.5, **ARCH)
+    images = data["x_test"][:100]
+    assert _held(J.verdict_results(_verdict_frame(model, images))[0])["train-drifted-bk-never-changes-function"]
+    original = T._attention_output
+    monkeypatch.setattr(T, "_attention_output",
+                        lambda mha, x, b_q, b_k, b_v: original(mha, x, b_q, b_k, b_v + b_k))
+    held = _held(J.verdict_results(_verdict_frame(model, images))[0])
+    assert held["train-drifted-bk-never-changes-function"] is False
+
+
+@pytest.mark.claim_mutation("train-drift-verdict-has-power")
+def test_power_claim_fails_without_a_powered_layer(data):
+    # a zero b_k gives a zero positive control: every layer invalid, no power
+    removed = T.build_model(0, keep_key_bias=False, **ARCH)
+    held = _held(J.verdict_results(_verdict_frame(removed, data["x_test"][:100]))[0])
+    assert held["train-drift-verdict-has-power"] is False
 
 
 def test_bound_macros_match_claim_bounds():
-    bounds = T.bound_macros()
-    claims = T.pair_results(_pairs())[0] + T.bias_results(_bias())[0]
-    by_id = {c[0]: c[3] for c in claims}
+    bounds = J.bound_macros()
+    claims = J.pair_results(_pairs())[0] + J.bias_results(_bias())[0]
+    by_id = {c["claim_id"]: c["bound"] for c in claims}
     assert by_id["train-accuracy-agrees-kept-removed"] == bounds["TrainAccZBound"]
     assert by_id["train-divergence-within-rounding-control"] == bounds["TrainDivergenceBound"]
+    assert by_id["train-sgd-bk-stays-put"] == bounds["TrainSgdWalkBound"]
     assert by_id["train-adam-drift-matches-noise-prediction"] == math.log2(bounds["TrainAdamFactorBound"])
     assert by_id["train-adamw-bias-decay-shrinks-bk"] == bounds["TrainDecayDevBound"]
     assert all(re.fullmatch(r"[A-Za-z]+", k) for k in bounds)
@@ -326,15 +446,25 @@ def test_verdict_results_and_tables():
             for s, o, vs in (("SGD", "sgd", ("invalid", "invalid")), ("Adam_x", "adam", ("redundant", "invalid")))
             for layer, v in enumerate(vs)]
     verdicts = pd.DataFrame(rows)
-    claims, macros = T.verdict_results(verdicts)
-    assert all(_claims(claims).values())
+    claims, macros = J.verdict_results(verdicts)
+    assert all(_held(claims).values())
     assert macros["TrainVerdictRedundant"] == 1 and macros["TrainVerdictInvalid"] == 3
-    table = T.verdict_table(verdicts)
+    table = J.verdict_table(verdicts)
     assert list(table["redundant"]) == [0, 1]
-    latex = T.verdict_table_latex(table)
+    latex = J.verdict_table_latex(table)
     assert r"\toprule" in latex and r"Adam\_x" in latex and latex.count(r"\\") == 3
-    # built to fail: a not_redundant layer, and an Adam run with no powered layer
-    verdicts.loc[verdicts.index[2], "verdict"] = "not_redundant"
-    assert not any(_claims(T.verdict_results(verdicts)[0]).values())
-    bias_latex = T.bias_table_latex(T.bias_table(_bias()))
+    bias_latex = J.bias_table_latex(J.bias_table(_bias()))
     assert "--" in bias_latex  # SGD has no Adam prediction
+
+
+def test_figures_print_at_seven_points_or_more(data):
+    import pandas as pd
+
+    curves = T.train_pair(0, optimizer="adam", steps=4, batch_size=32, eval_every=2, lr=3e-3, data=data, **ARCH)
+    traj = pd.concat([T.train_bias_run(0, optimizer=o, steps=4, batch_size=32, lr=lr, data=data, **ARCH)[0]
+                      for o, lr in (("sgd", 0.1), ("adam", 3e-3))], ignore_index=True)
+    from keybias import style
+
+    for fig in (S.plot_curves(curves), S.plot_bias_norms(traj)):
+        assert style.smallest_font_pt(fig) >= style.MIN_FONT_PT
+        assert fig.get_figwidth() == pytest.approx(style.FULL_WIDTH)

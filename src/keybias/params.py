@@ -29,6 +29,7 @@ NOTEBOOK_SPECS = {
     "05_pretrained": "keybias.pretrained",
     "06_cost": "keybias.cost",
     "07_conditions": "keybias.conditions",
+    "08_longrun": "keybias.longrun",
 }
 
 

@@ -16,6 +16,9 @@ lr per step in a random direction, unless eps is larger than the noise.
 Everything runs on CPU; the model never leaves training mode (dropout is 0, so training
 and evaluation mode are the same function, and staying in training mode keeps PyTorch's
 separate inference fast path, a different kernel, out of the comparison).
+
+This module measures (returns DataFrames); the claims, macros and tables are in
+`keybias.training_judge`, the figures in `keybias.training_show`.
 """
 
 from __future__ import annotations
@@ -29,7 +32,6 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 from torch import nn
-from tqdm.auto import tqdm
 
 from keybias import verdict
 from keybias.params import Param
@@ -365,10 +367,15 @@ def _shared_vector(model: nn.Module) -> torch.Tensor:
 
 
 @torch.no_grad()
-def accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor, dtype: str = "float32") -> float:
+def correct(model: nn.Module, x: torch.Tensor, y: torch.Tensor, dtype: str = "float32") -> torch.Tensor:
+    """Per image, whether the model classifies it correctly (a bool tensor, for paired comparisons)."""
     with _autocast(dtype):
         logits = model(x)
-    return float((logits.argmax(dim=1) == y).float().mean())
+    return logits.argmax(dim=1) == y
+
+
+def accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor, dtype: str = "float32") -> float:
+    return float(correct(model, x, y, dtype).float().mean())
 
 
 # ----------------------------------------------------------------------------- training
@@ -412,8 +419,7 @@ def _with_single_thread(func):
 def train_pair(seed: int, *, optimizer: str, steps: int, batch_size: int, eval_every: int,
                embed_dim: int, num_heads: int, num_layers: int, patch: int,
                lr: float, momentum: float = 0.9, weight_decay: float = 0.0,
-               eps: float = DEFAULT_EPS, dtype: str = "float32", data=None,
-               progress: bool = True) -> pd.DataFrame:
+               eps: float = DEFAULT_EPS, dtype: str = "float32", data=None) -> pd.DataFrame:
     """Train three models in lockstep on the same batches: b_k removed, b_k kept (both from
     the same seed), and a control: the removed model with every weight matrix moved up by
     one unit in the last place at step 0 (a rounding-sized perturbation).
@@ -439,8 +445,7 @@ def train_pair(seed: int, *, optimizer: str, steps: int, batch_size: int, eval_e
     opts = {k: make_optimizer(m, optimizer, lr=lr, momentum=momentum, weight_decay=weight_decay, eps=eps)
             for k, m in models.items()}
     rows = []
-    bar = tqdm(range(steps), desc=f"pair {optimizer} seed {seed}", disable=not progress, leave=False)
-    for t in bar:
+    for t in range(steps):
         x, y = data["x_train"][batches[t]], data["y_train"][batches[t]]
         row = {"step": t + 1}
         for k, m in models.items():
@@ -451,8 +456,12 @@ def train_pair(seed: int, *, optimizer: str, steps: int, batch_size: int, eval_e
         row["param_divergence_kept"] = float((_shared_vector(models["kept"]) - ref).norm()) / norm
         row["param_divergence_control"] = float((_shared_vector(models["control"]) - ref).norm()) / norm
         if (t + 1) % eval_every == 0 or t + 1 == steps:
-            for k in ("removed", "kept", "control"):
-                row[f"test_acc_{k}"] = accuracy(models[k], data["x_test"], data["y_test"], dtype)
+            hits = {k: correct(models[k], data["x_test"], data["y_test"], dtype) for k in models}
+            for k, hit in hits.items():
+                row[f"test_acc_{k}"] = float(hit.float().mean())
+            # the discordant images of the paired comparison (McNemar): right with one model only
+            row["kept_only_correct"] = int((hits["kept"] & ~hits["removed"]).sum())
+            row["removed_only_correct"] = int((hits["removed"] & ~hits["kept"]).sum())
         rows.append(row)
     frame = pd.DataFrame(rows)
     frame.insert(0, "seed", seed)
@@ -469,7 +478,7 @@ def train_bias_run(seed: int, *, optimizer: str, steps: int, batch_size: int,
                    embed_dim: int, num_heads: int, num_layers: int, patch: int,
                    lr: float, momentum: float = 0.9, weight_decay: float = 0.0,
                    eps: float = DEFAULT_EPS, dtype: str = "float32", key_bias_init: float = 0.0,
-                   data=None, progress: bool = True) -> tuple[pd.DataFrame, nn.Module]:
+                   data=None) -> tuple[pd.DataFrame, nn.Module]:
     """Train one model that keeps b_k and record, each step, the norms of b_q, b_k, b_v (all
     layers concatenated), the drift ||b_k(t) - b_k(0)||, the RMS and max of the b_k gradient
     and the per-layer rounding tolerance of that gradient (`verdict.gradient_tolerance`).
@@ -486,10 +495,8 @@ def train_bias_run(seed: int, *, optimizer: str, steps: int, batch_size: int,
     rows = [{"step": 0, "norm_b_q": float(_bias_vector(model, "b_q").norm()),
              "norm_b_k": float(b_k0.norm()), "norm_b_v": float(_bias_vector(model, "b_v").norm()),
              "drift_b_k": 0.0}]
-    bar = tqdm(range(steps), desc=f"{optimizer} eps={eps:g} {dtype} seed {seed}", disable=not progress,
-               leave=False)
     try:
-        for t in bar:
+        for t in range(steps):
             x, y = data["x_train"][batches[t]], data["y_train"][batches[t]]
             loss = _step(model, opt, x, y, dtype)
             g_k, g_q = _bias_grad(model, "b_k"), _bias_grad(model, "b_q")
@@ -504,7 +511,8 @@ def train_bias_run(seed: int, *, optimizer: str, steps: int, batch_size: int,
                 "norm_b_v": float(_bias_vector(model, "b_v").norm()),
                 "drift_b_k": float((b_k - b_k0).norm()),
                 "grad_rms_b_k": float(g_k.pow(2).mean().sqrt()), "grad_rms_b_q": float(g_q.pow(2).mean().sqrt()),
-                "grad_max_b_k": float(g_k.abs().max()), "grad_tolerance": max(tols),
+                "grad_max_b_k": float(g_k.abs().max()), "grad_max_b_q": float(g_q.abs().max()),
+                "grad_tolerance": max(tols),
                 "grad_over_tolerance": ratio,
             })
     finally:
@@ -586,12 +594,15 @@ def predicted_adam_drift(grad_rms: np.ndarray, *, lr: float, eps: float, n_eleme
     return float(np.sqrt((p**2).sum(axis=1).mean()))
 
 
-def sgd_drift_bound(tolerances: np.ndarray, *, lr: float, momentum: float = 0.0, n_elements: int = 1) -> float:
-    """Upper bound on ||b_k(T) - b_k(0)|| under SGD (with momentum mu) if every b_k gradient
-    entry stays within its rounding tolerance tol_t: each entry moves by at most
-    lr/(1 - mu) * sum_t tol_t, so the norm by sqrt(n) times that."""
-    tol = np.asarray(tolerances, dtype=float)
-    return lr / (1.0 - momentum) * float(tol.sum()) * math.sqrt(n_elements)
+def sgd_random_walk(grad_rms: np.ndarray, *, lr: float, momentum: float = 0.0, n_elements: int = 1) -> float:
+    """The drift SGD (with momentum mu) gives a parameter whose gradient is uncorrelated noise of
+    RMS sigma_t per entry: lr / (1 - mu) * sqrt(n * sum_t sigma_t^2), a random walk (it grows like
+    sqrt(T)). A gradient with a consistent direction moves it up to sqrt(T) times further, and a real
+    gradient is far larger than rounding noise: both make the SGD claim fail."""
+    g = np.asarray(grad_rms, dtype=float)
+    if g.size == 0 or np.any(g < 0) or not np.all(np.isfinite(g)):
+        raise ValueError("grad_rms must be a non-empty array of finite, non-negative numbers")
+    return lr / (1.0 - momentum) * math.sqrt(n_elements * float((g**2).sum()))
 
 
 # ----------------------------------------------------------------------------- verdict at the end
@@ -705,8 +716,7 @@ def setting_label(optimizer: str, eps: float, dtype: str) -> str:
 
 def run_pairs(*, seeds: list[int], pair_optimizers: list[str], steps: int, batch_size: int,
               eval_every: int, embed_dim: int, num_heads: int, num_layers: int, patch: int,
-              lr_sgd: float, lr_adam: float, momentum: float, weight_decay: float,
-              progress: bool = True, **_ignored) -> pd.DataFrame:
+              lr_sgd: float, lr_adam: float, momentum: float, weight_decay: float, **_ignored) -> pd.DataFrame:
     """`train_pair` for every optimizer in `pair_optimizers` and every seed (float32)."""
     for name in pair_optimizers:
         _check_choice("pair_optimizers", name, OPTIMIZERS)
@@ -716,12 +726,12 @@ def run_pairs(*, seeds: list[int], pair_optimizers: list[str], steps: int, batch
     data = load_digits_split()
     frames = []
     jobs = [(o, s) for o in pair_optimizers for s in seeds]
-    for name, seed in tqdm(jobs, desc="kept vs removed", disable=not progress):
+    for name, seed in jobs:
         frames.append(train_pair(
             seed, optimizer=name, steps=steps, batch_size=batch_size, eval_every=eval_every,
             embed_dim=embed_dim, num_heads=num_heads, num_layers=num_layers, patch=patch,
             lr=optimizer_lr(name, lr_sgd=lr_sgd, lr_adam=lr_adam, momentum=momentum),
-            momentum=momentum, weight_decay=weight_decay, data=data, progress=progress,
+            momentum=momentum, weight_decay=weight_decay, data=data,
         ))
     return pd.concat(frames, ignore_index=True)
 
@@ -729,7 +739,7 @@ def run_pairs(*, seeds: list[int], pair_optimizers: list[str], steps: int, batch
 def run_bias_study(*, bias_seeds: list[int], optimizers: list[str], adam_eps: list[float], dtypes: list[str],
                    steps: int, batch_size: int, embed_dim: int, num_heads: int, num_layers: int,
                    patch: int, lr_sgd: float, lr_adam: float, momentum: float, weight_decay: float,
-                   key_bias_init: float, progress: bool = True, **_ignored) -> tuple[pd.DataFrame, pd.DataFrame]:
+                   key_bias_init: float, **_ignored) -> tuple[pd.DataFrame, pd.DataFrame]:
     """`train_bias_run` for every setting of `study_settings` and seed; then the end-of-training
     verdict (`key_bias_verdicts`, in float32 on the test images) for each trained model.
     Returns (trajectories, verdicts)."""
@@ -740,13 +750,12 @@ def run_bias_study(*, bias_seeds: list[int], optimizers: list[str], adam_eps: li
     data = load_digits_split()
     trajectories, verdicts = [], []
     jobs = [(st, s) for st in settings for s in bias_seeds]
-    for st, seed in tqdm(jobs, desc="bias study", disable=not progress):
+    for st, seed in jobs:
         frame, model = train_bias_run(
             seed, optimizer=st["optimizer"], eps=st["eps"], dtype=st["dtype"], steps=steps,
             batch_size=batch_size, embed_dim=embed_dim, num_heads=num_heads, num_layers=num_layers,
             patch=patch, lr=optimizer_lr(st["optimizer"], lr_sgd=lr_sgd, lr_adam=lr_adam, momentum=momentum),
             momentum=momentum, weight_decay=weight_decay, key_bias_init=key_bias_init, data=data,
-            progress=progress,
         )
         label = setting_label(st["optimizer"], st["eps"], st["dtype"])
         trajectories.append(frame)
@@ -784,15 +793,25 @@ def pair_summary(curves: pd.DataFrame) -> pd.DataFrame:
                                                 / g["loss_removed"].abs()).max()),
             "final_divergence_kept": float(last["param_divergence_kept"]),
             "final_divergence_control": float(last["param_divergence_control"]),
+            "kept_only_correct": int(last["kept_only_correct"]),
+            "removed_only_correct": int(last["removed_only_correct"]),
+            "n_test": n,
         })
     return pd.DataFrame(rows)
 
 
 def bias_summary(trajectories: pd.DataFrame, *, momentum: float) -> pd.DataFrame:
     """Per setting and seed: the final norms, the measured drift of b_k, the Adam random-walk
-    prediction (`predicted_adam_drift`, for Adam-family runs), the SGD rounding bound
-    (`sgd_drift_bound`, for SGD runs), the largest gradient-to-tolerance ratio, and for AdamW
-    with decay on biases the decayed initial norm (1 - lr wd)^T ||b_k(0)||."""
+    prediction (`predicted_adam_drift`, for Adam-family runs); for SGD runs the random walk that a
+    b_k gradient of tolerance size per entry and step would make (`sgd_random_walk` of the per-step
+    tolerances), the b_k drift over it, and b_q's drift over it (b_q starts at zero, so its final
+    norm is its drift: the positive control, a gradient that is real); for AdamW with decay on
+    biases the decayed initial norm (1 - lr wd)^T ||b_k(0)||.
+
+    Gradient against tolerance: only steps where the b_q gradient (a bias that matters) exceeds the
+    rounding tolerance can tell a real b_k gradient from noise ("powered" steps). Per run: their
+    number, the largest |g_bk| / tolerance over them (NaN when there is none) and the median of
+    tolerance / |g_bq| over them: a b_k gradient above that fraction of b_q's would have been seen."""
     rows = []
     for (label, seed), g in trajectories.groupby(["setting", "seed"], sort=False):
         first, last, steps = g.iloc[0], g.iloc[-1], g.iloc[1:]
@@ -806,385 +825,29 @@ def bias_summary(trajectories: pd.DataFrame, *, momentum: float) -> pd.DataFrame
             "grad_rms_b_k": float(steps["grad_rms_b_k"].pow(2).mean() ** 0.5),
             "grad_rms_b_q": float(steps["grad_rms_b_q"].pow(2).mean() ** 0.5),
             "max_grad_over_tolerance": float(steps["grad_over_tolerance"].max()),
-            "predicted_drift": np.nan, "random_walk_drift": np.nan, "sgd_bound": np.nan,
+            "predicted_drift": np.nan, "random_walk_drift": np.nan, "sgd_walk": np.nan,
             "decayed_norm": np.nan,
         }
+        powered = steps[steps["grad_max_b_q"] > steps["grad_tolerance"]]
+        row["powered_steps"] = len(powered)
+        row["max_grad_over_tolerance_powered"] = (float(powered["grad_over_tolerance"].max()) if len(powered)
+                                                  else np.nan)
+        row["detectable_gradient_fraction"] = (float((powered["grad_tolerance"] / powered["grad_max_b_q"]).median())
+                                               if len(powered) else np.nan)
         if opt.startswith("adam"):
             sigma = steps["grad_rms_b_k"].to_numpy()
             row["predicted_drift"] = predicted_adam_drift(sigma, lr=lr, eps=eps, n_elements=n)
             row["random_walk_drift"] = random_walk_drift(sigma, lr=lr, eps=eps, n_elements=n)
         else:
             mu = momentum if opt == "sgd_momentum" else 0.0
-            row["sgd_bound"] = sgd_drift_bound(steps["grad_tolerance"].to_numpy(), lr=lr, momentum=mu,
-                                               n_elements=n)
+            row["sgd_walk"] = sgd_random_walk(steps["grad_tolerance"].to_numpy(), lr=lr, momentum=mu,
+                                              n_elements=n)
         if opt == "adamw_bias_decay":
             wd = float(last["weight_decay"])
             row["decayed_norm"] = (1.0 - lr * wd) ** row["steps"] * row["norm_b_k_initial"]
         rows.append(row)
     out = pd.DataFrame(rows)
     out["drift_over_predicted"] = out["drift_b_k"] / out["predicted_drift"]
+    out["sgd_walk_ratio"] = out["drift_b_k"] / out["sgd_walk"]
+    out["sgd_walk_ratio_b_q"] = out["norm_b_q"] / out["sgd_walk"]
     return out
-
-
-# ----------------------------------------------------------------------------- figures
-
-
-def plot_bias_norms(trajectories: pd.DataFrame, seed: int | None = None):
-    """One panel per setting: ||b_k||, ||b_q||, ||b_v|| (all layers) against the step, and the
-    drift ||b_k(t) - b_k(0)|| on a log axis below."""
-    import matplotlib.pyplot as plt
-
-    seed = int(trajectories["seed"].iloc[0]) if seed is None else seed
-    data = trajectories[trajectories["seed"] == seed]
-    labels = list(dict.fromkeys(data["setting"]))
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    colors = plt.cm.tab10(np.linspace(0, 1, 10))
-    for i, label in enumerate(labels):
-        g = data[data["setting"] == label]
-        axes[0].plot(g["step"], g["norm_b_k"], color=colors[i % 10], label=label)
-        axes[1].semilogy(g["step"].iloc[1:], g["drift_b_k"].iloc[1:].clip(lower=1e-12), color=colors[i % 10])
-    ref = data[data["setting"] == labels[0]]
-    axes[0].plot(ref["step"], ref["norm_b_q"], "k--", lw=1, label=f"||b_q|| ({labels[0]})")
-    axes[0].plot(ref["step"], ref["norm_b_v"], "k:", lw=1, label=f"||b_v|| ({labels[0]})")
-    adam = data[data["optimizer"] == "adam"]
-    if len(adam):
-        first = adam[adam["setting"] == adam["setting"].iloc[0]]
-        axes[0].plot(first["step"], first["norm_b_q"], color="grey", ls="--", lw=1, label="||b_q|| (Adam)")
-        axes[0].plot(first["step"], first["norm_b_v"], color="grey", ls=":", lw=1, label="||b_v|| (Adam)")
-    axes[0].set(xlabel="step", ylabel="norm over all layers", title=f"||b_k|| by optimizer (seed {seed})")
-    axes[1].set(xlabel="step", ylabel="||b_k(t) - b_k(0)||", title="drift of b_k")
-    axes[0].legend(fontsize=7, ncol=2)
-    fig.tight_layout()
-    return fig
-
-
-def plot_curves(curves: pd.DataFrame):
-    """Training loss and test accuracy with b_k kept and removed, per optimizer (seeds overlaid),
-    and the relative parameter distance from the removed model, kept vs the one-ulp control."""
-    import matplotlib.pyplot as plt
-
-    opts = list(dict.fromkeys(curves["optimizer"]))
-    fig, axes = plt.subplots(len(opts), 3, figsize=(12, 3.2 * len(opts)), squeeze=False)
-    for r, opt in enumerate(opts):
-        for seed, g in curves[curves["optimizer"] == opt].groupby("seed"):
-            ev = g.dropna(subset=["test_acc_removed"])
-            first = seed == curves["seed"].min()
-            axes[r, 0].plot(g["step"], g["loss_removed"], color="C0", lw=1.5,
-                            label="b_k removed" if first else None)
-            axes[r, 0].plot(g["step"], g["loss_kept"], color="C1", lw=1, ls="--",
-                            label="b_k kept" if first else None)
-            axes[r, 1].plot(ev["step"], ev["test_acc_removed"], "o-", color="C0", ms=3,
-                            label="b_k removed" if first else None)
-            axes[r, 1].plot(ev["step"], ev["test_acc_kept"], "x--", color="C1", ms=4,
-                            label="b_k kept" if first else None)
-            axes[r, 2].semilogy(g["step"], g["param_divergence_kept"].clip(lower=1e-12), color="C1",
-                                label="kept vs removed" if first else None)
-            axes[r, 2].semilogy(g["step"], g["param_divergence_control"].clip(lower=1e-12), color="C2",
-                                ls=":", label="1-ulp control vs removed" if first else None)
-        name = OPTIMIZER_LABELS[opt]
-        axes[r, 0].set(xlabel="step", ylabel="training loss", title=f"{name}: loss")
-        axes[r, 1].set(xlabel="step", ylabel="test accuracy", title=f"{name}: test accuracy")
-        axes[r, 2].set(xlabel="step", ylabel="relative parameter distance", title=f"{name}: divergence")
-        for ax in axes[r]:
-            ax.legend(fontsize=7)
-    fig.tight_layout()
-    return fig
-
-
-_NUMBER_WORDS = ("Zero", "One", "Two", "Three", "Four", "Five", "Six", "Seven", "Eight", "Nine", "Ten",
-                 "Eleven", "Twelve", "Thirteen", "Fourteen", "Fifteen", "Sixteen")
-
-
-def setting_macro_name(optimizer: str, eps: float, dtype: str) -> str:
-    """A letters-only LaTeX macro stem for one bias-study setting, e.g. AdamEpsTwelve,
-    SgdBfloatSixteen, AdamWBiasDecay."""
-    _check_choice("optimizer", optimizer, OPTIMIZERS)
-    _check_choice("dtype", dtype, TRAIN_DTYPES)
-    name = {"sgd": "Sgd", "sgd_momentum": "SgdMomentum", "adam": "Adam", "adamw": "AdamW",
-            "adamw_bias_decay": "AdamWBiasDecay"}[optimizer]
-    if optimizer == "adam":
-        exponent = -int(round(math.log10(eps)))
-        word = _NUMBER_WORDS[exponent] if 0 <= exponent < len(_NUMBER_WORDS) else "Other"
-        mantissa = eps / 10.0**-exponent
-        if abs(mantissa - 1) > 1e-9:
-            word += "Scaled"
-        name += f"Eps{word}"
-    if dtype == "bfloat16":
-        name += "BfloatSixteen"
-    return name
-
-
-# ----------------------------------------------------------------------------- claims, macros, tables
-#
-# The bounds of the claims. Each is also written as a macro (Train...Bound) so that the paper
-# states exactly the number the claim checks.
-
-ACC_Z_BOUND = 2  # final accuracies agree within this many binomial standard errors of the test set
-DIVERGENCE_RATIO_BOUND = 10  # kept-vs-removed divergence / one-ulp-control divergence (same order)
-GRAD_RATIO_BOUND = 1  # |g_bk| / rounding tolerance of the verdict rule
-SGD_RATIO_BOUND = 1  # SGD drift / (lr / (1 - mu) * sum_t tol_t * sqrt(n))
-ADAM_FACTOR_BOUND = 2  # measured / predicted Adam drift within this factor either way
-DECAY_DEV_BOUND = 2  # |norm - decayed norm| / predicted walk, with weight decay on biases
-
-# Optimizers whose drift the noise model of `predicted_adam_drift` describes: Adam-family runs
-# WITHOUT weight decay on b_k. With decay on biases (adamw_bias_decay) the drift is dominated
-# by the deterministic shrinkage (1 - lr wd)^T, checked by its own claim instead.
-ADAM_NOISE_OPTIMIZERS = ("adam", "adamw")
-
-_OPTIMIZER_MACRO = {"sgd": "Sgd", "sgd_momentum": "SgdMomentum", "adam": "Adam", "adamw": "AdamW",
-                    "adamw_bias_decay": "AdamWBiasDecay"}
-
-
-def _strict_max(values) -> float:
-    """Max that propagates NaN (pandas' max skips it) and is NaN on no data, so a claim built on it
-    fails rather than passes when a value is missing."""
-    arr = np.asarray(values, dtype=float)
-    return float(np.max(arr)) if arr.size else math.nan
-
-
-def _require_columns(frame: pd.DataFrame, name: str, columns) -> None:
-    missing = [c for c in columns if c not in frame.columns]
-    if missing:
-        raise ValueError(f"{name} lacks columns {missing}")
-
-
-def bound_macros() -> dict[str, object]:
-    """The claim bounds as macros (the same constants the claims compare against)."""
-    return {
-        "TrainAccZBound": ACC_Z_BOUND,
-        "TrainDivergenceBound": DIVERGENCE_RATIO_BOUND,
-        "TrainGradRatioBound": GRAD_RATIO_BOUND,
-        "TrainSgdRatioBound": SGD_RATIO_BOUND,
-        "TrainAdamFactorBound": ADAM_FACTOR_BOUND,
-        "TrainDecayDevBound": DECAY_DEV_BOUND,
-    }
-
-
-def config_macros(*, n_train: int, n_test: int, n_params: int, n_settings: int, seeds: list[int],
-                  bias_seeds: list[int], steps: int, batch_size: int, embed_dim: int, num_heads: int,
-                  num_layers: int, patch: int, lr_sgd: float, lr_adam: float, momentum: float,
-                  weight_decay: float, key_bias_init: float, **_ignored) -> dict[str, object]:
-    """Macros for the setup of the runs (data sizes, model, optimizer settings, counts)."""
-    from keybias.export import format_number
-
-    def one(x):  # one significant digit for parameters such as 0.003
-        return format_number(float(x), 1)
-
-    return {
-        "TrainNTrain": int(n_train), "TrainNTest": int(n_test), "TrainNParams": int(n_params),
-        "TrainEmbedDim": int(embed_dim), "TrainHeads": int(num_heads), "TrainLayers": int(num_layers),
-        "TrainTokens": (8 // patch) ** 2, "TrainSteps": int(steps), "TrainBatch": int(batch_size),
-        "TrainSeeds": len(seeds), "TrainBiasSeeds": len(bias_seeds),
-        "TrainLrSgd": one(lr_sgd), "TrainLrAdam": one(lr_adam), "TrainMomentum": one(momentum),
-        "TrainWeightDecay": one(weight_decay), "TrainKeyBiasInit": one(key_bias_init),
-        "TrainEpsDefault": one(DEFAULT_EPS), "TrainBiasSettings": int(n_settings),
-    }
-
-
-def pair_results(pairs: pd.DataFrame) -> tuple[list[tuple], dict[str, object]]:
-    """Claims and macros of the kept-vs-removed comparison (`pair_summary` output).
-
-    Macros per optimizer (Sgd, Adam, ...): fewest bit-identical steps over seeds, mean final
-    accuracy removed/kept over seeds, and the max over seeds of the accuracy difference, the
-    step-by-step relative loss difference (kept and control) and the final divergence (kept and
-    control). Claims: max |acc diff| / standard error <= ACC_Z_BOUND and max divergence ratio
-    kept / control <= DIVERGENCE_RATIO_BOUND, each over optimizers and seeds (NaN, so failing,
-    when a value is missing)."""
-    _require_columns(pairs, "pairs", ["optimizer", "identical_steps", "test_acc_removed", "test_acc_kept",
-                                      "acc_diff", "acc_standard_error", "max_loss_rel_diff",
-                                      "max_loss_rel_diff_control", "final_divergence_kept",
-                                      "final_divergence_control"])
-    if pairs.empty:
-        raise ValueError("pairs is empty: no kept-vs-removed run to summarize")
-    macros: dict[str, object] = {}
-    for opt, g in pairs.groupby("optimizer", sort=False):
-        key = _OPTIMIZER_MACRO[opt]
-        macros[f"TrainIdenticalSteps{key}"] = int(g["identical_steps"].min())
-        macros[f"TrainAccRemoved{key}"] = float(g["test_acc_removed"].mean())
-        macros[f"TrainAccKept{key}"] = float(g["test_acc_kept"].mean())
-        macros[f"TrainMaxAccDiff{key}"] = _strict_max(g["acc_diff"])
-        macros[f"TrainLossRelDiff{key}"] = _strict_max(g["max_loss_rel_diff"])
-        macros[f"TrainLossRelDiffControl{key}"] = _strict_max(g["max_loss_rel_diff_control"])
-        macros[f"TrainDivergence{key}"] = _strict_max(g["final_divergence_kept"])
-        macros[f"TrainDivergenceControl{key}"] = _strict_max(g["final_divergence_control"])
-    acc_z = _strict_max(pairs["acc_diff"] / pairs["acc_standard_error"])
-    div_ratio = _strict_max(pairs["final_divergence_kept"] / pairs["final_divergence_control"])
-    macros["TrainAccStandardError"] = _strict_max(pairs["acc_standard_error"])
-    macros["TrainAccZ"] = acc_z
-    macros["TrainDivergenceRatio"] = div_ratio
-    claims = [
-        ("train-accuracy-agrees-kept-removed",
-         f"Final test accuracy with and without the key bias agrees within {ACC_Z_BOUND} binomial standard "
-         "errors of the test set, for every optimizer and seed (max |difference| / standard error).",
-         acc_z, ACC_Z_BOUND, "<="),
-        ("train-divergence-within-rounding-control",
-         f"The kept-b_k run ends within the same order of magnitude (at most {DIVERGENCE_RATIO_BOUND} times) "
-         "of the removed-b_k run as a run whose initial weights differ by one unit in the last place, in "
-         "relative parameter distance (max ratio over optimizers and seeds).",
-         div_ratio, DIVERGENCE_RATIO_BOUND, "<="),
-    ]
-    return claims, macros
-
-
-def bias_results(bias: pd.DataFrame) -> tuple[list[tuple], dict[str, object]]:
-    """Claims and macros of the bias study (`bias_summary` output).
-
-    - train-bk-gradient-within-rounding: max |g_bk| / tolerance over all runs <= GRAD_RATIO_BOUND;
-    - train-sgd-bk-stays-put (only if the profile has SGD runs): max drift / SGD bound <= SGD_RATIO_BOUND;
-    - train-adam-drift-matches-noise-prediction (only if it has Adam, or AdamW without decay on
-      biases): max |log2(measured / predicted)| <= log2(ADAM_FACTOR_BOUND);
-    - train-adamw-bias-decay-shrinks-bk (only if it has adamw_bias_decay runs): max
-      |norm - decayed norm| / predicted walk <= DECAY_DEV_BOUND.
-    A claim whose runs are absent from the profile is not recorded (nor its macros); a NaN value
-    (a missing prediction) makes it fail. Per-setting macros TrainDrift<S>, TrainPred<S>,
-    TrainAcc<S> are MEANS over seeds; TrainDriftAdamMax is the max drift over every Adam-family
-    run (all optimizers, eps, dtypes, seeds, weight decay included)."""
-    _require_columns(bias, "bias", ["setting", "optimizer", "eps", "dtype", "seed", "drift_b_k",
-                                    "predicted_drift", "sgd_bound", "decayed_norm", "norm_b_k", "test_acc",
-                                    "grad_rms_b_k", "grad_rms_b_q", "max_grad_over_tolerance"])
-    if bias.empty:
-        raise ValueError("bias is empty: no bias-study run to summarize")
-    claims: list[tuple] = []
-    macros: dict[str, object] = {}
-    grad_ratio = _strict_max(bias["max_grad_over_tolerance"])
-    macros["TrainGradRatio"] = grad_ratio
-    claims.append(("train-bk-gradient-within-rounding",
-                   "At every step of every run the b_k gradient lies within the rounding tolerance of the verdict "
-                   "rule (max over steps, layers and runs of |g_bk| / tolerance).",
-                   grad_ratio, GRAD_RATIO_BOUND, "<="))
-    sgd = bias[bias["optimizer"].str.startswith("sgd")]
-    if len(sgd):
-        sgd_ratio = _strict_max(sgd["drift_b_k"] / sgd["sgd_bound"])
-        macros["TrainSgdRatio"] = sgd_ratio
-        claims.append(("train-sgd-bk-stays-put",
-                       "Under SGD and SGD with momentum, b_k moves no more than the sum of its per-step rounding "
-                       "tolerances times the learning rate allows (max drift / bound).",
-                       sgd_ratio, SGD_RATIO_BOUND, "<="))
-    noise = bias[bias["optimizer"].isin(ADAM_NOISE_OPTIMIZERS)]
-    if len(noise):
-        log_err = _strict_max(np.abs(np.log2(noise["drift_b_k"] / noise["predicted_drift"])))
-        macros["TrainAdamLogErr"] = log_err
-        macros["TrainAdamFactor"] = 2.0**log_err
-        claims.append(("train-adam-drift-matches-noise-prediction",
-                       "Under Adam (every eps and dtype) and AdamW without weight decay on biases, the measured "
-                       "drift of b_k agrees with the random-walk prediction from the measured gradient noise and "
-                       f"eps within a factor of {ADAM_FACTOR_BOUND} (max |log2(measured/predicted)|; AdamW with "
-                       "weight decay on biases is covered by train-adamw-bias-decay-shrinks-bk).",
-                       log_err, math.log2(ADAM_FACTOR_BOUND), "<="))
-    decay = bias[bias["optimizer"] == "adamw_bias_decay"]
-    if len(decay):
-        decay_dev = _strict_max((decay["norm_b_k"] - decay["decayed_norm"]).abs() / decay["predicted_drift"])
-        macros["TrainDecayDev"] = decay_dev
-        claims.append(("train-adamw-bias-decay-shrinks-bk",
-                       "With weight decay on biases, ||b_k|| follows (1 - lr wd)^T ||b_k(0)|| within "
-                       f"{DECAY_DEV_BOUND} times the predicted Adam random walk (max deviation / predicted walk).",
-                       decay_dev, DECAY_DEV_BOUND, "<="))
-    adam_family = bias[bias["optimizer"].str.startswith("adam")]
-    if len(adam_family):
-        macros["TrainDriftAdamMax"] = _strict_max(adam_family["drift_b_k"])
-    for (opt, eps, dtype), g in bias.groupby(["optimizer", "eps", "dtype"], sort=False):
-        name = setting_macro_name(opt, float(eps), dtype)
-        macros[f"TrainDrift{name}"] = float(g["drift_b_k"].mean())
-        if g["predicted_drift"].notna().all():
-            macros[f"TrainPred{name}"] = float(g["predicted_drift"].mean())
-        macros[f"TrainAcc{name}"] = float(g["test_acc"].mean())
-    for dtype, word in (("float32", "FloatThirtyTwo"), ("bfloat16", "BfloatSixteen")):
-        d = bias[bias["dtype"] == dtype]
-        if len(d):
-            macros[f"TrainGradRmsKey{word}"] = float(d["grad_rms_b_k"].median())
-            macros[f"TrainGradRmsQuery{word}"] = float(d["grad_rms_b_q"].median())
-    return claims, macros
-
-
-def _fmt(value) -> str:
-    from keybias.export import format_number
-
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "--"
-    return "$" + format_number(float(value), 2) + "$"
-
-
-def _latex_text(text: str) -> str:
-    return str(text).replace("_", r"\_").replace("%", r"\%").replace("&", r"\&")
-
-
-def _tabular(header: list[str], rows: list[list[str]]) -> str:
-    body = [r"\begin{tabular}{l" + "r" * (len(header) - 1) + "}", r"\toprule", " & ".join(header) + r" \\",
-            r"\midrule"]
-    body += [" & ".join(r) + r" \\" for r in rows]
-    body += [r"\bottomrule", r"\end{tabular}"]
-    return "\n".join(body)
-
-
-def bias_table(bias: pd.DataFrame) -> pd.DataFrame:
-    """Per setting, means over seeds: test accuracy, final ||b_q||, ||b_v||, drift of b_k, predicted
-    drift (Adam family; NaN otherwise) and the RMS of the b_k gradient."""
-    return bias.groupby("setting", sort=False).agg(
-        acc=("test_acc", "mean"), norm_q=("norm_b_q", "mean"), norm_v=("norm_b_v", "mean"),
-        drift=("drift_b_k", "mean"), predicted=("predicted_drift", "mean"),
-        grad_k=("grad_rms_b_k", "mean")).reset_index()
-
-
-def bias_table_latex(table: pd.DataFrame) -> str:
-    """The `bias_table` as a booktabs tabular ("--" where there is no prediction)."""
-    header = ["setting", "test acc.", r"$\|b_q\|$", r"$\|b_v\|$", r"drift of $b_k$", "predicted", r"RMS $g_{b_k}$"]
-    rows = [[_latex_text(r["setting"])] + [_fmt(r[c]) for c in ("acc", "norm_q", "norm_v", "drift", "predicted",
-                                                                  "grad_k")]
-            for _, r in table.iterrows()]
-    return _tabular(header, rows)
-
-
-def verdict_table(verdicts: pd.DataFrame) -> pd.DataFrame:
-    """Per setting, over seeds and layers: counts of each verdict and the largest output change,
-    tolerance and logit change."""
-    return verdicts.groupby("setting", sort=False).agg(
-        layers=("verdict", "size"),
-        redundant=("verdict", lambda v: int((v == verdict.REDUNDANT).sum())),
-        invalid=("verdict", lambda v: int((v == verdict.INVALID).sum())),
-        not_redundant=("verdict", lambda v: int((v == verdict.NOT_REDUNDANT).sum())),
-        max_delta=("delta", "max"), max_tolerance=("tolerance", "max"),
-        max_logit_delta=("logit_delta", "max")).reset_index()
-
-
-def verdict_table_latex(table: pd.DataFrame) -> str:
-    header = ["setting", "layers", "redundant", "invalid", "not red.", r"max $\Delta$", "tolerance",
-              r"max $\Delta$logit"]
-    rows = [[_latex_text(r["setting"]), str(int(r["layers"])), str(int(r["redundant"])), str(int(r["invalid"])),
-             str(int(r["not_redundant"]))] + [_fmt(r[c]) for c in ("max_delta", "max_tolerance", "max_logit_delta")]
-            for _, r in table.iterrows()]
-    return _tabular(header, rows)
-
-
-def verdict_results(verdicts: pd.DataFrame) -> tuple[list[tuple], dict[str, object]]:
-    """Claims and macros of the end-of-training verdicts (`run_bias_study`'s second output).
-
-    - train-drifted-bk-never-changes-function: number of not_redundant verdicts <= 0;
-    - train-drift-verdict-has-power (only if the profile has Adam-family runs): min over those
-      runs of the number of redundant (powered) layers >= 1."""
-    _require_columns(verdicts, "verdicts", ["setting", "seed", "optimizer", "verdict", "logit_delta",
-                                            "prediction_changes"])
-    if verdicts.empty:
-        raise ValueError("verdicts is empty: no trained model to test")
-    counts = verdicts["verdict"].value_counts()
-    n_not = int(counts.get(verdict.NOT_REDUNDANT, 0))
-    macros: dict[str, object] = {
-        "TrainVerdictRedundant": int(counts.get(verdict.REDUNDANT, 0)),
-        "TrainVerdictNotRedundant": n_not,
-        "TrainVerdictInvalid": int(counts.get(verdict.INVALID, 0)),
-        "TrainVerdictTotal": len(verdicts),
-        "TrainMaxLogitDelta": _strict_max(verdicts["logit_delta"]),
-        "TrainPredictionChanges": int(verdicts.groupby(["setting", "seed"])["prediction_changes"].first().sum()),
-    }
-    claims: list[tuple] = [
-        ("train-drifted-bk-never-changes-function",
-         "No trained key bias, under any optimizer, eps or dtype, changes an attention output beyond rounding "
-         "(number of not_redundant verdicts).", n_not, 0, "<="),
-    ]
-    adam = verdicts[verdicts["optimizer"].str.startswith("adam")]
-    if len(adam):
-        powered = adam.groupby(["setting", "seed"])["verdict"].apply(lambda v: int((v == verdict.REDUNDANT).sum()))
-        claims.append(("train-drift-verdict-has-power",
-                       "The verdict could see a change of the drifted size in at least one layer of every "
-                       "Adam-family run (min over those runs of the number of redundant layers).",
-                       int(powered.min()), 1, ">="))
-    return claims, macros
