@@ -53,7 +53,7 @@ arxiv: $(VENV_STAMP) ## dist/keybias-arxiv-<commit>.tar.gz, proven by compiling 
 	@TEX_PACKAGES="$(TEX_PACKAGES)" $(PIPELINE) arxiv
 
 bitwise: $(VENV_STAMP) ## measure whether results are byte-identical across CPU instruction sets
-	@$(PY) -m keybias.bitwise --threads 2 --out results/.build/bitwise.json
+	@$(PY) -m keybias.bitwise --threads 2 --out results/machine/bitwise.json
 
 venv: $(VENV_STAMP) ## build .venv from requirements.lock
 
