@@ -58,12 +58,13 @@ bitwise: $(VENV_STAMP) ## measure whether results are byte-identical across CPU 
 venv: $(VENV_STAMP) ## build .venv from requirements.lock
 
 $(VENV_STAMP):
-	rm -rf $(VENV)
-	$(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/pip install --quiet --disable-pip-version-check -r requirements.lock
-	$(VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
-	$(PY) -m ipykernel install --prefix $(VENV) --name keybias --display-name "Python (keybias .venv)" >/dev/null
-	touch $@
+	@echo "building $(VENV) from requirements.lock (pip output follows only on errors or warnings)"
+	@rm -rf $(VENV)
+	@$(PYTHON) -m venv $(VENV)
+	@$(VENV)/bin/pip install --quiet --disable-pip-version-check -r requirements.lock
+	@$(VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
+	@$(PY) -m ipykernel install --prefix $(VENV) --name keybias --display-name "Python (keybias .venv)" >/dev/null
+	@touch $@
 
 tex: ## install the TeX packages if latexmk is missing (root on Debian/Ubuntu), else explain
 	@if command -v latexmk >/dev/null && command -v pdflatex >/dev/null; then exit 0; fi; \
