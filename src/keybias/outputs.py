@@ -330,6 +330,7 @@ class Report:
 
     exact: int = 0
     rounding: int = 0
+    rounding_identical: int = 0  # rounding items that came out byte-identical all the same
     machine: int = 0
     worst_ratio: float = 0.0
     worst_where: str = ""
@@ -348,7 +349,8 @@ class Report:
         worst = f"largest ratio to tolerance {self.worst_ratio:.3g} ({self.worst_where})" if self.worst_where else "none compared"
         lines = [
             f"{self.exact} exact and equal",
-            f"{self.rounding} rounding within tolerance; {worst}",
+            f"{self.rounding} rounding within tolerance ({self.rounding_identical} of them "
+            f"byte-identical); {worst}",
             f"{self.machine} machine-specific, not compared",
         ]
         if self.failures:
@@ -422,6 +424,7 @@ def _compare_csv(rel: str, ref: Path, new: Path, report: Report) -> None:
                 report.exact += 1
             else:
                 report.rounding += 1
+                report.rounding_identical += int(a[col].equals(b[col]))
 
 
 def _normalise_numbers(text: str) -> str:
@@ -457,6 +460,7 @@ def _compare_text(rel: str, ref: Path, new: Path, tolerance: str | None, report:
             )
     if ok:
         report.rounding += 1
+        report.rounding_identical += int(a == b)
 
 
 def _compare_claims(ref: Path, new: Path, report: Report) -> None:
@@ -483,6 +487,7 @@ def _compare_claims(ref: Path, new: Path, report: Report) -> None:
                 )
             else:
                 report.rounding += 1
+                report.rounding_identical += int(x == y)
 
 
 def compare_folders(reference: Path, candidate: Path) -> Report:
