@@ -53,17 +53,18 @@ arxiv: $(VENV_STAMP) ## dist/keybias-arxiv-<commit>.tar.gz, proven by compiling 
 	@TEX_PACKAGES="$(TEX_PACKAGES)" $(PIPELINE) arxiv
 
 bitwise: $(VENV_STAMP) ## measure whether results are byte-identical across CPU instruction sets
-	@$(PY) -m keybias.bitwise --threads 2 --out results/.build/bitwise.json
+	@$(PY) -m keybias.bitwise --threads 2 --out results/machine/bitwise.json
 
 venv: $(VENV_STAMP) ## build .venv from requirements.lock
 
 $(VENV_STAMP):
-	rm -rf $(VENV)
-	$(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/pip install --quiet --disable-pip-version-check -r requirements.lock
-	$(VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
-	$(PY) -m ipykernel install --prefix $(VENV) --name keybias --display-name "Python (keybias .venv)" >/dev/null
-	touch $@
+	@echo "building $(VENV) from requirements.lock (pip output follows only on errors or warnings)"
+	@rm -rf $(VENV)
+	@$(PYTHON) -m venv $(VENV)
+	@$(VENV)/bin/pip install --quiet --disable-pip-version-check -r requirements.lock
+	@$(VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
+	@$(PY) -m ipykernel install --prefix $(VENV) --name keybias --display-name "Python (keybias .venv)" >/dev/null
+	@touch $@
 
 tex: ## install the TeX packages if latexmk is missing (root on Debian/Ubuntu), else explain
 	@if command -v latexmk >/dev/null && command -v pdflatex >/dev/null; then exit 0; fi; \

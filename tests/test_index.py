@@ -107,3 +107,20 @@ def test_readme_has_generated_blocks_and_no_typed_times():
     outside = re.sub(r"<!-- generated:[a-z_]+ -->.*?<!-- /generated -->", "", text, flags=re.S)
     typed = re.findall(r"\b\d+(?:\.\d+)?\s*(?:s|min|seconds|minutes)\b", outside)
     assert not typed, f"times typed into README outside the generated blocks: {typed}"
+
+
+def test_readme_bitwise_block_from_the_measurement():
+    result = {
+        "threads": 2,
+        "differ_between_1_and_declared_threads": [],
+        "pin_sets": {
+            "none": {"pins": {}, "outputs": 30, "seconds": {"avx512": 2.0, "avx2": 3.0},
+                     "differ_by_pair": {"avx512_vs_avx2": ["a", "b"], "avx2_vs_default": ["a"]}},
+            "aten_avx2": {"pins": {"ATEN_CPU_CAPABILITY": "avx2"}, "outputs": 30, "seconds": {"avx512": 2.5},
+                          "differ_by_pair": {"avx512_vs_avx2": []}},
+        },
+    }
+    text = readme.bitwise_block(result)
+    assert "| none | 2 of 30 differ | 1 of 30 differ | avx512 2.0 s, avx2 3.0 s |" in text
+    assert "| `ATEN_CPU_CAPABILITY=avx2` | identical | not run | avx512 2.5 s |" in text
+    assert "One thread against 2: identical" in text

@@ -188,3 +188,22 @@ def test_two_forced_rebuilds_are_byte_identical(tmp_path):
     # everything excluded above is declared machine-specific, so verify does not compare it
     for rel in ("machine/x.csv", "provenance.json", "steps/01_symbolic.json", "notebooks/01_symbolic.html"):
         assert file_class_is_machine(rel), rel
+
+
+def test_kernel_environment_pins_threads_hash_seed_and_instruction_set(monkeypatch):
+    monkeypatch.delenv("KEYBIAS_ISA_PIN", raising=False)
+    for var in ("ATEN_CPU_CAPABILITY", "MKL_CBWR", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(pipeline, "cpu_has_avx2", lambda: True)
+    env = pipeline.kernel_environment("02_invariance")
+    assert env["OMP_NUM_THREADS"] == env["MKL_NUM_THREADS"] == str(pipeline.KERNEL_THREADS)
+    assert env["PYTHONHASHSEED"] == "0" and env["TQDM_DISABLE"] == "1"
+    assert {k: env[k] for k in pipeline.ISA_PINS} == pipeline.ISA_PINS
+    assert not set(pipeline.ISA_PINS) & set(pipeline.kernel_environment("06_cost")), "timing notebook pinned"
+    monkeypatch.setattr(pipeline, "cpu_has_avx2", lambda: False)
+    assert not set(pipeline.ISA_PINS) & set(pipeline.kernel_environment("02_invariance"))
+    monkeypatch.setattr(pipeline, "cpu_has_avx2", lambda: True)
+    monkeypatch.setenv("KEYBIAS_ISA_PIN", "none")
+    assert not set(pipeline.ISA_PINS) & set(pipeline.kernel_environment("02_invariance"))
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "default")
+    assert pipeline.kernel_environment("02_invariance")["ATEN_CPU_CAPABILITY"] == "default"

@@ -51,7 +51,7 @@ def inline_inputs(path: Path, base: Path, depth: int = 0) -> str:
                 target = target.with_name(target.name + ".tex")
             if not target.is_file():
                 raise ArxivError(f"{path}: \\input{{{match.group(1)}}} not found at {target}")
-            return f"%% inlined from {match.group(1).replace('../', '')}\n" + inline_inputs(target, base, depth + 1).rstrip("\n") + "\n"
+            return f"%% inlined from {match.group(1).replace('../', '')}\n" + inline_inputs(target, base, depth + 1).rstrip("\n")
 
         out.append(_INPUT.sub(replace, code) + line[len(code):])
     return "".join(out)

@@ -35,15 +35,16 @@ class Tolerance:
     """How far two values of a rounding column may lie apart.
 
     Values agree when |a - b| <= atol + rtol * max(|a|, |b|); with `decades` set, when both
-    are below the row dtype's unit roundoff times `floor_u`, or their ratio is within
-    10**decades. Both NaN agree; one NaN does not.
+    are below `floor_u` unit roundoffs of the row's dtype (or of `floor_dtype`), or their
+    ratio is within 10**decades. Both NaN agree; one NaN does not.
     """
 
     why: str
     rtol: float = 0.0
     atol: float = 0.0
     decades: float | None = None
-    floor_u: float = 1.0
+    floor_u: float = 2.0
+    floor_dtype: str | None = None
 
     def ratio(self, a: float, b: float, dtype: str = "float64") -> float:
         """|difference| / tolerance: <= 1 passes; the largest is reported by verify."""
@@ -52,7 +53,7 @@ class Tolerance:
         if math.isinf(a) or math.isinf(b):
             return 0.0 if a == b else math.inf
         if self.decades is not None:
-            floor = self.floor_u * UNIT_ROUNDOFF.get(dtype, UNIT_ROUNDOFF["float64"])
+            floor = self.floor_u * UNIT_ROUNDOFF.get(self.floor_dtype or dtype, UNIT_ROUNDOFF["float64"])
             if abs(a) <= floor and abs(b) <= floor:
                 return 0.0
             if a == 0 or b == 0 or (a > 0) != (b > 0):
@@ -76,10 +77,26 @@ TOLERANCES = {
         "n*u32 ~ 1e-4 relative",
     ),
     "noise": Tolerance(
-        decades=1.0, floor_u=1.0,
-        why="a measured rounding error (or its ratio to a tolerance): another kernel reproduces "
-        "its size, not its bits; sizes agree within one decade, and below one unit roundoff "
-        "of the row's dtype it is zero",
+        decades=1.0,
+        why="a measured rounding error, or a quantity computed from one (a measured tolerance, "
+        "a ratio to it): another kernel reproduces its size, not its bits; sizes agree within "
+        "one decade, and below one ulp (2u) of the row's dtype it is zero",
+    ),
+    "noise32": Tolerance(
+        decades=1.0, floor_dtype="float32",
+        why="as 'noise', for float32 computations in a table without a dtype column: below one "
+        "float32 ulp (2u = 1.2e-7 relative) it is zero",
+    ),
+    "noise_stat": Tolerance(
+        atol=0.25,
+        why="a statistic of directions of pure rounding noise (mean cosine, consistency of unit "
+        "vectors): it is itself noise of size ~1/sqrt(batches) ~ 0.3 and changes sign between "
+        "kernels; the check only catches a switch to a systematic direction (values near 1)",
+    ),
+    "printed": Tolerance(
+        decades=1.0, floor_dtype="float32",
+        why="a number printed to 3 digits from the compared data columns (which carry the strict "
+        "check): its order of magnitude and sign must agree; below one float32 ulp it is zero",
     ),
     "fit": Tolerance(
         rtol=0.1, atol=0.05,
@@ -132,11 +149,12 @@ DATA_COLUMNS: dict[str, dict[str, str]] = {
     "data/invariance.csv": _cols(
         exact=f"{_CONFIG_MHA} nonfinite_outputs output_entries verdict verdict_float64 "
         "drop_verdict grad_verdict verdict_joint",
-        f32="masked_row_output typical_key_norm output_abs_max tolerance_abs tolerance_rel "
-        "bound_rel error_base_rel grad_tolerance min_rel_control control_over_tol",
+        f32="masked_row_output typical_key_norm output_abs_max bound_rel grad_tolerance "
+        "min_rel_control",
         noise="max_abs_bk max_rel_bk max_rel_bq max_rel_bv bk_over_tol bk_rel_over_u "
         "noise_floor_rel noise_floor_over_u64 max_rel_drop noise_floor_over_tol64 grad_bk grad_bq "
-        "grad_bv grad_ratio max_rel_joint",
+        "grad_bv grad_ratio max_rel_joint tolerance_abs tolerance_rel error_base_rel "
+        "control_over_tol",
         machine="seconds",  # wall time; issue 13 moves it to machine/ (then delete this line)
     ),
     "data/precision_accuracy.csv": _cols(
@@ -153,7 +171,8 @@ DATA_COLUMNS: dict[str, dict[str, str]] = {
     "data/precision_gradient_summary.csv": _cols(
         exact="device dtype path unit_roundoff status reason batches verdict bk_nonzero",
         noise="ratio_median ratio_over_u grad_over_tol_max control_over_tol_min",
-        fit="bk_mean_cos bk_consistency bq_mean_cos bq_consistency eff_dim cos_bound",
+        fit="bq_mean_cos bq_consistency eff_dim cos_bound",
+        noise_stat="bk_mean_cos bk_consistency",
     ),
     "data/precision_gradients.csv": _cols(
         exact="device dtype path unit_roundoff head_dim num_heads seq_len batch status reason "
@@ -205,7 +224,7 @@ DATA_COLUMNS: dict[str, dict[str, str]] = {
         exact="optimizer seed steps",
         trained="identical_steps test_acc_removed test_acc_kept test_acc_control acc_diff "
         "acc_diff_control acc_standard_error",
-        noise="max_loss_rel_diff max_loss_rel_diff_control final_divergence_kept "
+        noise32="max_loss_rel_diff max_loss_rel_diff_control final_divergence_kept "
         "final_divergence_control",
     ),
     "data/training_verdicts.csv": _cols(
@@ -238,10 +257,12 @@ FILES: list[tuple[str, FileClass]] = [
     ("index.html", FileClass(MACHINE, "entry page generated from claims and provenance")),
     ("equations/*", FileClass(EXACT, "SymPy output: exact rational arithmetic")),
     ("claims.json", FileClass(EXACT, "compared claim by claim, see CLAIM_FIELDS")),
-    ("tables/claims.tex", FileClass("rounding", "claim values printed to 3 digits", "noise")),
+    ("tables/claims.tex", FileClass("rounding", "claim values printed to 3 digits", "printed")),
     ("macros/all.tex", FileClass(EXACT, "the list of macro files and the claim count")),
-    ("macros/*", FileClass("rounding", "numbers printed to 3 digits; text exact", "noise")),
-    ("tables/*", FileClass("rounding", "numbers printed to 3 digits; text exact", "noise")),
+    ("macros/06_cost.tex", FileClass(MACHINE, "timing results (their counts are compared in data/cost_memory*.csv)")),
+    ("tables/precision_gradient.tex", FileClass("rounding", "prints noise statistics (bk_mean_cos)", "noise_stat")),
+    ("macros/*", FileClass("rounding", "numbers printed to 3 digits; text exact", "printed")),
+    ("tables/*", FileClass("rounding", "numbers printed to 3 digits; text exact", "printed")),
     ("data/*.csv", FileClass("columns", "compared per column, see DATA_COLUMNS")),
 ]
 
@@ -309,13 +330,15 @@ class Report:
 
     exact: int = 0
     rounding: int = 0
+    rounding_identical: int = 0  # rounding items that came out byte-identical all the same
     machine: int = 0
     worst_ratio: float = 0.0
     worst_where: str = ""
     failures: list[str] = field(default_factory=list)
 
     def note_ratio(self, ratio: float, where: str) -> None:
-        if ratio > self.worst_ratio or not self.worst_where:
+        """Keep the largest ratio among values within tolerance (failures are listed apart)."""
+        if ratio <= 1 and (ratio > self.worst_ratio or not self.worst_where):
             self.worst_ratio, self.worst_where = ratio, where
 
     @property
@@ -326,7 +349,8 @@ class Report:
         worst = f"largest ratio to tolerance {self.worst_ratio:.3g} ({self.worst_where})" if self.worst_where else "none compared"
         lines = [
             f"{self.exact} exact and equal",
-            f"{self.rounding} rounding within tolerance; {worst}",
+            f"{self.rounding} rounding within tolerance ({self.rounding_identical} of them "
+            f"byte-identical); {worst}",
             f"{self.machine} machine-specific, not compared",
         ]
         if self.failures:
@@ -400,6 +424,7 @@ def _compare_csv(rel: str, ref: Path, new: Path, report: Report) -> None:
                 report.exact += 1
             else:
                 report.rounding += 1
+                report.rounding_identical += int(a[col].equals(b[col]))
 
 
 def _normalise_numbers(text: str) -> str:
@@ -435,6 +460,7 @@ def _compare_text(rel: str, ref: Path, new: Path, tolerance: str | None, report:
             )
     if ok:
         report.rounding += 1
+        report.rounding_identical += int(a == b)
 
 
 def _compare_claims(ref: Path, new: Path, report: Report) -> None:
@@ -461,6 +487,7 @@ def _compare_claims(ref: Path, new: Path, report: Report) -> None:
                 )
             else:
                 report.rounding += 1
+                report.rounding_identical += int(x == y)
 
 
 def compare_folders(reference: Path, candidate: Path) -> Report:

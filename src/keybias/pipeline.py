@@ -49,9 +49,29 @@ PAPER_INPUT_DIRS = ("macros", "tables", "figures", "equations")
 # 2 is what the budgets were measured with; a notebook that times a declared thread count
 # (06_cost) still sets its own with torch.set_num_threads.
 KERNEL_THREADS = int(os.environ.get("KEYBIAS_THREADS", "2"))
+# Instruction-set pins measured by keybias.bitwise: with all three, an AVX-512 machine and an
+# AVX2 one give byte-identical outputs; without, matmul, exp, softmax and MHA differ in the
+# last bits. They apply on x86 CPUs with AVX2 (elsewhere they cannot hold), and not to
+# notebooks that time kernels, which must run the machine's own fastest code.
+ISA_PINS = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+TIMING_NOTEBOOKS = ("06_cost",)
 
 
-def kernel_environment() -> dict[str, str]:
+def cpu_has_avx2() -> bool:
+    try:
+        return " avx2 " in f" {Path('/proc/cpuinfo').read_text().replace(chr(10), ' ')} "
+    except OSError:
+        return False
+
+
+def isa_pins(name: str) -> dict[str, str]:
+    """The instruction-set pins for notebook `name`; KEYBIAS_ISA_PIN=none turns them off."""
+    if os.environ.get("KEYBIAS_ISA_PIN", "avx2") == "none" or name in TIMING_NOTEBOOKS:
+        return {}
+    return dict(ISA_PINS) if cpu_has_avx2() else {}
+
+
+def kernel_environment(name: str = "") -> dict[str, str]:
     """Variables every notebook kernel runs with; recorded in each step's provenance."""
     threads = str(KERNEL_THREADS)
     env = {
@@ -62,10 +82,11 @@ def kernel_environment() -> dict[str, str]:
         "TQDM_DISABLE": "1",  # progress bars would land in the notebook's outputs
         "PYTHONWARNINGS": os.environ.get("PYTHONWARNINGS", ""),
     }
-    # Pins a user may set to make the kernels' instruction set explicit (see keybias.bitwise).
-    for name in ("ATEN_CPU_CAPABILITY", "MKL_CBWR", "ONEDNN_MAX_CPU_ISA"):
-        if os.environ.get(name):
-            env[name] = os.environ[name]
+    env.update(isa_pins(name))
+    # A user's own setting of these wins over the pins, and is recorded like them.
+    for var in ("ATEN_CPU_CAPABILITY", "MKL_CBWR", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS"):
+        if os.environ.get(var):
+            env[var] = os.environ[var]
     return env
 
 
@@ -84,20 +105,23 @@ def _patched_environ(values: dict[str, str]):
 
 
 @contextlib.contextmanager
-def _output_to(log_path: Path):
+def _output_to(log_path: Path, append: bool = False):
     """Send this process's and its children's stdout/stderr, and papermill's log, to a file."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     sys.stdout.flush()
     sys.stderr.flush()
-    handle = open(log_path, "w")  # noqa: SIM115 (closed below, after the fds are restored)
+    handle = open(log_path, "a" if append else "w")  # noqa: SIM115 (closed below, after the fds are restored)
     saved = [os.dup(1), os.dup(2)]
-    logger = logging.getLogger("papermill")
+    # papermill logs each cell; traitlets (nbconvert, nbclient) log warnings such as missing
+    # alt text: all of it belongs in the notebook's log, not on the terminal.
+    loggers = [logging.getLogger(name) for name in ("papermill", "traitlets", "NbConvertApp")]
     handler = logging.StreamHandler(handle)
     handler.setFormatter(logging.Formatter("%(message)s"))
-    old_propagate, old_level = logger.propagate, logger.level
-    logger.addHandler(handler)
-    logger.propagate = False
-    logger.setLevel(logging.INFO)
+    saved_state = [(lg, lg.propagate, lg.level) for lg in loggers]
+    for lg in loggers:
+        lg.addHandler(handler)
+        lg.propagate = False
+        lg.setLevel(logging.INFO)
     try:
         os.dup2(handle.fileno(), 1)
         os.dup2(handle.fileno(), 2)
@@ -109,8 +133,9 @@ def _output_to(log_path: Path):
         os.dup2(saved[1], 2)
         for fd in saved:
             os.close(fd)
-        logger.removeHandler(handler)
-        logger.propagate, logger.level = old_propagate, old_level
+        for lg, propagate, level in saved_state:
+            lg.removeHandler(handler)
+            lg.propagate, lg.level = propagate, level
         handle.close()
 
 
@@ -325,7 +350,7 @@ class Build:
         log_path = self.log_path(name)
         status_line(f"{name}: running (log {_show(log_path)})", final=False)
         started = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
-        env = kernel_environment()
+        env = kernel_environment(name)
         t0 = time.perf_counter()
         try:
             with _patched_environ(env), _output_to(log_path):
@@ -348,7 +373,8 @@ class Build:
         step = json.loads(step_path.read_text())
         if step.get("profile") != self.profile or step.get("notebook") != name:
             raise BuildError(f"notebook {name} recorded profile/notebook {step.get('profile')}/{step.get('notebook')}")
-        self._scrub_and_render(executed)
+        with _output_to(log_path, append=True):
+            self._scrub_and_render(executed)
         from keybias.provenance import collect
 
         step["provenance"] = {
@@ -432,7 +458,7 @@ class Build:
         if self.results == (self.root / "results").resolve():
             from keybias.readme import update_readme
 
-            update_readme(self.root / "README.md", provenance, claims)
+            update_readme(self.root / "README.md", provenance, claims, self.results / "machine" / "bitwise.json")
         return claims
 
     def check_claims(self, claims: list[dict]) -> None:

@@ -16,7 +16,30 @@ from keybias.export import atomic_write_text
 _BLOCK = re.compile(r"(<!-- generated:(?P<name>[a-z_]+) -->\n)(?P<body>.*?)(<!-- /generated -->)", re.S)
 
 
-def blocks(provenance: dict, claims: list[dict]) -> dict[str, str]:
+def bitwise_block(result: dict) -> str:
+    """The bitwise-stability table from `make bitwise` (results/machine/bitwise.json)."""
+    pairs = list(next(iter(result["pin_sets"].values()))["differ_by_pair"])
+    header = "| pins | " + " | ".join(p.replace("_vs_", " vs ") for p in pairs) + " | workload time per machine |"
+    rows = [header, "|---" * (len(pairs) + 2) + "|"]
+    for s in result["pin_sets"].values():
+        cells = []
+        for pair in pairs:
+            differ = s["differ_by_pair"].get(pair)
+            cells.append("not run" if differ is None else (
+                "identical" if not differ else f"{len(differ)} of {s['outputs']} differ"))
+        seconds = ", ".join(f"{m} {t:.1f} s" for m, t in s["seconds"].items())
+        pins = " ".join(f"`{k}={v}`" for k, v in s["pins"].items()) or "none"
+        rows.append(f"| {pins} | " + " | ".join(cells) + f" | {seconds} |")
+    threads = result.get("differ_between_1_and_declared_threads")
+    note = (
+        f"One thread against {result['threads']}: "
+        + ("identical" if threads == [] else f"{len(threads or [])} outputs differ")
+        + ". Outputs that differ, per pin set, are listed in `results/machine/bitwise.json`."
+    )
+    return "\n".join(rows) + "\n\n" + note
+
+
+def blocks(provenance: dict, claims: list[dict], bitwise: dict | None = None) -> dict[str, str]:
     """Generated README text per marker name."""
     steps = provenance["steps"]
     rows = ["| notebook | wall time | claims (test / consistency / implied) |", "|---|---|---|"]
@@ -37,7 +60,10 @@ def blocks(provenance: dict, claims: list[dict]) -> dict[str, str]:
         f"{held} of {len(claims)} claims hold ({kinds['test']} test, {kinds['consistency']} consistency, "
         f"{kinds['implied']} implied). Source: `results/provenance.json`, `results/claims.json`."
     )
-    return {"times": summary + "\n\n" + "\n".join(rows)}
+    generated = {"times": summary + "\n\n" + "\n".join(rows)}
+    if bitwise:
+        generated["bitwise"] = bitwise_block(bitwise)
+    return generated
 
 
 def render(text: str, generated: dict[str, str]) -> str:
@@ -50,12 +76,15 @@ def render(text: str, generated: dict[str, str]) -> str:
     return _BLOCK.sub(replace, text)
 
 
-def update_readme(path: Path, provenance: dict, claims: list[dict]) -> bool:
+def update_readme(path: Path, provenance: dict, claims: list[dict], bitwise_json: Path | None = None) -> bool:
     """Rewrite the generated blocks of `path`; True when the file changed."""
     if not path.exists():
         return False
+    import json
+
+    bitwise = json.loads(bitwise_json.read_text()) if bitwise_json and bitwise_json.exists() else None
     text = path.read_text()
-    new = render(text, blocks(provenance, claims))
+    new = render(text, blocks(provenance, claims, bitwise))
     if new != text:
         atomic_write_text(path, new)
         return True
