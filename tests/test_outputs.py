@@ -153,3 +153,16 @@ def test_tolerances_on_differences_seen_between_emulated_avx512_and_avx2_runs():
     assert stat.ratio(-0.0193196767, 0.0464275317) <= 1  # bk_mean_cos of rounding noise
     assert stat.ratio(0.05, 0.9) > 1
     assert printed.ratio(1.05e-7, 0.0) <= 1 and printed.ratio(-0.019, 0.046) > 1
+
+
+def test_control_scaled_tolerance_uses_the_reference_rows_control(tmp_path):
+    """A kept-vs-removed divergence may move by up to twice its own noise-level control."""
+    for name, kept in (("a", "1e-5"), ("b", "5e-5"), ("c", "5e-2")):
+        (tmp_path / name / "data").mkdir(parents=True)
+        (tmp_path / name / "data" / "training_pairs.csv").write_text(
+            "optimizer,seed,steps,final_divergence_kept,final_divergence_control\n"
+            f"sgd,0,150,{kept},3.5e-5\n"
+        )
+    assert compare_folders(tmp_path / "a", tmp_path / "b").ok
+    far = compare_folders(tmp_path / "a", tmp_path / "c")
+    assert any("final_divergence_kept" in f for f in far.failures)
