@@ -24,7 +24,7 @@ ifeq ($(filter $(DEVICE),cpu cuda mps auto),)
 $(error DEVICE=$(DEVICE) is unknown; allowed: cpu cuda mps auto)
 endif
 
-.PHONY: all notebooks paper test bench bundle verify arxiv bitwise clean help venv tex browser
+.PHONY: all notebooks paper test bench bundle verify arxiv bitwise clean help venv tex browser mutations manifest render
 
 # The pipeline prints one line per step; cell logs go to results/.build/logs/.
 all: $(VENV_STAMP) ## regenerate results/, rendered notebooks and paper/main.pdf
@@ -41,7 +41,7 @@ test: $(VENV_STAMP) ## ruff, unit tests, smoke runs of every notebook, environme
 	$(PY) -m pytest
 
 bench: $(VENV_STAMP) ## the full timing sweep of the cost benchmark (long)
-	$(PY) -m keybias.cost --full --device $(DEVICE) --out results/data
+	$(PY) -m keybias.cost --full --device $(DEVICE) --out results/machine
 
 bundle: $(VENV_STAMP) ## deterministic dist/keybias-artifact-<commit>.tar.gz of HEAD (refuses a dirty tree)
 	@$(PY) -m keybias.pipeline bundle
@@ -54,6 +54,16 @@ arxiv: $(VENV_STAMP) ## dist/keybias-arxiv-<commit>.tar.gz, proven by compiling 
 
 bitwise: $(VENV_STAMP) ## measure whether results are byte-identical across CPU instruction sets
 	@$(PY) -m keybias.bitwise --threads 2 --out results/machine/bitwise.json
+
+mutations: $(VENV_STAMP) ## list every test claim with its mutation tests; fails if one has none
+	@$(PY) -m keybias.claims mutations --profile $(PROFILE)
+
+manifest: $(VENV_STAMP) ## rewrite params/claims/$(PROFILE)/ from the claims in results/ (after adding a claim)
+	@$(PY) -m keybias.claims manifest --profile $(PROFILE) --results results --write
+
+# MathJax 3.2.2 (npm pack mathjax@3.2.2) is vendored in src/keybias/data/mathjax; checksums in its SOURCE.md.
+render: $(VENV_STAMP) ## re-render results/notebooks/*.html from the executed notebooks (no kernel)
+	@$(PY) -m keybias.render --results results render
 
 venv: $(VENV_STAMP) ## build .venv from requirements.lock
 

@@ -31,6 +31,8 @@ _COMPARISONS = {
     "==": operator.eq,
 }
 CLAIM_KINDS = ("test", "consistency", "implied")
+_UMASK = os.umask(0o022)
+os.umask(_UMASK)
 _MACRO_NAME = re.compile(r"^[A-Za-z]+$")
 _FILE_NAME = re.compile(r"^[A-Za-z0-9_\-]+$")
 
@@ -43,6 +45,7 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
+        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp creates 0600; results are meant to be read by all
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -127,6 +130,7 @@ class Recorder:
             os.close(fd)
             try:
                 fig.savefig(tmp, bbox_inches="tight", **options)
+                os.chmod(tmp, 0o666 & ~_UMASK)
                 os.replace(tmp, path)
             except BaseException:
                 Path(tmp).unlink(missing_ok=True)
