@@ -55,6 +55,11 @@ KERNEL_THREADS = int(os.environ.get("KEYBIAS_THREADS", "2"))
 # notebooks that time kernels, which must run the machine's own fastest code.
 ISA_PINS = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
 TIMING_NOTEBOOKS = ("06_cost",)
+# Capped at AVX2, bfloat16 autocast loses the native bf16 kernels: a training step of notebook 08
+# took 88 ms instead of 15 ms (5.7x), which the make-all budget cannot carry. These notebooks'
+# training outputs are compared within the 'chaotic'/'walk' tolerances of keybias.outputs anyway,
+# since a long float32/bf16 run is a different random-walk sample on other hardware.
+BFLOAT16_TRAINING_NOTEBOOKS = ("04_training", "08_longrun")
 
 
 def cpu_has_avx2() -> bool:
@@ -66,7 +71,9 @@ def cpu_has_avx2() -> bool:
 
 def isa_pins(name: str) -> dict[str, str]:
     """The instruction-set pins for notebook `name`; KEYBIAS_ISA_PIN=none turns them off."""
-    if os.environ.get("KEYBIAS_ISA_PIN", "avx2") == "none" or name in TIMING_NOTEBOOKS:
+    if os.environ.get("KEYBIAS_ISA_PIN", "avx2") == "none" or name in (
+        *TIMING_NOTEBOOKS, *BFLOAT16_TRAINING_NOTEBOOKS
+    ):
         return {}
     return dict(ISA_PINS) if cpu_has_avx2() else {}
 
