@@ -23,8 +23,10 @@ The prediction and the claims live in `keybias.longrun_judge`, the figures in `k
 
 from __future__ import annotations
 
+import concurrent.futures
 import hashlib
 import math
+import multiprocessing
 import time
 from pathlib import Path
 
@@ -353,6 +355,20 @@ def run_long(*, long_seed, long_dtype, long_eps, long_steps, **cfg) -> tuple[pd.
     tr, pr, tm = train_run(long_seed, dtype=long_dtype, eps=float(long_eps), steps=long_steps, tokens=tokens,
                            role="long", **_run_args(cfg))
     return tr, pr, pd.DataFrame([tm])
+
+
+def start_long(**kwargs) -> concurrent.futures.Future:
+    """Start `run_long(**kwargs)` in a second process and return its future.
+
+    Every run trains on one thread, so the long run can use the second core while the grid trains
+    on the first; the notebook writes the grid's prediction before it reads the future's result,
+    so nothing of the long run enters the prediction. A spawned process starts from a clean
+    interpreter with the kernel's environment, so the run's bits are those of `run_long` in-process.
+    """
+    pool = concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
+    future = pool.submit(run_long, **kwargs)
+    pool.shutdown(wait=False)  # the submitted run goes on; the pool's worker exits after it
+    return future
 
 
 def _run_args(cfg: dict) -> dict:
