@@ -2,6 +2,7 @@
 violates it."""
 
 import math
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -9,6 +10,8 @@ import torch
 
 from keybias import conditions, export, style
 from keybias.conditions import CASES, NOT_REDUNDANT, REDUNDANT, claim_id
+
+ROOT = Path(__file__).resolve().parents[1]
 
 SIZES = dict(embed_dim=8, num_heads=2, seq_len=4, batch=1)
 KNOBS = dict(softcap=5.0, weight_decay=0.01, regulariser=0.01, dropout=0.3)
@@ -166,7 +169,6 @@ def test_bad_sizes_are_refused_before_work(sizes, message):
 
 
 def test_profiles_validate():
-    from conftest import ROOT
     from keybias.params import load_profile
 
     for profile in ("smoke", "paper"):

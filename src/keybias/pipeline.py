@@ -348,13 +348,14 @@ class Build:
     def run_notebooks(self) -> None:
         from keybias.render import publish_assets
 
-        publish_assets(self.results)  # the one MathJax copy every rendered notebook loads
         for name in self.selected:
             key = self.step_key(name)
             if self.up_to_date(name, key):
                 status_line(f"{name}: up to date")
                 continue
             self.run_one(name, key)
+        # After the notebooks, so that a failed run publishes nothing; cheap when unchanged.
+        publish_assets(self.results)  # the one MathJax copy every rendered notebook loads
 
     def run_one(self, name: str, key: str) -> None:
         import papermill

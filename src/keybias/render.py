@@ -186,9 +186,9 @@ def keybias_docstrings(package_dir: Path = PACKAGE_DIR) -> list[str]:
             continue
         for node in ast.walk(tree):
             if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
-                doc = ast.get_docstring(node)
-                if doc and len(doc) >= DOCSTRING_MIN_CHARS:
-                    found.append(" ".join(doc.split()))
+                doc = " ".join((ast.get_docstring(node) or "").split())
+                if len(doc) >= DOCSTRING_MIN_CHARS:
+                    found.append(doc)
     return found
 
 
