@@ -27,7 +27,7 @@ def bitwise_block(result: dict) -> str:
             differ = s["differ_by_pair"].get(pair)
             cells.append("not run" if differ is None else (
                 "identical" if not differ else f"{len(differ)} of {s['outputs']} differ"))
-        seconds = ", ".join(f"{m} {t:.1f} s" for m, t in s["seconds"].items())
+        seconds = ", ".join(f"{m} {1000 * t:.0f} ms" for m, t in s["seconds"].items())
         pins = " ".join(f"`{k}={v}`" for k, v in s["pins"].items()) or "none"
         rows.append(f"| {pins} | " + " | ".join(cells) + f" | {seconds} |")
     threads = result.get("differ_between_1_and_declared_threads")
