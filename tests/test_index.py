@@ -122,5 +122,5 @@ def test_readme_bitwise_block_from_the_measurement():
     }
     text = readme.bitwise_block(result)
     assert "| none | 2 of 30 differ | 1 of 30 differ | avx512 2000 ms, avx2 3000 ms |" in text
-    assert "| `ATEN_CPU_CAPABILITY=avx2` | identical | not run | avx512 2.5 s |" in text
+    assert "| `ATEN_CPU_CAPABILITY=avx2` | identical | not run | avx512 2500 ms |" in text
     assert "One thread against 2: identical" in text
