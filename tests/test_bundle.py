@@ -196,6 +196,22 @@ def test_arxiv_source_inlines_inputs_and_rewrites_paths(tmp_path):
     assert "\\\\\n" in text, "TeX line breaks survive inlining"
 
 
+def test_arxiv_source_carries_listings_and_drops_bundle_links(tmp_path):
+    paper, figures = make_paper(tmp_path)
+    (figures / "dot.pdf").write_bytes(b"%PDF-1.4 placeholder\n")
+    scripts = paper.parent / "scripts"
+    scripts.mkdir()
+    (scripts / "repro.py").write_text("print('quirk')\n")
+    body = paper / "sections" / "body.tex"
+    body.write_text(body.read_text() + "\\verbatiminput{../scripts/repro.py}\n"
+                    "\\href{../results/notebooks/01_a.html}{the notebook}\n")
+    files = arxiv.source_files(paper)
+    text = files["main.tex"][0].decode()
+    assert files["listings/repro.py"][0] == b"print('quirk')\n"
+    assert "\\verbatiminput{listings/repro.py}" in text
+    assert "\\keybiasbundlelink{the notebook}" in text and "../" not in text
+
+
 def test_arxiv_source_refuses_missing_figure_and_bbl(tmp_path):
     paper, _ = make_paper(tmp_path)
     with pytest.raises(arxiv.ArxivError, match="figure 'dot'"):

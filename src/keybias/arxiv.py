@@ -87,6 +87,20 @@ def source_files(paper: Path) -> dict[str, tuple[bytes, bool]]:
         if not bbl.is_file():
             raise ArxivError(f"{bbl} missing: build the paper first (`make paper`)")
         files["main.bbl"] = (bbl.read_bytes(), False)
+    # Listings the paper prints from the repository travel with the source.
+    def listing(match: re.Match) -> str:
+        target = (paper / match.group(2)).resolve()
+        if not target.is_file():
+            raise ArxivError(f"\\verbatiminput{{{match.group(2)}}} not found at {target}")
+        files[f"listings/{target.name}"] = (target.read_bytes(), False)
+        return f"{match.group(1)}{{listings/{target.name}}}"
+
+    text = re.sub(r"(\\verbatiminput)\{([^{}]*)\}", listing, text)
+    # Links into the artifact bundle (../results/notebooks/...) mean nothing on arXiv: keep the
+    # link text, drop the link.
+    if re.search(r"\\href\{\.\./[^{}]*\}", text):
+        text = re.sub(r"\\href\{\.\./[^{}]*\}", lambda m: "\\keybiasbundlelink", text)
+        text = text.replace("\\begin{document}", "\\newcommand{\\keybiasbundlelink}[1]{#1}\n\\begin{document}", 1)
     leftovers = [p for p in re.findall(r"\{([^{}]*)\}", text) if p.startswith(("/", "../"))]
     if leftovers:
         raise ArxivError(f"absolute or ../ paths remain in the source: {sorted(set(leftovers))[:5]}")
