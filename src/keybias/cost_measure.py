@@ -37,6 +37,7 @@ from torch import nn
 
 from keybias.cost_memory import make_optimizer
 from keybias.cost_stats import HEADLINE_PHASE, config_seed, half_width
+from keybias.params import check_choice, check_positive_int
 
 ATTENTIONS = ("self", "cross")
 PASSES = ("inference", "training")
@@ -49,15 +50,6 @@ BLOCKS = {
     "GPT-2 small": dict(embed_dim=768, num_heads=12, ffn=3072, norm_first=True, causal=True),
     "tiny": dict(embed_dim=64, num_heads=2, ffn=256, norm_first=False, causal=False),
 }
-
-def _choice(name: str, value, allowed) -> None:
-    if value not in allowed:
-        raise ValueError(f"{name}={value!r} is not allowed; allowed: {list(allowed)}")
-
-
-def _positive(name: str, value) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
 
 
 def _sync(device) -> None:
@@ -135,7 +127,7 @@ def block_forward(p: dict, x, memory=None, *, num_heads: int, norm_first: bool, 
 
 def reference_layer(block: str, *, seed: int = 0, device="cpu", dtype=torch.float32) -> nn.TransformerEncoderLayer:
     """The real torch layer a block copies its weights from, with nonzero biases so b_k is really there."""
-    _choice("block", block, BLOCKS)
+    check_choice("block", block, BLOCKS)
     cfg = BLOCKS[block]
     torch.manual_seed(seed)
     layer = nn.TransformerEncoderLayer(cfg["embed_dim"], cfg["num_heads"], cfg["ffn"], dropout=0.0, activation="gelu",
@@ -190,14 +182,14 @@ def _step_function(params: dict, x, memory, upstream, cfg: dict, mode: str, opti
 
 def clock_for(device: str, clock: str) -> str:
     """The clock a device can be timed with: process CPU time cannot see GPU work, so GPUs use wall time."""
-    _choice("clock", clock, CLOCKS)
+    check_choice("clock", clock, CLOCKS)
     return "wall" if str(device).startswith(("cuda", "mps")) else clock
 
 
 def check_settings(*, min_reps: int, max_reps: int, budget_seconds: float, target_half_width: float) -> None:
     """Refuse inconsistent repetition settings before any work starts."""
-    _positive("min_reps", min_reps)
-    _positive("max_reps", max_reps)
+    check_positive_int("min_reps", min_reps)
+    check_positive_int("max_reps", max_reps)
     if min_reps < 30:
         raise ValueError(f"min_reps={min_reps} must be >= 30")
     if max_reps < min_reps:
@@ -225,12 +217,12 @@ def time_block(
     """
     for n, v in (("seq_len", seq_len), ("batch", batch), ("min_reps", min_reps), ("max_reps", max_reps),
                  ("check_every", check_every), ("warmup", warmup)):
-        _positive(n, v)
-    _choice("block", block, BLOCKS)
-    _choice("attention", attention, ATTENTIONS)
-    _choice("mode", mode, PASSES)
-    _choice("optimizer", optimizer, ("adam", "sgd_momentum"))
-    _choice("clock", clock, CLOCKS)
+        check_positive_int(n, v)
+    check_choice("block", block, BLOCKS)
+    check_choice("attention", attention, ATTENTIONS)
+    check_choice("mode", mode, PASSES)
+    check_choice("optimizer", optimizer, ("adam", "sgd_momentum"))
+    check_choice("clock", clock, CLOCKS)
     if max_reps < min_reps:
         raise ValueError(f"max_reps={max_reps} must be >= min_reps={min_reps}")
     if clock != clock_for(device, clock):
@@ -290,14 +282,14 @@ def block_configs(blocks, seq_lens, batch: int, attentions=ATTENTIONS, passes=PA
         if not vals:
             raise ValueError(f"{name} must be a non-empty list")
     for b in blocks:
-        _choice("block", b, BLOCKS)
+        check_choice("block", b, BLOCKS)
     for s in seq_lens:
-        _positive("seq_len", s)
-    _positive("batch", batch)
+        check_positive_int("seq_len", s)
+    check_positive_int("batch", batch)
     for a in attentions:
-        _choice("attention", a, ATTENTIONS)
+        check_choice("attention", a, ATTENTIONS)
     for m in passes:
-        _choice("mode", m, PASSES)
+        check_choice("mode", m, PASSES)
     rows = [{"block": b, "attention": a, "mode": m, "embed_dim": BLOCKS[b]["embed_dim"], "num_heads": BLOCKS[b]["num_heads"],
              "ffn": BLOCKS[b]["ffn"], "seq_len": s, "batch": batch}
             for b in blocks for s in seq_lens for a in attentions for m in passes]
@@ -309,7 +301,7 @@ def block_configs(blocks, seq_lens, batch: int, attentions=ATTENTIONS, passes=PA
 
 def measure_machine(device="cpu", *, size_mb: int = 64, repeats: int = 5, embed_dim: int = 768, clock: str = "wall") -> dict:
     """Copy bandwidth (bytes/s, read+write counted) and the overhead of one small kernel."""
-    _choice("clock", clock, CLOCKS)
+    check_choice("clock", clock, CLOCKS)
     now = CLOCKS[clock]
     src = torch.ones(size_mb * 2**20 // 4, device=device)
     dst = torch.empty_like(src)
@@ -336,7 +328,7 @@ def optimizer_param_step_seconds(embed_dim: int, optimizer: str = "adam", device
     """Measured marginal time one more parameter of embed_dim entries adds to an optimizer
     step (the update that removing b_k deletes): (t(1 + extra) - t(1)) / extra, medians of
     single steps, so the fixed per-call overhead of step() cancels."""
-    _choice("clock", clock, CLOCKS)
+    check_choice("clock", clock, CLOCKS)
     now = CLOCKS[clock]
 
     def median_step(n: int) -> float:
@@ -371,8 +363,8 @@ def run_benchmark(
     """
     from keybias.cost_stats import summarize
 
-    _choice("device", device, ("cpu", "cuda", "mps"))
-    _positive("threads", threads)
+    check_choice("device", device, ("cpu", "cuda", "mps"))
+    check_positive_int("threads", threads)
     check_settings(min_reps=min_reps, max_reps=max_reps, budget_seconds=budget_seconds,
                    target_half_width=target_half_width)
     if device == "cuda" and not torch.cuda.is_available():
@@ -436,7 +428,7 @@ def not_run_rows(configs: pd.DataFrame, device: str, reason: str, per: str | Non
 
     out = configs[["block", "attention", "mode", "embed_dim", "num_heads", "seq_len", "batch"]].drop_duplicates()
     if per is not None:
-        _choice("per", per, ("ratio", "implementation"))
+        check_choice("per", per, ("ratio", "implementation"))
         values = list(RATIOS) if per == "ratio" else list(IMPLEMENTATIONS)
         out = out.merge(pd.DataFrame({per: values}), how="cross")
     out.insert(0, "device", device)

@@ -13,6 +13,8 @@ import pandas as pd
 import torch
 from torch import nn
 
+from keybias.params import check_choice, check_positive_int
+
 # Widths whose nn.MultiheadAttention layer counts are checked (include the architectures' widths).
 LAYER_WIDTHS = (64, 128, 256, 512, 768, 1024, 1280, 1600, 2048)
 OPTIMIZER_STATES = {"sgd": 0, "sgd_momentum": 1, "adam": 2}
@@ -30,29 +32,17 @@ ARCHITECTURES = {
 }
 
 
-
 def make_optimizer(params, optimizer: str):
     """The optimizer of a timed training step (learning rate irrelevant to cost)."""
-    _choice("optimizer", optimizer, ("adam", "sgd_momentum"))
+    check_choice("optimizer", optimizer, ("adam", "sgd_momentum"))
     if optimizer == "adam":
         return torch.optim.Adam(params, lr=1e-4)
     return torch.optim.SGD(params, lr=1e-4, momentum=0.9)
 
 
-def _choice(name: str, value, allowed) -> None:
-    if value not in allowed:
-        raise ValueError(f"{name}={value!r} is not allowed; allowed: {list(allowed)}")
-
-
-def _positive(name: str, value) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-
-
-
 def mha_param_count(embed_dim: int, *, bias: bool = True) -> int:
     """Parameters of nn.MultiheadAttention(embed_dim, h, bias=bias): 4E^2 (+ 4E biases)."""
-    _positive("embed_dim", embed_dim)
+    check_positive_int("embed_dim", embed_dim)
     return 4 * embed_dim**2 + (4 * embed_dim if bias else 0)
 
 
@@ -64,7 +54,7 @@ def encoder_layer_param_count(embed_dim: int, ffn: int) -> int:
 def architecture_params(name: str) -> dict:
     """Closed-form parameter counts of a reference architecture (transformers' layout:
     BertModel and ViTModel with pooler, GPT2Model without LM head)."""
-    _choice("architecture", name, ARCHITECTURES)
+    check_choice("architecture", name, ARCHITECTURES)
     a = ARCHITECTURES[name]
     e, n = a["embed_dim"], a["layers"]
     blocks = n * encoder_layer_param_count(e, a["ffn"])
@@ -113,7 +103,7 @@ def per_layer_memory(embed_dims, num_heads: int | None = None) -> pd.DataFrame:
     """b_k counted in real nn.MultiheadAttention modules against the formula."""
     rows = []
     for e in embed_dims:
-        _positive("embed_dim", e)
+        check_positive_int("embed_dim", e)
         h = num_heads or 1
         mha = nn.MultiheadAttention(e, h, bias=True, device="meta")
         real_total = sum(p.numel() for p in mha.parameters())
@@ -204,7 +194,7 @@ def check_architectures(names=None, using: str = "transformers") -> pd.DataFrame
     using="transformers": BertModel, ViTModel, GPT2Model from standard configs.
     using="torch": the layout assembled from torch.nn blocks (faster, no transformers import).
     """
-    _choice("architecture_check", using, ("transformers", "torch"))
+    check_choice("architecture_check", using, ("transformers", "torch"))
     rows = []
     for name in names or ARCHITECTURES:
         formula = architecture_params(name)
@@ -236,8 +226,8 @@ def allocator_check(embed_dim: int = 1024, optimizer: str = "adam", device: str 
 
     Needs a CUDA device; elsewhere returns a row with status "not run" and the reason.
     """
-    _positive("embed_dim", embed_dim)
-    _choice("optimizer", optimizer, ("adam", "sgd_momentum"))
+    check_positive_int("embed_dim", embed_dim)
+    check_choice("optimizer", optimizer, ("adam", "sgd_momentum"))
     expected = 4 * embed_dim * (2 + OPTIMIZER_STATES[optimizer])
     row = {"device": "cuda", "embed_dim": embed_dim, "optimizer": optimizer, "expected_bytes": expected}
     if not str(device).startswith("cuda") or not torch.cuda.is_available():

@@ -89,6 +89,18 @@ class Param:
         return value
 
 
+def check_choice(name: str, value, allowed) -> None:
+    """Raise a ValueError naming `name` and the allowed values unless `value` is one of them."""
+    if value not in allowed:
+        raise ValueError(f"{name}={value!r} is not allowed; allowed: {list(allowed)}")
+
+
+def check_positive_int(name: str, value) -> None:
+    """Raise a ValueError naming `name` unless `value` is an int (not a bool) above zero."""
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+
+
 def spec_for(notebook: str) -> dict[str, Param]:
     if notebook not in NOTEBOOK_SPECS:
         raise ParameterError(

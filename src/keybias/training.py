@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from keybias import verdict
-from keybias.params import Param
+from keybias.params import Param, check_choice, check_positive_int
 
 OPTIMIZERS = ("sgd", "sgd_momentum", "adam", "adamw", "adamw_bias_decay")
 OPTIMIZER_LABELS = {
@@ -79,30 +79,20 @@ PARAMETERS: dict[str, Param] = {
 # ----------------------------------------------------------------------------- validation
 
 
-def _check_choice(name: str, value, allowed) -> None:
-    if value not in allowed:
-        raise ValueError(f"{name}={value!r} is not allowed; allowed: {list(allowed)}")
-
-
-def _check_positive_int(name: str, value) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-
-
 def check_model_config(*, embed_dim: int, num_heads: int, num_layers: int, patch: int) -> None:
     """Raise ValueError for a model that cannot be built, before any work."""
     for name, value in (("embed_dim", embed_dim), ("num_heads", num_heads), ("num_layers", num_layers)):
-        _check_positive_int(name, value)
-    _check_choice("patch", patch, PATCH_SIZES)
+        check_positive_int(name, value)
+    check_choice("patch", patch, PATCH_SIZES)
     if embed_dim % num_heads:
         raise ValueError(f"embed_dim={embed_dim} must be divisible by num_heads={num_heads}")
 
 
 def check_train_config(*, optimizer: str, dtype: str, steps: int, batch_size: int, eps: float) -> None:
-    _check_choice("optimizer", optimizer, OPTIMIZERS)
-    _check_choice("dtype", dtype, TRAIN_DTYPES)
-    _check_positive_int("steps", steps)
-    _check_positive_int("batch_size", batch_size)
+    check_choice("optimizer", optimizer, OPTIMIZERS)
+    check_choice("dtype", dtype, TRAIN_DTYPES)
+    check_positive_int("steps", steps)
+    check_positive_int("batch_size", batch_size)
     if not (isinstance(eps, int | float) and eps > 0 and math.isfinite(eps)):
         raise ValueError(f"eps must be a positive number, got {eps!r}")
 
@@ -131,8 +121,8 @@ def load_digits_split(test_fraction: float = 0.2, split_seed: int = 0) -> dict[s
 def batch_order(n_train: int, batch_size: int, steps: int, seed: int) -> list[torch.Tensor]:
     """Minibatch indices for `steps` steps: a fresh permutation each epoch, from `seed` alone,
     so paired runs see exactly the same batches in the same order."""
-    _check_positive_int("batch_size", batch_size)
-    _check_positive_int("steps", steps)
+    check_positive_int("batch_size", batch_size)
+    check_positive_int("steps", steps)
     if batch_size > n_train:
         raise ValueError(f"batch_size={batch_size} exceeds the {n_train} training images")
     gen = torch.Generator().manual_seed(10_000 + seed)
@@ -258,7 +248,7 @@ def make_optimizer(model: nn.Module, name: str, *, lr: float, momentum: float = 
     - adamw: AdamW with decoupled `weight_decay` on matrices only (no decay on biases/norms);
     - adamw_bias_decay: AdamW with `weight_decay` on every parameter, biases included.
     """
-    _check_choice("optimizer", name, OPTIMIZERS)
+    check_choice("optimizer", name, OPTIMIZERS)
     if not lr > 0:
         raise ValueError(f"lr must be positive, got {lr!r}")
     params = list(model.named_parameters())
@@ -281,7 +271,7 @@ def make_optimizer(model: nn.Module, name: str, *, lr: float, momentum: float = 
 def optimizer_lr(name: str, *, lr_sgd: float, lr_adam: float, momentum: float = 0.9) -> float:
     """Learning rate per optimizer: lr_sgd for SGD, lr_sgd * (1 - momentum) for SGD with
     momentum (the same effective step, lr / (1 - momentum), as plain SGD), lr_adam otherwise."""
-    _check_choice("optimizer", name, OPTIMIZERS)
+    check_choice("optimizer", name, OPTIMIZERS)
     if name == "sgd":
         return lr_sgd
     if name == "sgd_momentum":
@@ -429,7 +419,7 @@ def train_pair(seed: int, *, optimizer: str, steps: int, batch_size: int, eval_e
     steps and at the end) the test accuracy of all three."""
     check_train_config(optimizer=optimizer, dtype=dtype, steps=steps, batch_size=batch_size, eps=eps)
     check_model_config(embed_dim=embed_dim, num_heads=num_heads, num_layers=num_layers, patch=patch)
-    _check_positive_int("eval_every", eval_every)
+    check_positive_int("eval_every", eval_every)
     data = load_digits_split() if data is None else data
     batches = batch_order(len(data["y_train"]), batch_size, steps, seed)
     arch = dict(embed_dim=embed_dim, num_heads=num_heads, num_layers=num_layers, patch=patch)
@@ -580,7 +570,7 @@ def predicted_adam_drift(grad_rms: np.ndarray, *, lr: float, eps: float, n_eleme
     A consistent gradient direction, which this model excludes, would drift ~sqrt(T) times
     further, so the comparison with the measured drift tests that the gradient is noise."""
     g = _check_noise(grad_rms, lr, eps)
-    _check_positive_int("n_elements", n_elements)
+    check_positive_int("n_elements", n_elements)
     beta1, beta2 = betas
     rng = np.random.default_rng(seed)
     m = np.zeros((replicas, n_elements))
@@ -627,7 +617,7 @@ def key_bias_verdicts(model: nn.Module, images: torch.Tensor, dtype: str = "floa
     of the attention output when b_k is set to 0 (delta), against `verdict.output_tolerance`
     from the measured score and value maxima; the positive control moves b_v by the same
     vector instead. Also the change of the model's logits when every b_k is set to 0."""
-    _check_choice("dtype", dtype, TRAIN_DTYPES)
+    check_choice("dtype", dtype, TRAIN_DTYPES)
     probe = _AttentionProbe(model)
     try:
         with _autocast(dtype):
@@ -683,9 +673,9 @@ def study_settings(optimizers: list[str], adam_eps: list[float], dtypes: list[st
     others at the default eps), and SGD and Adam (first eps) again under bfloat16 autocast
     for each non-float32 dtype. Validates every name before anything runs."""
     for name in optimizers:
-        _check_choice("optimizer", name, OPTIMIZERS)
+        check_choice("optimizer", name, OPTIMIZERS)
     for dtype in dtypes:
-        _check_choice("dtype", dtype, TRAIN_DTYPES)
+        check_choice("dtype", dtype, TRAIN_DTYPES)
     for eps in adam_eps:
         if not (isinstance(eps, int | float) and eps > 0):
             raise ValueError(f"adam_eps entries must be positive, got {eps!r}")
@@ -719,7 +709,7 @@ def run_pairs(*, seeds: list[int], pair_optimizers: list[str], steps: int, batch
               lr_sgd: float, lr_adam: float, momentum: float, weight_decay: float, **_ignored) -> pd.DataFrame:
     """`train_pair` for every optimizer in `pair_optimizers` and every seed (float32)."""
     for name in pair_optimizers:
-        _check_choice("pair_optimizers", name, OPTIMIZERS)
+        check_choice("pair_optimizers", name, OPTIMIZERS)
     check_model_config(embed_dim=embed_dim, num_heads=num_heads, num_layers=num_layers, patch=patch)
     check_train_config(optimizer=pair_optimizers[0], dtype="float32", steps=steps, batch_size=batch_size,
                        eps=DEFAULT_EPS)

@@ -13,7 +13,8 @@ import numpy as np
 import pandas as pd
 
 from keybias import verdict
-from keybias.training import DEFAULT_EPS, OPTIMIZERS, TRAIN_DTYPES, _check_choice
+from keybias.params import check_choice
+from keybias.training import DEFAULT_EPS, OPTIMIZERS, TRAIN_DTYPES
 
 _NUMBER_WORDS = ("Zero", "One", "Two", "Three", "Four", "Five", "Six", "Seven", "Eight", "Nine", "Ten",
                  "Eleven", "Twelve", "Thirteen", "Fourteen", "Fifteen", "Sixteen")
@@ -22,8 +23,8 @@ _NUMBER_WORDS = ("Zero", "One", "Two", "Three", "Four", "Five", "Six", "Seven", 
 def setting_macro_name(optimizer: str, eps: float, dtype: str) -> str:
     """A letters-only LaTeX macro stem for one bias-study setting, e.g. AdamEpsTwelve,
     SgdBfloatSixteen, AdamWBiasDecay."""
-    _check_choice("optimizer", optimizer, OPTIMIZERS)
-    _check_choice("dtype", dtype, TRAIN_DTYPES)
+    check_choice("optimizer", optimizer, OPTIMIZERS)
+    check_choice("dtype", dtype, TRAIN_DTYPES)
     name = {"sgd": "Sgd", "sgd_momentum": "SgdMomentum", "adam": "Adam", "adamw": "AdamW",
             "adamw_bias_decay": "AdamWBiasDecay"}[optimizer]
     if optimizer == "adam":
