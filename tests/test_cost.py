@@ -206,8 +206,10 @@ def test_time_block_interleaves_and_splits_phases():
 
 def test_time_block_stops_at_the_target_or_the_time_budget():
     kw = dict(block="tiny", seq_len=4, batch=1, attention="self", mode="inference", min_reps=4, max_reps=50,
-              check_every=2, warmup=3)  # a cold first call can be several times slower
-    raw = cost_measure.time_block(**kw, target_half_width=0.99)
+              check_every=2, warmup=1)
+    # The rule, not the machine, is under test: a tiny block's reps stall now and then by 20x
+    # (~1 ms on ~50 us), so only a target no finite interval misses makes the first check stop.
+    raw = cost_measure.time_block(**kw, target_half_width=1e6)
     assert raw.attrs["stopped_by"] == "target" and raw["rep"].max() + 1 == 4
     raw = cost_measure.time_block(**kw, max_seconds=1e-9)
     assert raw.attrs["stopped_by"] == "max_seconds" and raw["rep"].max() + 1 == 4
