@@ -1,5 +1,5 @@
 # keybias: `make all` regenerates every result and paper/main.pdf; `make test` runs the tests.
-# What reruns is decided by content hashes (src/keybias/pipeline.py), never by file times.
+# What reruns is decided by content hashes (src/keybias/build/pipeline.py), never by file times.
 SHELL := /bin/bash
 .DELETE_ON_ERROR:
 .DEFAULT_GOAL := all
@@ -14,7 +14,7 @@ LOCK_HASH := $(shell sha256sum < requirements.lock | cut -c1-16)
 VENV_STAMP := $(VENV)/.installed-$(LOCK_HASH)
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
-PIPELINE := $(PY) -m keybias.pipeline --profile $(PROFILE) --device $(DEVICE)
+PIPELINE := $(PY) -m keybias.build.pipeline --profile $(PROFILE) --device $(DEVICE)
 
 # Refuse unknown PROFILE/DEVICE at once, before the venv or anything else is built.
 ifeq ($(wildcard params/$(PROFILE).yaml),)
@@ -24,7 +24,7 @@ ifeq ($(filter $(DEVICE),cpu cuda mps auto),)
 $(error DEVICE=$(DEVICE) is unknown; allowed: cpu cuda mps auto)
 endif
 
-.PHONY: all notebooks paper test bench bundle verify arxiv bitwise clean help venv tex browser mutations manifest render
+.PHONY: install-check all notebooks paper test bench bundle verify arxiv bitwise clean help venv tex browser mutations manifest render
 
 # The pipeline prints one line per step; cell logs go to results/.build/logs/.
 all: $(VENV_STAMP) ## regenerate results/, rendered notebooks and paper/main.pdf
@@ -40,11 +40,14 @@ test: $(VENV_STAMP) ## ruff, unit tests, smoke runs of every notebook, environme
 	$(PY) -m ruff check src tests notebooks
 	$(PY) -m pytest
 
+install-check: $(VENV_STAMP) ## build the wheel, install it into a fresh venv with the core dependencies only, try the tool
+	$(PY) -m pytest -m install -s tests/test_install.py
+
 bench: $(VENV_STAMP) ## the full timing sweep of the cost benchmark (long)
-	$(PY) -m keybias.cost --full --device $(DEVICE) --out results/machine
+	$(PY) -m keybias.build.bench --full --device $(DEVICE) --out results/machine
 
 bundle: $(VENV_STAMP) ## deterministic dist/keybias-artifact-<commit>.tar.gz of HEAD (refuses a dirty tree)
-	@$(PY) -m keybias.pipeline bundle
+	@$(PY) -m keybias.build.pipeline bundle
 
 verify: $(VENV_STAMP) ## regenerate into a scratch folder; compare with results/ by output class
 	@$(PIPELINE) verify
@@ -53,17 +56,17 @@ arxiv: $(VENV_STAMP) ## dist/keybias-arxiv-<commit>.tar.gz, proven by compiling 
 	@TEX_PACKAGES="$(TEX_PACKAGES)" $(PIPELINE) arxiv
 
 bitwise: $(VENV_STAMP) ## measure whether results are byte-identical across CPU instruction sets
-	@$(PY) -m keybias.bitwise --threads 2 --out results/machine/bitwise.json
+	@$(PY) -m keybias.build.bitwise --threads 2 --out results/machine/bitwise.json
 
 mutations: $(VENV_STAMP) ## list every test claim with its mutation tests; fails if one has none
-	@$(PY) -m keybias.claims mutations --profile $(PROFILE)
+	@$(PY) -m keybias.build.claims mutations --profile $(PROFILE)
 
 manifest: $(VENV_STAMP) ## rewrite params/claims/$(PROFILE)/ from the claims in results/ (after adding a claim)
-	@$(PY) -m keybias.claims manifest --profile $(PROFILE) --results results --write
+	@$(PY) -m keybias.build.claims manifest --profile $(PROFILE) --results results --write
 
-# MathJax 3.2.2 (npm pack mathjax@3.2.2) is vendored in src/keybias/data/mathjax; checksums in its SOURCE.md.
+# MathJax 3.2.2 (npm pack mathjax@3.2.2) is vendored in src/keybias/build/assets/mathjax; checksums in its SOURCE.md.
 render: $(VENV_STAMP) ## re-render results/notebooks/*.html from the executed notebooks (no kernel)
-	@$(PY) -m keybias.render --results results render
+	@$(PY) -m keybias.build.render --results results render
 
 venv: $(VENV_STAMP) ## build .venv from requirements.lock
 

@@ -20,7 +20,7 @@ def pytest_configure(config):
 @pytest.fixture(scope="session")
 def smoke_results(tmp_path_factory):
     """Every notebook run once with the smoke profile into a scratch results folder."""
-    from keybias import pipeline
+    from keybias.build import pipeline
 
     results = tmp_path_factory.mktemp("smoke") / "results"
     os.environ["JUPYTER_PATH"] = str(Path(sys.prefix) / "share" / "jupyter")

@@ -1,6 +1,6 @@
 """The bitwise-stability measurement: its workload is deterministic, and a differing output is named."""
 
-from keybias import bitwise
+from keybias.build import bitwise
 
 
 def test_workload_is_deterministic_in_one_process():

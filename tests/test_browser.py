@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from keybias import browser, render
+from keybias.build import browser, render
 
 CHROMIUM = browser.find_chromium()
 pytestmark = pytest.mark.skipif(

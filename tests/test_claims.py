@@ -10,8 +10,8 @@ import pandas as pd
 import pytest
 
 from conftest import ROOT
-from keybias import claims as C
-from keybias import pipeline
+from keybias.build import claims as C
+from keybias.build import pipeline
 
 
 def claim(cid, notebook="01_x", kind="test", holds=True, **extra):
@@ -50,7 +50,7 @@ def test_finite_values_names_what_is_wrong():
 
 
 def test_nan_from_an_empty_selection_fails_the_claim(tmp_path):
-    from keybias.export import Recorder
+    from keybias.build.recorder import Recorder
 
     rec = Recorder("99_test", tmp_path, profile="smoke", device="cpu")
     empty = pd.Series([], dtype=float)
@@ -214,7 +214,7 @@ def test_mutation_register_collects_markers_without_running_tests(tmp_path):
 
 def test_every_test_claim_of_the_manifest_has_a_mutation_test():
     """The register over the committed paper manifest (fails until every notebook is converted)."""
-    result = subprocess.run([sys.executable, "-m", "keybias.claims", "mutations", "--profile", "paper"],
+    result = subprocess.run([sys.executable, "-m", "keybias.build.claims", "mutations", "--profile", "paper"],
                             cwd=ROOT, capture_output=True, text=True)
     assert "mutation score:" in result.stdout, result.stdout + result.stderr
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]

@@ -1,4 +1,4 @@
-"""keybias.conditions: each case's prediction holds, and each claim fails on data or a model that
+"""keybias.studies.conditions.measure: each case's prediction holds, and each claim fails on data or a model that
 violates it."""
 
 import math
@@ -8,8 +8,10 @@ import pandas as pd
 import pytest
 import torch
 
-from keybias import conditions, export, style
-from keybias.conditions import CASES, NOT_REDUNDANT, REDUNDANT, claim_id
+from keybias.build import recorder as export
+from keybias.studies import style
+from keybias.studies.conditions import measure as conditions
+from keybias.studies.conditions.measure import CASES, NOT_REDUNDANT, REDUNDANT, claim_id
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -169,7 +171,7 @@ def test_bad_sizes_are_refused_before_work(sizes, message):
 
 
 def test_profiles_validate():
-    from keybias.params import load_profile
+    from keybias.studies.params import load_profile
 
     for profile in ("smoke", "paper"):
         params = load_profile(profile, ROOT / "params", ["07_conditions"])["07_conditions"]

@@ -1,4 +1,4 @@
-"""keybias.cost*: memory counts against real modules, the block without b_k, the timing
+"""keybias.studies.cost*: memory counts against real modules, the block without b_k, the timing
 statistics, and the claims of notebook 06 fed doctored data (mutation tests)."""
 
 import os
@@ -10,9 +10,16 @@ import pytest
 import torch
 from torch import nn
 
-from keybias import cost, cost_judge, cost_measure, cost_memory, cost_show, cost_stats, style
-from keybias.export import Recorder
-from keybias.params import load_profile
+from keybias.build import bench
+from keybias.build.recorder import Recorder
+from keybias.studies import style
+from keybias.studies.cost import config as cost
+from keybias.studies.cost import judge as cost_judge
+from keybias.studies.cost import measure as cost_measure
+from keybias.studies.cost import memory as cost_memory
+from keybias.studies.cost import show as cost_show
+from keybias.studies.cost import stats as cost_stats
+from keybias.studies.params import load_profile
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -524,12 +531,12 @@ def test_machine_specific_outputs_cover_timings_only():
                                   ["--quick", "--budget-seconds", "-1"]])
 def test_cli_refuses_bad_arguments(argv):
     with pytest.raises(SystemExit) as exc:
-        cost.main(argv)
+        bench.main(argv)
     assert exc.value.code == 2
 
 
 def test_cli_quick_writes_machine_files(tmp_path):
-    assert cost.main(["--quick", "--out", str(tmp_path), "--threads", "1"]) == 0
+    assert bench.main(["--quick", "--out", str(tmp_path), "--threads", "1"]) == 0
     names = {p.name for p in tmp_path.iterdir()}
     assert {"cost_bench_ratios.csv", "cost_bench_verdicts.csv", "cost_bench_gpu_prediction.csv",
             "cost_bench_provenance.json"} <= names

@@ -50,3 +50,87 @@ def test_installed_versions_match_the_lock():
     for name, version in lock_pins().items():
         installed = importlib.metadata.version(name)
         assert installed.split("+")[0] == version, f"{name}: installed {installed}, locked {version}"
+
+
+def declared_requirements(extra: str | None = None, seen: frozenset = frozenset()) -> list:
+    """The requirements pyproject declares for the core library or one extra, with the
+    project's own `keybias[...]` self-references expanded."""
+    import tomllib
+
+    from packaging.requirements import Requirement
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    raw = project["dependencies"] if extra is None else project["optional-dependencies"][extra]
+    out = []
+    for text in raw:
+        req = Requirement(text)
+        if req.name == "keybias":
+            for sub in sorted(req.extras - seen):
+                out += declared_requirements(sub, seen | {sub})
+            out += declared_requirements(None, seen) if extra is not None else []
+        else:
+            out.append(req)
+    return out
+
+
+def test_lock_satisfies_every_declared_range():
+    """`make` installs the lock; pip installs the wheel from the ranges. They must agree, or a
+    user of the wheel gets a combination that no test has run."""
+    import tomllib
+
+    from packaging.utils import canonicalize_name
+
+    pins = {canonicalize_name(k): v for k, v in lock_pins().items()}
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    for extra in [None, *extras]:
+        for req in declared_requirements(extra):
+            name = canonicalize_name(req.name)
+            assert name in pins, f"{req} (extra {extra or 'core'}) is not pinned in requirements.lock"
+            assert req.specifier.contains(pins[name], prereleases=True), (
+                f"requirements.lock pins {name}=={pins[name]}, outside {req} (extra {extra or 'core'})"
+            )
+
+
+def test_core_dependencies_are_the_library_only():
+    """A person who wants only the surgery tool takes torch and safetensors, nothing of the study."""
+    assert sorted(r.name for r in declared_requirements(None)) == ["safetensors", "torch"]
+
+
+def test_the_library_does_not_import_the_studies_or_the_build():
+    """The library (keybias/, keybias/surgery/) imports nothing from keybias.studies or
+    keybias.build; a study imports nothing from keybias.build but the recorder."""
+    import ast
+
+    src = ROOT / "src" / "keybias"
+    problems = []
+    for path in sorted(src.rglob("*.py")):
+        rel = path.relative_to(src).parts
+        wing = rel[0] if len(rel) > 1 and rel[0] in ("studies", "build") else "library"
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            for name in names:
+                if wing == "library" and name.startswith(("keybias.studies", "keybias.build")):
+                    problems.append(f"{path.relative_to(ROOT)}:{node.lineno} imports {name}")
+                if wing == "studies" and name.startswith("keybias.build") and not name.startswith(
+                    "keybias.build.recorder"
+                ) and name != "keybias.build":
+                    problems.append(f"{path.relative_to(ROOT)}:{node.lineno} imports {name}")
+                if wing == "studies" and isinstance(node, ast.ImportFrom) and node.module == "keybias.build":
+                    if any(a.name != "recorder" for a in node.names):
+                        problems.append(f"{path.relative_to(ROOT)}:{node.lineno} imports from keybias.build")
+    assert not problems, "import boundary crossed:\n" + "\n".join(problems)
+
+
+def test_import_keybias_is_light():
+    """`import keybias` loads neither torch nor the studies: the surgery tool loads on first use."""
+    import subprocess
+    import sys
+
+    code = ("import sys, keybias; heavy = [m for m in ('torch', 'pandas', 'transformers', "
+            "'keybias.studies', 'keybias.build') if m in sys.modules]; print(heavy)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout

@@ -8,7 +8,7 @@ from html.parser import HTMLParser
 import pytest
 
 from conftest import ROOT
-from keybias import index, readme
+from keybias.build import index, readme
 
 CHROMIUM = next((p for p in ("/usr/bin/chromium", shutil.which("chromium") or "",
                              shutil.which("chromium-browser") or "") if p and shutil.which(p)), None)

@@ -1,4 +1,4 @@
-"""Tests for keybias.longrun (measure), longrun_judge (prediction, extrapolation, claims) and longrun_show."""
+"""Tests for keybias.studies.longrun.measure (measure), longrun_judge (prediction, extrapolation, claims) and longrun_show."""
 
 from __future__ import annotations
 
@@ -9,11 +9,12 @@ import pandas as pd
 import pytest
 import torch
 
-from keybias import longrun as L
-from keybias import longrun_judge as J
-from keybias import longrun_show as S
-from keybias import style, training
-from keybias.export import Recorder
+from keybias.build.recorder import Recorder
+from keybias.studies import style
+from keybias.studies.longrun import judge as J
+from keybias.studies.longrun import measure as L
+from keybias.studies.longrun import show as S
+from keybias.studies.training import measure as training
 
 SMALL = dict(num_layers=2, embed_dim=16, num_heads=2, context=16)
 RUN = dict(**SMALL, batch_size=4, lr=3e-3, weight_decay=0.1, log_every=5, probe_every=10, probe_batch=2)

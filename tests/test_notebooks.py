@@ -6,7 +6,7 @@ import nbformat
 import pytest
 
 from conftest import ROOT
-from keybias import pipeline
+from keybias.build import pipeline
 
 NOTEBOOKS = pipeline.discover_notebooks()
 

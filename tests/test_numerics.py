@@ -1,4 +1,4 @@
-"""Tests of keybias.numerics: the rounding model, the law fit, the crossing, the gradient
+"""Tests of keybias.studies.precision.measure: the rounding model, the law fit, the crossing, the gradient
 noise statistics, validation, and the notebook/profile parameter contract."""
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ import pytest
 import torch
 import yaml
 
-from keybias import claims as C
-from keybias import numerics as nm
-from keybias import numerics_judge as nj
-from keybias import numerics_show as ns
 from keybias import verdict
+from keybias.build import claims as C
+from keybias.studies.precision import judge as nj
+from keybias.studies.precision import measure as nm
+from keybias.studies.precision import show as ns
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = dict(head_dim=16, num_heads=1, seq_len=16, batch=2, seed=0)
@@ -412,7 +412,7 @@ def test_macros_and_figures_from_summaries():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from keybias import style
+    from keybias.studies import style
 
     style.apply()
     law, pooled, df, checks, gsum, grads = _claim_inputs()

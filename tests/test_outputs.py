@@ -6,8 +6,8 @@ import shutil
 
 import pytest
 
-from keybias import outputs
-from keybias.outputs import TOLERANCES, Tolerance, compare_folders
+from keybias.build import outputs
+from keybias.build.outputs import TOLERANCES, Tolerance, compare_folders
 
 
 def make_results(root, *, value="0.5", err="3.3e-15", count="12", holds=True, claim_value=1e-15,
@@ -90,7 +90,7 @@ def test_missing_and_undeclared_files_fail(tmp_path):
     (b / "mystery.txt").write_text("x")
     failures = compare_folders(a, b).failures
     assert "macros/03_precision.tex: not regenerated" in failures
-    assert "mystery.txt: undeclared file; add a pattern to keybias.outputs.FILES" in failures
+    assert "mystery.txt: undeclared file; add a pattern to keybias.build.outputs.FILES" in failures
 
 
 def test_row_count_change_fails(tmp_path):
@@ -131,7 +131,7 @@ def test_noise_tolerance_floor_and_decades():
 
 def test_smoke_run_declares_every_file_and_column(smoke_results):
     missing = outputs.undeclared(smoke_results)
-    assert not missing, "declare these in src/keybias/outputs.py:\n" + "\n".join(missing)
+    assert not missing, "declare these in src/keybias/build/outputs.py:\n" + "\n".join(missing)
 
 
 def test_smoke_run_compares_equal_with_itself(smoke_results, tmp_path):
@@ -143,7 +143,7 @@ def test_smoke_run_compares_equal_with_itself(smoke_results, tmp_path):
 
 
 def test_tolerances_on_differences_seen_between_emulated_avx512_and_avx2_runs():
-    """Pairs observed between a native run and one capped at AVX2 (keybias.bitwise) pass;
+    """Pairs observed between a native run and one capped at AVX2 (keybias.build.bitwise) pass;
     the same columns with a changed order of magnitude or sign fail."""
     noise, noise32, stat, printed = (TOLERANCES[k] for k in ("noise", "noise32", "noise_stat", "printed"))
     assert noise.ratio(2.70573557e-07, 1.02310081e-07, "float32") <= 1  # invariance tolerance_rel

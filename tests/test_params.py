@@ -8,8 +8,8 @@ import pytest
 import yaml
 
 from conftest import ROOT
-from keybias import params as P
-from keybias import pipeline
+from keybias.build import pipeline
+from keybias.studies import params as P
 
 NOTEBOOKS = pipeline.discover_notebooks()
 
@@ -67,7 +67,7 @@ def test_unknown_profile_and_device():
 @pytest.mark.skipif(P.devices_present()["cuda"], reason="this machine has CUDA")
 def test_absent_device_is_an_error_before_work():
     result = subprocess.run(
-        [sys.executable, "-m", "keybias.pipeline", "--device", "cuda", "--results", "/nonexistent/x", "check", "--only", "01_symbolic"],
+        [sys.executable, "-m", "keybias.build.pipeline", "--device", "cuda", "--results", "/nonexistent/x", "check", "--only", "01_symbolic"],
         capture_output=True, text=True, cwd=ROOT,
     )
     assert result.returncode == 2

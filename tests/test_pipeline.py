@@ -7,7 +7,7 @@ import nbformat
 import pytest
 
 from conftest import ROOT
-from keybias import pipeline
+from keybias.build import kernel, paper, pipeline
 
 
 def make_root(tmp_path, failing=False):
@@ -25,9 +25,11 @@ def make_root(tmp_path, failing=False):
 
 
 def test_module_closure_follows_imports():
-    files = {p.name for p in pipeline.module_closure(ROOT / "notebooks" / "01_symbolic.ipynb")}
-    assert {"__init__.py", "symbolic.py", "export.py", "params.py"} <= files
-    assert "pipeline.py" not in files
+    src = ROOT / "src"
+    files = {str(p.relative_to(src)) for p in pipeline.module_closure(ROOT / "notebooks" / "01_symbolic.ipynb")}
+    assert {"keybias/__init__.py", "keybias/studies/symbolic/derive.py", "keybias/build/recorder.py",
+            "keybias/studies/params.py"} <= files
+    assert "keybias/build/pipeline.py" not in files
 
 
 def test_step_key_tracks_inputs(tmp_path):
@@ -35,9 +37,9 @@ def test_step_key_tracks_inputs(tmp_path):
     build = pipeline.Build("smoke", "cpu", tmp_path / "results", root=root)
     build.check()
     key = build.step_key("01_symbolic")
-    (root / "src" / "keybias" / "pipeline.py").write_text("# unrelated change\n")
+    (root / "src" / "keybias" / "build" / "pipeline.py").write_text("# unrelated change\n")
     assert build.step_key("01_symbolic") == key, "a module the notebook does not import changed the key"
-    symbolic = root / "src" / "keybias" / "symbolic.py"
+    symbolic = root / "src" / "keybias" / "studies" / "symbolic" / "derive.py"
     symbolic.write_text(symbolic.read_text() + "\n# changed\n")
     assert build.step_key("01_symbolic") != key
     build.params["01_symbolic"]["grid_n"] = [1]
@@ -80,7 +82,7 @@ def test_failed_notebook_publishes_nothing_and_rerun_completes(tmp_path, capfd):
     assert "Executing" in log_path.read_text() or log_path.stat().st_size > 0
     # the kernel ran with the declared threads and a fixed hash seed, and says so
     env = step["provenance"]["kernel_env"]
-    assert env["OMP_NUM_THREADS"] == str(pipeline.KERNEL_THREADS) and env["PYTHONHASHSEED"] == "0"
+    assert env["OMP_NUM_THREADS"] == str(kernel.KERNEL_THREADS) and env["PYTHONHASHSEED"] == "0"
     again = pipeline.Build("smoke", "cpu", results, root=root_ok)
     again.check()
     again.run_notebooks()
@@ -114,9 +116,9 @@ def test_provenance_flags_a_build_that_mixes_commits():
             "commit": commit, "dirty": False, "started_utc": started, "wall_seconds": 1.0,
             "versions": {}, "machine": {}, "threads": 2}}
 
-    same = pipeline.merge_provenance([step("a", "c1", "1"), step("b", "c1", "2")], "smoke")
+    same = paper.merge_provenance([step("a", "c1", "1"), step("b", "c1", "2")], "smoke")
     assert same["mixed_commits"] is False and same["commits"] == ["c1"]
-    mixed = pipeline.merge_provenance([step("a", "c1", "1"), step("b", "c2", "2")], "smoke")
+    mixed = paper.merge_provenance([step("a", "c1", "1"), step("b", "c2", "2")], "smoke")
     assert mixed["mixed_commits"] is True and mixed["commits"] == ["c1", "c2"] and mixed["commit"] == "c2"
 
 
@@ -142,7 +144,7 @@ def test_fingerprint_changes_with_inputs(tmp_path):
 
 
 def test_latex_escape():
-    assert pipeline.latex_escape("a_b & 50% #1 {x} \\") == r"a\_b \& 50\% \#1 \{x\} \textbackslash{}"
+    assert paper.latex_escape("a_b & 50% #1 {x} \\") == r"a\_b \& 50\% \#1 \{x\} \textbackslash{}"
 
 
 # Files that carry wall times or this run's paths, so differ between two runs by design.
@@ -154,7 +156,7 @@ def without_machine_columns(rel: str, data: bytes) -> bytes:
     import csv
     import io
 
-    from keybias.outputs import DATA_COLUMNS
+    from keybias.build.outputs import DATA_COLUMNS
 
     machine = {c for c, cls in DATA_COLUMNS.get(rel, {}).items() if cls == "machine"}
     if not machine:
@@ -167,7 +169,7 @@ def without_machine_columns(rel: str, data: bytes) -> bytes:
 def test_two_forced_rebuilds_are_byte_identical(tmp_path):
     import fnmatch
 
-    from keybias.outputs import file_class_is_machine
+    from keybias.build.outputs import file_class_is_machine
 
     root = make_root(tmp_path)
     digests = []
@@ -194,16 +196,16 @@ def test_kernel_environment_pins_threads_hash_seed_and_instruction_set(monkeypat
     monkeypatch.delenv("KEYBIAS_ISA_PIN", raising=False)
     for var in ("ATEN_CPU_CAPABILITY", "MKL_CBWR", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS"):
         monkeypatch.delenv(var, raising=False)
-    monkeypatch.setattr(pipeline, "cpu_has_avx2", lambda: True)
-    env = pipeline.kernel_environment("02_invariance")
-    assert env["OMP_NUM_THREADS"] == env["MKL_NUM_THREADS"] == str(pipeline.KERNEL_THREADS)
+    monkeypatch.setattr(kernel, "cpu_has_avx2", lambda: True)
+    env = kernel.kernel_environment("02_invariance")
+    assert env["OMP_NUM_THREADS"] == env["MKL_NUM_THREADS"] == str(kernel.KERNEL_THREADS)
     assert env["PYTHONHASHSEED"] == "0" and env["TQDM_DISABLE"] == "1"
-    assert {k: env[k] for k in pipeline.ISA_PINS} == pipeline.ISA_PINS
-    assert not set(pipeline.ISA_PINS) & set(pipeline.kernel_environment("06_cost")), "timing notebook pinned"
-    monkeypatch.setattr(pipeline, "cpu_has_avx2", lambda: False)
-    assert not set(pipeline.ISA_PINS) & set(pipeline.kernel_environment("02_invariance"))
-    monkeypatch.setattr(pipeline, "cpu_has_avx2", lambda: True)
+    assert {k: env[k] for k in kernel.ISA_PINS} == kernel.ISA_PINS
+    assert not set(kernel.ISA_PINS) & set(kernel.kernel_environment("06_cost")), "timing notebook pinned"
+    monkeypatch.setattr(kernel, "cpu_has_avx2", lambda: False)
+    assert not set(kernel.ISA_PINS) & set(kernel.kernel_environment("02_invariance"))
+    monkeypatch.setattr(kernel, "cpu_has_avx2", lambda: True)
     monkeypatch.setenv("KEYBIAS_ISA_PIN", "none")
-    assert not set(pipeline.ISA_PINS) & set(pipeline.kernel_environment("02_invariance"))
+    assert not set(kernel.ISA_PINS) & set(kernel.kernel_environment("02_invariance"))
     monkeypatch.setenv("ATEN_CPU_CAPABILITY", "default")
-    assert pipeline.kernel_environment("02_invariance")["ATEN_CPU_CAPABILITY"] == "default"
+    assert kernel.kernel_environment("02_invariance")["ATEN_CPU_CAPABILITY"] == "default"

@@ -1,4 +1,4 @@
-"""keybias.pretrained: offline loading of all-MiniLM-L6-v2 and the embedding comparisons."""
+"""keybias.studies.pretrained.measure: offline loading of all-MiniLM-L6-v2 and the embedding comparisons."""
 
 from __future__ import annotations
 
@@ -9,7 +9,10 @@ import pandas as pd
 import pytest
 import torch
 
-from keybias import params, pretrained, pretrained_judge, pretrained_show
+from keybias.studies import params
+from keybias.studies.pretrained import judge as pretrained_judge
+from keybias.studies.pretrained import measure as pretrained
+from keybias.studies.pretrained import show as pretrained_show
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -283,7 +286,7 @@ def test_bias_norm_outputs():
     assert r"$\|b_k\|$" in pretrained_show.bias_norms_latex(norms)
     fig = pretrained_show.bias_norms_figure(norms)
     assert len(fig.axes[0].lines) == 3
-    from keybias import style
+    from keybias.studies import style
 
     assert style.smallest_font_pt(fig) >= style.MIN_FONT_PT
     assert fig.get_size_inches()[0] <= style.FULL_WIDTH

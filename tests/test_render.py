@@ -9,7 +9,7 @@ import nbformat
 import pytest
 from bs4 import BeautifulSoup
 
-from keybias import render
+from keybias.build import render
 
 ROOT = Path(__file__).resolve().parents[1]
 MB = 1_000_000
@@ -46,7 +46,7 @@ def _sample() -> dict:
         'rec.figure(fig2, "second", alt=ALT)\ndisplay(fig2)', outputs=[_png_output()]
     )
     code_noisy = nbformat.v4.new_code_cell(
-        "from keybias import sweep, verdict\nimport keybias.cost\nfrom keybias.numerics import x\n"
+        "from keybias import verdict\nfrom keybias.studies.invariance import measure\nimport keybias.studies.cost.config\nfrom keybias.studies.precision.measure import x\n"
         "import keybias.not_a_module\nframe = sweep.run(progress=True)",
         outputs=[_stream("stderr", TQDM_WARNING), _stream("stderr", TQDM_CHUNK),
                  _stream("stdout", "2894 configurations\n")],
@@ -100,8 +100,8 @@ def test_header_names_section_profile_device_commit_and_links(sample_page):
     hrefs = [a["href"] for a in header.find_all("a")]
     assert "../index.html" in hrefs
     assert [h for h in hrefs if "src/keybias" in h] == [
-        "../../src/keybias/cost.py", "../../src/keybias/numerics.py",
-        "../../src/keybias/sweep.py", "../../src/keybias/verdict.py",
+        "../../src/keybias/studies/cost/config.py", "../../src/keybias/studies/invariance/measure.py",
+        "../../src/keybias/studies/precision/measure.py", "../../src/keybias/verdict.py",
     ]
     assert header.parent.name == "main" and header is header.parent.find(True)
 
@@ -121,9 +121,9 @@ def test_section_falls_back_to_the_project_table_and_repository_links():
     assert render.paper_section(nb, "08_longrun") == "Drift at length"
     assert render.paper_section(nb, "99_new") is None
     sha = "0123456789abcdef" * 2 + "01234567"
-    assert render.module_href("sweep", sha, "https://github.com/o/keybias") == (
-        f"https://github.com/o/keybias/blob/{sha}/src/keybias/sweep.py")
-    assert render.module_href("sweep", "unknown", "https://github.com/o/keybias") == "../../src/keybias/sweep.py"
+    assert render.module_href("studies.invariance.measure", sha, "https://github.com/o/keybias") == (
+        f"https://github.com/o/keybias/blob/{sha}/src/keybias/studies/invariance/measure.py")
+    assert render.module_href("studies.invariance.measure", "unknown", "https://github.com/o/keybias") == "../../src/keybias/studies/invariance/measure.py"
 
 
 def test_repository_url_read_from_citation(tmp_path):
@@ -261,11 +261,11 @@ def test_smoke_run_pages_are_offline_and_navigable(smoke_results):
 
 
 def test_smoke_run_publishes_the_shared_renderer(smoke_results):
-    """The pipeline calls render.publish_assets (see src/keybias/render.py) after rendering."""
+    """The pipeline calls render.publish_assets (see src/keybias/build/render.py) after rendering."""
     js = smoke_results / "notebooks" / render.MATHJAX_SRC
     assert js.is_file(), (
         f"{js} missing: pipeline.Build.run_notebooks must call "
-        "keybias.render.publish_assets(self.results)")
+        "keybias.build.render.publish_assets(self.results)")
     assert render.rendered_size(smoke_results) < 15 * MB
 
 

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from keybias import families, pretrained
+from keybias import families
+from keybias.studies.pretrained import measure as pretrained
 from keybias.surgery import cli
 
 

@@ -58,7 +58,7 @@ def test_refused_family_untouched_with_accurate_reason(name):
     after = model.state_dict()
     assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
     # the refusal is needed: zeroing b_k by hand changes the function
-    from keybias.pretrained import _zero_bias_by_hand
+    from keybias.studies.pretrained.measure import _zero_bias_by_hand
 
     forced = copy.deepcopy(model)
     _zero_bias_by_hand(forced)

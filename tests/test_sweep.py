@@ -9,12 +9,13 @@ import pytest
 import torch
 import yaml
 
-from keybias import export, style
-from keybias import sweep as S
-from keybias import sweep_controls as K
-from keybias import sweep_judge as J
-from keybias import sweep_show as SH
 from keybias import verdict as VD
+from keybias.build import recorder as export
+from keybias.studies import style
+from keybias.studies.invariance import controls as K
+from keybias.studies.invariance import judge as J
+from keybias.studies.invariance import measure as S
+from keybias.studies.invariance import show as SH
 
 ROOT = Path(__file__).resolve().parents[1]
 MAGS = [1.0, 100.0]

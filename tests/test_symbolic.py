@@ -1,7 +1,8 @@
 import pandas as pd
 import pytest
 
-from keybias import claims, symbolic
+from keybias.build import claims
+from keybias.studies.symbolic import derive as symbolic
 
 
 def test_softmax_is_shift_invariant_and_sigmoid_is_not():

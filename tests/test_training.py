@@ -1,4 +1,4 @@
-"""Tests for keybias.training: removal of b_k, optimizers, drift predictions, a short training run."""
+"""Tests for keybias.studies.training.measure: removal of b_k, optimizers, drift predictions, a short training run."""
 
 from __future__ import annotations
 
@@ -9,10 +9,11 @@ import numpy as np
 import pytest
 import torch
 
-from keybias import training as T
-from keybias import training_judge as J
-from keybias import training_show as S
 from keybias import verdict
+from keybias.studies.training import judge as J
+from keybias.studies.training import measure as T
+from keybias.studies.training import model as M
+from keybias.studies.training import show as S
 
 ARCH = dict(embed_dim=16, num_heads=2, num_layers=1, patch=4)
 
@@ -233,7 +234,7 @@ def test_verdict_flags_a_real_change(data):
 
 def _held(claims):
     """claim id -> holds, computed by the Recorder itself."""
-    from keybias.export import Recorder
+    from keybias.build.recorder import Recorder
 
     rec = Recorder("04_training", "/nonexistent", profile="test", device="cpu")
     return {c["id"]: c["holds"] for c in rec.claims_from(claims)}
@@ -378,7 +379,7 @@ def test_a_real_key_bias_gradient_fails_the_gradient_and_sgd_claims(data, monkey
     honest = [T.train_bias_run(0, optimizer="sgd", lr=0.1, **common)[0],
               T.train_bias_run(0, optimizer="adam", lr=3e-3, **common)[0]]
     assert all(_held(_study(honest)).values())
-    monkeypatch.setattr(T, "_refresh_in_proj_bias", _coupled_refresh)
+    monkeypatch.setattr(M, "_refresh_in_proj_bias", _coupled_refresh)
     coupled = [T.train_bias_run(0, optimizer="sgd", lr=0.1, **common)[0],
                T.train_bias_run(0, optimizer="adam", lr=3e-3, **common)[0]]
     held = _held(_study(coupled))
@@ -463,7 +464,7 @@ def test_figures_print_at_seven_points_or_more(data):
     curves = T.train_pair(0, optimizer="adam", steps=4, batch_size=32, eval_every=2, lr=3e-3, data=data, **ARCH)
     traj = pd.concat([T.train_bias_run(0, optimizer=o, steps=4, batch_size=32, lr=lr, data=data, **ARCH)[0]
                       for o, lr in (("sgd", 0.1), ("adam", 3e-3))], ignore_index=True)
-    from keybias import style
+    from keybias.studies import style
 
     for fig in (S.plot_curves(curves), S.plot_bias_norms(traj)):
         assert style.smallest_font_pt(fig) >= style.MIN_FONT_PT

@@ -2,7 +2,7 @@
 
 Each model is built from a small config (1 layer, hidden 16, 2 heads) with random weights and
 nonzero random biases. We perturb the key bias of the first attention module and compare that
-module's output (captured by a forward hook), exactly as keybias.sweep does for PyTorch modules.
+module's output (captured by a forward hook), exactly as keybias.studies.invariance.measure does for PyTorch modules.
 
 - BERT, RoBERTa, ViT: separate query/key/value Linear layers with bias; plain softmax attention,
   so b_k is redundant.
@@ -148,7 +148,7 @@ def bias_grads(att):
 
 
 def hf_case(cfg: dict) -> dict:
-    """A keybias.sweep case for a Hugging Face model family (cfg['variant'] is the model name)."""
+    """A keybias.studies.invariance.measure case for a Hugging Face model family (cfg['variant'] is the model name)."""
     name, impl = cfg["variant"], cfg["hf_attn_implementation"] or "eager"
     _check(name)
     dev = cfg["device"]

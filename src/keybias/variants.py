@@ -15,7 +15,7 @@ and softmax ignores a constant shift of its row. That argument needs four things
   (A4) the weights are a softmax over exactly those slots (shift invariance).
 
 `DROP_IS_EXACT` says for each variant whether dropping b_k (`drop_key_bias=True`) is exact and,
-if not, which assumption fails. The sweep (keybias.sweep) measures it in floating point.
+if not, which assumption fails. The sweep (keybias.studies.invariance.measure) measures it in floating point.
 """
 
 from __future__ import annotations

@@ -59,9 +59,12 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
-from torch import nn
+# The library does not need NumPy; without it torch warns on import that it could not load it,
+# which would reach every user of the core install.
+warnings.filterwarnings("ignore", message="Failed to initialize NumPy", category=UserWarning)
+from torch import nn  # noqa: E402
 
-from keybias.surgery._core import (
+from keybias.surgery._core import (  # noqa: E402  (after the filter above)
     STORAGES,
     FullyMaskedRowWarning,
     InPlaceWriteWarning,

@@ -98,10 +98,20 @@ def whole_model_check(before, after) -> dict[str, float]:
     return {"change": change, "bound": bound, "holds": finite and change <= bound}
 
 
+def require_transformers() -> None:
+    """Hugging Face models need the optional dependency `transformers` (the `hf` extra)."""
+    import importlib.util
+
+    if importlib.util.find_spec("transformers") is None:
+        raise CliError("Hugging Face model directories need the package transformers, which is not "
+                       "installed: pip install 'keybias[hf]'")
+
+
 def convert(in_dir: Path, out_dir: Path, *, fold_value: bool = False, dtype: str | None = None,
             log=print) -> dict[str, Any]:
     """The whole command: check, load, strip (and fold), certify, write atomically."""
     check_input(in_dir, out_dir)
+    require_transformers()
     os.environ["HF_HUB_OFFLINE"] = "1"
     os.environ["TRANSFORMERS_OFFLINE"] = "1"
     import torch
@@ -182,7 +192,7 @@ def format_report(report: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m keybias.surgery",
+        prog="keybias-surgery",
         description="Remove key biases (and fold value biases) of a Hugging Face model directory, certified.")
     parser.add_argument("in_dir", type=Path, help="Hugging Face model directory (config.json + *.safetensors)")
     parser.add_argument("out_dir", type=Path, help="new directory to write (must not exist)")

@@ -1,0 +1,319 @@
+"""Open rendered notebooks in headless Chromium with the network cut off, and see what it did.
+
+The folder is served by a local HTTP server that logs every request and its status. Chromium
+gets that same server as its proxy, so no request for another host (a CDN script, a web font,
+a stylesheet) leaves the machine: it arrives as a proxy request (`GET http://...` or
+`CONNECT host:443`) and is refused with 403. Chromium also talks to its own services
+(updates, accounts) at start-up, so what the *page* asked for is read from Chromium's NetLog:
+every request whose initiator is the page's origin, plus the page itself. Those must all be
+files inside the page's folder, and must exist. `--virtual-time-budget` lets MathJax finish
+before the DOM is dumped. Used by tests/test_browser.py; `python -m keybias.build.browser DIR`
+checks a folder by hand.
+"""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable", "chrome")
+VIRTUAL_TIME_MS = 20000
+# Raw TeX left in prose after typesetting: $...$ or $$...$$ with no space just inside, the
+# pattern MathJax itself would have typeset had it run.
+_RAW_MATH = re.compile(r"\$\$?(?=\S)[^$\n]{1,400}?(?<=\S)\$\$?")
+
+
+def find_chromium() -> str | None:
+    explicit = os.environ.get("KEYBIAS_CHROMIUM")
+    if explicit:
+        return explicit if shutil.which(explicit) or Path(explicit).is_file() else None
+    for name in CHROMIUM_NAMES:
+        path = shutil.which(name)
+        if path:
+            return path
+    return None
+
+
+@dataclass
+class RequestLog:
+    root: Path
+    local: list[tuple[str, int]] = field(default_factory=list)  # (path, status)
+    external: list[str] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class _Handler(http.server.SimpleHTTPRequestHandler):
+    """Serves the folder; refuses and records anything meant for another host."""
+
+    request_log: RequestLog
+
+    def _external(self) -> bool:
+        target = self.path
+        if self.command == "CONNECT" or target.startswith(("http://", "https://", "ws://", "wss://")):
+            with self.request_log.lock:
+                self.request_log.external.append(f"{self.command} {target}")
+            self.send_error(403, "network access blocked by the keybias browser test")
+            return True
+        return False
+
+    def do_CONNECT(self):  # noqa: N802 (http.server's naming)
+        self._external()
+
+    def do_GET(self):  # noqa: N802
+        if not self._external():
+            super().do_GET()
+
+    def do_HEAD(self):  # noqa: N802
+        if not self._external():
+            super().do_HEAD()
+
+    def do_POST(self):  # noqa: N802
+        if not self._external():
+            self.send_error(405)
+
+    def send_response(self, code, message=None):
+        if not self.path.startswith(("http://", "https://")) and self.command != "CONNECT":
+            path = unquote(urlsplit(self.path).path)
+            with self.request_log.lock:
+                self.request_log.local.append((path, code))
+        super().send_response(code, message)
+
+    def log_message(self, format, *args):  # quiet: the RequestLog is the record
+        pass
+
+
+class LoggingServer:
+    """An HTTP server for one folder on 127.0.0.1, in a thread, recording every request."""
+
+    def __init__(self, root: Path):
+        self.log = RequestLog(Path(root))
+        handler = type("Handler", (_Handler,), {"request_log": self.log})
+        self.httpd = http.server.ThreadingHTTPServer(
+            ("127.0.0.1", 0), functools.partial(handler, directory=str(root))
+        )
+        self.port = self.httpd.server_address[1]
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    def __enter__(self) -> LoggingServer:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+    def url(self, rel: str) -> str:
+        return f"http://127.0.0.1:{self.port}/{rel}"
+
+
+def chromium_command(chromium: str, port: int, profile_dir: Path, *, budget_ms: int = VIRTUAL_TIME_MS) -> list[str]:
+    proxy = f"http://127.0.0.1:{port}"
+    return [
+        chromium,
+        "--headless",
+        "--no-sandbox",  # root in containers; the page is our own file
+        "--disable-gpu",
+        "--no-first-run",
+        "--no-default-browser-check",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--disable-default-apps",
+        "--disable-extensions",
+        "--disable-domain-reliability",
+        "--disable-features=Translate,OptimizationHints,MediaRouter,AutofillServerCommunication",
+        "--metrics-recording-only",
+        # Every host but the local server goes to the logging server as a proxy request
+        # (Chromium never proxies loopback; naming 127.0.0.1 in the bypass list says so).
+        f"--proxy-server={proxy}",
+        "--proxy-bypass-list=127.0.0.1",
+        "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1",
+        f"--user-data-dir={profile_dir}",
+        f"--virtual-time-budget={budget_ms}",
+        "--window-size=1200,1800",
+        "--hide-scrollbars",
+    ]
+
+
+@dataclass
+class PageReport:
+    name: str
+    dom: str
+    screenshot: Path | None
+    seconds: float
+    local_requests: list[tuple[str, int]]  # (path, HTTP status) served from the folder
+    external_requests: list[str]  # URLs on other hosts that the page asked for (all blocked)
+    background_requests: list[str]  # Chromium's own service traffic, blocked, not the page's
+    stderr: str
+
+
+def page_requests(netlog: Path, origin: str, page_url: str) -> tuple[list[str], list[str]]:
+    """(URLs the page requested, URLs Chromium requested for itself) from a NetLog file."""
+    log = json.loads(netlog.read_text())
+    start = log["constants"]["logEventTypes"]["URL_REQUEST_START_JOB"]
+    page, background = [], []
+    for event in log["events"]:
+        if event.get("type") != start or event.get("phase") != 1:  # phase 1: begin
+            continue
+        params = event.get("params", {})
+        url = params.get("url", "")
+        if params.get("initiator") == origin or url == page_url:
+            page.append(url)
+        else:
+            background.append(url)
+    return list(dict.fromkeys(page)), list(dict.fromkeys(background))
+
+
+def load_page(chromium: str, server: LoggingServer, rel: str, screenshot: Path | None,
+              *, budget_ms: int = VIRTUAL_TIME_MS, timeout: float = 120) -> PageReport:
+    """Dump the DOM of `rel` after its scripts ran, and optionally screenshot it."""
+    start_local = len(server.log.local)
+    origin, url = f"http://127.0.0.1:{server.port}", server.url(rel)
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="keybias-chromium-") as scratch:
+        base = chromium_command(chromium, server.port, Path(scratch) / "profile", budget_ms=budget_ms)
+        netlog = Path(scratch) / "netlog.json"
+        extra = [f"--log-net-log={netlog}", "--dump-dom"]
+        if screenshot is not None:  # one load gives both the DOM and the picture
+            screenshot.parent.mkdir(parents=True, exist_ok=True)
+            extra.append(f"--screenshot={screenshot}")
+        done = subprocess.run([*base, *extra, url], capture_output=True, text=True, timeout=timeout)
+        if done.returncode != 0:
+            raise RuntimeError(f"chromium failed on {rel} ({done.returncode}):\n{done.stderr[-2000:]}")
+        requested, background = page_requests(netlog, origin, url)
+        stderr = done.stderr
+    seconds = time.perf_counter() - t0
+    with server.log.lock:
+        local = list(server.log.local[start_local:])
+    # data: and blob: URLs never leave the page; everything else must be on the local server
+    external = [u for u in requested if not u.startswith((origin + "/", "data:", "blob:"))]
+    return PageReport(rel, done.stdout, screenshot, seconds, local, external, background, stderr)
+
+
+@dataclass
+class DomFindings:
+    math_elements: int
+    math_errors: int
+    raw_math: list[str]
+    images_without_alt: int
+    has_header: bool
+    toc_entries: int
+    index_link: bool
+
+
+def inspect_dom(dom: str) -> DomFindings:
+    """What the reader sees: typeset math, raw TeX left in prose, alt text, navigation."""
+    from bs4 import BeautifulSoup
+
+    soup = BeautifulSoup(dom, features="html.parser")
+    containers = soup.find_all("mjx-container")
+    errors = soup.select("mjx-merror, [data-mjx-error]")
+    raw = []
+    for prose in soup.select(".jp-MarkdownCell .jp-RenderedMarkdown, .kb-header, .jp-RenderedLatex"):
+        for node in prose.find_all(string=True):
+            if node.find_parent(["code", "pre", "mjx-container", "script", "style"]):
+                continue
+            raw += _RAW_MATH.findall(str(node))
+    header = soup.find("header", class_="kb-header")
+    toc = header.find("nav", class_="kb-toc") if header else None
+    return DomFindings(
+        math_elements=len(containers),
+        math_errors=len(errors),
+        raw_math=raw,
+        images_without_alt=sum(1 for img in soup.find_all("img") if not (img.get("alt") or "").strip()),
+        has_header=header is not None,
+        toc_entries=len(toc.find_all("a")) if toc else 0,
+        index_link=bool(header and header.find("a", href="../index.html")),
+    )
+
+
+def outside_folder(requests: list[tuple[str, int]], folder_prefix: str) -> list[str]:
+    """Local requests that left the page's folder or failed (a missing font is a failure)."""
+    bad = []
+    for path, status in requests:
+        if not path.startswith(folder_prefix) or ".." in path.split("/"):
+            bad.append(f"{path} (outside {folder_prefix})")
+        elif status >= 400:
+            bad.append(f"{path} (HTTP {status})")
+    return bad
+
+
+def page_problems(report: PageReport, page_text: str, folder_prefix: str) -> list[str]:
+    """Everything wrong with one loaded page; empty when a reader offline sees it whole."""
+    found = inspect_dom(report.dom)
+    problems = []
+    if report.external_requests:
+        problems.append(f"requested other hosts: {report.external_requests}")
+    bad_local = outside_folder(report.local_requests, folder_prefix)
+    if bad_local:
+        problems.append(f"requests outside its folder or failing: {bad_local}")
+    if "$" in page_text or "\\(" in page_text:
+        if not any(path.endswith("/tex-chtml-full.js") and path.startswith(folder_prefix)
+                   for path, _ in report.local_requests):
+            problems.append("never loaded the shared local MathJax")
+        if found.math_elements == 0:
+            problems.append("no typeset math (mjx-container) although the page has TeX")
+    if found.math_errors:
+        problems.append(f"{found.math_errors} MathJax errors")
+    if found.raw_math:
+        problems.append(f"raw TeX left in prose: {found.raw_math[:5]}")
+    if found.images_without_alt:
+        problems.append(f"{found.images_without_alt} images without alt text")
+    if not found.has_header or not found.index_link:
+        problems.append("no navigation header with a link to ../index.html")
+    if not found.toc_entries:
+        problems.append("no table of contents")
+    if report.screenshot is not None and not (
+        report.screenshot.is_file() and report.screenshot.stat().st_size > 1000
+    ):
+        problems.append("no screenshot written")
+    return problems
+
+
+def check_folder(folder: Path, shots: Path | None, chromium: str | None = None,
+                 *, budget_ms: int = VIRTUAL_TIME_MS) -> dict[str, list[str]]:
+    """`page_problems` of every *.html in `folder`, served with its parent as the web root
+    (so a reference to ../anything is a request outside the folder, and is reported)."""
+    folder = Path(folder).resolve()
+    chromium = chromium or find_chromium()
+    if chromium is None:
+        raise RuntimeError("no Chromium found (apt-get install chromium, or set KEYBIAS_CHROMIUM)")
+    prefix = f"/{folder.name}/"
+    results = {}
+    with LoggingServer(folder.parent) as server:
+        for page in sorted(folder.glob("*.html")):
+            shot = shots / f"{page.stem}.png" if shots is not None else None
+            report = load_page(chromium, server, f"{folder.name}/{page.name}", shot, budget_ms=budget_ms)
+            results[page.name] = page_problems(report, page.read_text(), prefix)
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    folder = Path(argv[0] if argv else "results/notebooks")
+    shots = Path(argv[1]) if len(argv) > 1 else Path(tempfile.mkdtemp(prefix="keybias-shots-"))
+    if find_chromium() is None:
+        print("no Chromium found (apt-get install chromium); nothing checked", file=sys.stderr)
+        return 2
+    t0 = time.perf_counter()
+    results = check_folder(folder, shots)
+    for name, problems in results.items():
+        print(f"{name}: " + ("ok" if not problems else "FAIL: " + "; ".join(problems)))
+    print(f"{len(results)} pages in {time.perf_counter() - t0:.1f} s; screenshots in {shots}")
+    return 1 if not results or any(results.values()) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,66 @@
+"""What the key bias costs: parameters, optimizer memory and time (notebook 06, `make bench`).
+
+The study is split along its layers:
+
+- `keybias.studies.cost.memory`: exact counts of what b_k occupies, checked against real modules;
+- `keybias.studies.cost.measure`: transformer blocks at BERT-base and GPT-2 small sizes with and
+  without b_k, timed interleaved against an identical control (returns DataFrames);
+- `keybias.studies.cost.stats`: paired ratio estimators and bootstrap intervals (pure);
+- `keybias.studies.cost.judge`: the byte model of the removed work, the GPU prediction, claims and
+  macros (pure: DataFrames in, so tests can hand it doctored data);
+- `keybias.studies.cost.show`: the paper's tables and the figure.
+
+This module declares the notebook's parameters and the machine-specific outputs; the full
+benchmark runs from the command line (`make bench`, `keybias.build.bench`).
+"""
+
+from __future__ import annotations
+
+from keybias.studies.cost.measure import ATTENTIONS, BLOCKS, CLOCKS, PASSES
+from keybias.studies.params import Param
+
+PARAMETERS = {
+    "blocks": Param(str, many=True, choices=tuple(BLOCKS), help="transformer blocks timed (tiny is a test size)"),
+    "seq_lens": Param(int, many=True, positive=True, help="sequence lengths (keys and queries)"),
+    "batch": Param(int, positive=True, help="batch size"),
+    "attentions": Param(str, many=True, choices=ATTENTIONS, help="self or cross attention"),
+    "passes": Param(str, many=True, choices=PASSES, help="inference (forward) and/or a training step"),
+    "min_reps": Param(int, minimum=30, help="interleaved repetitions per configuration, at least"),
+    "max_reps": Param(int, minimum=30, help="repetitions per configuration, at most"),
+    "budget_seconds": Param(float, positive=True,
+                            help="timing budget of all configurations together (min_reps always run)"),
+    "target_half_width": Param(float, minimum=0.0, maximum=1.0,
+                               help="stop once the control's interval half-width is this small (0: never early)"),
+    "resolution_bound": Param(float, positive=True, maximum=1.0,
+                              help="claimed bound on the median control half-width (issue 12: 0.01)"),
+    "warmup": Param(int, minimum=1, help="warm-up steps per implementation"),
+    "min_rep_seconds": Param(float, minimum=0.0, help="each repetition loops a step until this long"),
+    "threads": Param(int, positive=True, help="torch.set_num_threads value (pinned, recorded)"),
+    "clock": Param(str, choices=tuple(CLOCKS), help="process CPU time (robust to a shared machine) or wall time"),
+    "optimizer": Param(str, choices=("adam", "sgd_momentum"), help="optimizer of the training step"),
+    "n_boot": Param(int, minimum=200, help="bootstrap resamples per interval"),
+    "seed": Param(int, minimum=0, help="base seed of weights, inputs, order and bootstrap (per-configuration seeds derive from it)"),
+    "architecture_check": Param(str, choices=("transformers", "torch"),
+                                help="real modules the counts are checked against (transformers models, or torch.nn blocks)"),
+}
+
+# Outputs whose values depend on the machine (timings); verification against committed
+# results must skip them. Paths relative to results/.
+MACHINE_SPECIFIC_OUTPUTS = [
+    "machine/cost_*",
+    "figures/cost_time_saving.pdf",
+    "figures/cost_time_saving.png",
+    "tables/cost_timing*.tex",
+    "macros/06_cost.tex",  # mixes exact memory counts with timing numbers
+    "steps/06_cost.json",  # timing claims carry measured values
+    # where timings lived before results/machine/ existed: stale copies must never be compared
+    "data/cost_timing*.csv",
+    "data/cost_bench*",
+]
+
+# `make bench`: every block, both sequence lengths, both attentions, both passes.
+FULL_BENCH = dict(blocks=["BERT-base", "GPT-2 small"], seq_lens=[128, 512], batch=8, attentions=list(ATTENTIONS),
+                  passes=list(PASSES), min_reps=30, max_reps=400, budget_seconds=7200.0, target_half_width=0.008,
+                  warmup=3, min_rep_seconds=0.0, optimizer="adam", n_boot=4000, seed=0, clock="process")
+QUICK_BENCH = dict(FULL_BENCH, blocks=["tiny"], seq_lens=[16], batch=2, max_reps=30, budget_seconds=5.0,
+                   target_half_width=0.0, n_boot=500)

@@ -1,0 +1,577 @@
+"""The cases of the invariance sweep: how each kind of module is built, run and perturbed.
+
+A case is a dict of closures over one configuration (see `case`):
+    build(dtype) -> (obj, inputs)   deterministic from the seed, float64 then cast
+    run(obj, inputs) -> output tensor (the thing compared)
+    roles(obj) -> {"b_q": [views], "b_k": [...], "b_v": [...], "joint": [...]} (in-place views)
+    qk_scale(obj) -> (query-side views, key-side views) or None: multiplying the first by a and
+        dividing the second by a leaves every score unchanged in real arithmetic (the rounding null)
+    stats(obj, inputs) -> (q, k, v, w_o, n_slots): float64 projections for the tolerance
+    grads(obj) -> the .grad of b_q, b_k, b_v
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from keybias import variants as V
+from keybias import verdict as VD
+from keybias.studies.params import DTYPES
+
+# the rounding null: query side times a, key side divided by a (exact in real arithmetic); a is
+# not a power of two, so every entry is re-rounded. Four draws: the largest of two was often a
+# single unit in the last place, which made the ratio to it heavy-tailed in bfloat16.
+NULL_FACTORS = (0.7, 0.9, 1.1, 1.3)
+_BACKEND_NAMES = {int(v.value): k for k, v in SDPBackend.__members__.items()}
+
+TORCH_DTYPES = {name: getattr(torch, name) for name in DTYPES}
+
+
+def reseed(seed: int) -> None:
+    """Reset the generators dropout draws from (cheaper than torch.manual_seed per call)."""
+    torch.default_generator.manual_seed(seed)
+    if torch.cuda.is_available():
+        torch.cuda.manual_seed_all(seed)
+
+
+@contextlib.contextmanager
+def trace_paths(log: list):
+    """Record which attention kernels run: MHA's fused fast path and SDPA with its backend."""
+    orig_native = torch._native_multi_head_attention
+    orig_sdpa = F.scaled_dot_product_attention
+
+    def native(*args, **kwargs):
+        log.append("mha_fast_path")
+        return orig_native(*args, **kwargs)
+
+    def sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+        try:
+            choice = torch._fused_sdp_choice(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p,
+                                            is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
+            log.append("sdpa:" + _BACKEND_NAMES.get(int(choice), str(choice)))
+        except Exception:  # noqa: BLE001 - the choice is informative only
+            log.append("sdpa:unknown")
+        return orig_sdpa(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
+                         scale=scale, enable_gqa=enable_gqa)
+
+    torch._native_multi_head_attention = native
+    F.scaled_dot_product_attention = sdpa
+    try:
+        yield log
+    finally:
+        torch._native_multi_head_attention = orig_native
+        F.scaled_dot_product_attention = orig_sdpa
+
+
+def describe_path(log: list, family: str) -> tuple[str, str]:
+    backends = sorted({x.split(":", 1)[1] for x in log if x.startswith("sdpa:")})
+    backend = "+".join(backends) if backends else "none"
+    if "mha_fast_path" in log:
+        return "mha_fast_path", "native"
+    if family in ("mha", "sizes", "realistic", "layers"):
+        return ("slow_path_sdpa" if backends else "slow_path_explicit_softmax"), backend
+    return ("sdpa" if backends else "explicit_softmax"), backend
+
+
+@contextlib.contextmanager
+def mode_context(cfg: dict, *, grad: bool | None = None):
+    """Grad mode, fast-path switch and forced SDPA backend of a configuration."""
+    mode = cfg["mode"]
+    if grad is None:
+        grad = mode in ("train", "eval")
+    old_fast = torch.backends.mha.get_fastpath_enabled()
+    torch.backends.mha.set_fastpath_enabled(mode != "inference_no_fastpath")
+    stack = contextlib.ExitStack()
+    stack.enter_context(torch.enable_grad() if grad else torch.no_grad())
+    if cfg["sdpa_backend"] != "default":
+        stack.enter_context(sdpa_kernel([getattr(SDPBackend, cfg["sdpa_backend"])]))
+    try:
+        with stack:
+            yield
+    finally:
+        torch.backends.mha.set_fastpath_enabled(old_fast)
+
+
+def _masks(cfg: dict, gen: torch.Generator, dtype, device):
+    """(attn_mask, key_padding_mask, is_causal) for cfg['mask']; every row keeps a key unless asked."""
+    lq, lk, b, kind = cfg["tgt_len"], cfg["src_len"], cfg["batch"], cfg["mask"]
+    attn, kpm, causal = None, None, False
+    tri = torch.ones(lq, lk, dtype=torch.bool).triu(1 + max(lk - lq, 0))
+    if kind == "bool":
+        attn = torch.rand(lq, lk, generator=gen) < 0.3
+        attn[:, 0] = False
+    elif kind == "float":
+        attn = torch.randn(lq, lk, generator=gen, dtype=torch.float64).to(dtype)
+    elif kind == "causal":
+        attn = tri
+    elif kind == "is_causal":
+        attn, causal = tri, True
+    elif kind == "is_causal_only":
+        causal = True
+    elif kind == "key_padding":
+        kpm = torch.zeros(b, lk, dtype=torch.bool)
+        kpm[:, max(lk // 2, 1):] = torch.rand(b, lk - max(lk // 2, 1), generator=gen) < 0.7
+    elif kind == "fully_masked_row":
+        attn = torch.zeros(lq, lk, dtype=torch.bool)
+        attn[0] = True
+    to = (lambda t: None if t is None else t.to(device))  # noqa: E731
+    return to(attn), to(kpm), causal
+
+
+def tolerance_stats(q, k, v, w_o, num_heads, dropout=0.0) -> dict:
+    """Magnitudes for the verdict's tolerances from batch-first projections [B, L, H*d] (float64).
+
+    S bounds max_ij sum_t |q_it k_jt| / sqrt(d) by Cauchy-Schwarz (||q_i|| ||k_j|| / sqrt(d));
+    V_o = max_i sum_t |W_o[i,t]| max_j |v_jt| (the value bound seen through W_o); V_g the same
+    with column sums of |W_o|, per head and divided by d, for the gradient bound."""
+    q, k, v = q.detach(), k.detach(), v.detach()
+    w_o = None if w_o is None else w_o.detach()
+    b, lq, e = q.shape
+    d = e // num_heads
+    qh = q.reshape(b, lq, num_heads, d)
+    kh = k.reshape(b, k.shape[1], num_heads, d)
+    qn = qh.norm(dim=-1).amax(dim=(0, 1))
+    kn = kh.norm(dim=-1).amax(dim=(0, 1))
+    s = float((qn * kn).max().detach()) / math.sqrt(d)
+    vmax = v.abs().amax(dim=(0, 1))
+    dv = vmax.numel() // num_heads
+    if w_o is None:
+        v_o = float(vmax.max())
+        v_g = float(vmax.reshape(num_heads, dv).sum(-1).max()) / d
+        out_dim = 0
+    else:
+        wa = w_o.abs()
+        v_o = float((wa @ vmax).max())
+        v_g = float(((wa.sum(0) * vmax).reshape(num_heads, dv).sum(-1)).max()) / d
+        out_dim = vmax.numel()
+    scale = 1.0 / (1.0 - dropout)
+    return {"S": s, "V_o": v_o * scale, "V_g": v_g * scale, "Q": float(q.abs().max()),
+            "head_dim": d, "out_dim": out_dim,
+            "norm_q": _typical(q), "norm_k": _typical(k), "norm_v": _typical(v)}
+
+
+def _typical(t: torch.Tensor) -> float:
+    """Median norm of the nonzero rows (the zero slot of add_zero_attn is not a typical key)."""
+    n = t.norm(dim=-1).flatten()
+    n = n[n > 0]
+    return float(n.median()) if n.numel() else 0.0
+
+
+# ----------------------------------------------------------------------------- cases
+# A case is a dict of closures over one configuration:
+#   build(dtype) -> (obj, inputs)   deterministic from the seed, float64 then cast
+#   run(obj, inputs) -> output tensor (the thing compared)
+#   roles(obj) -> {"b_q": [views], "b_k": [...], "b_v": [...], "joint": [...]} (in-place views)
+#   stats(obj, inputs) -> (q, k, v, w_o, n_slots): float64 projections for the tolerance
+#   params(obj) -> parameters whose .grad we read for b_q, b_k, b_v
+
+def _randomize_biases(module: nn.Module, gen: torch.Generator, scale=0.5) -> None:
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            if name.endswith("bias") or name in ("bias_k", "bias_v") or name.endswith(".bias_k") or name.endswith(".bias_v"):
+                p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float64).to(p.dtype) * scale)
+
+
+def _mha_projections(m: nn.MultiheadAttention, q_in, k_in, v_in, batch_first: bool):
+    """Float64 q, k, v [B, L, ·] of an nn.MultiheadAttention, extra slots included."""
+    if not batch_first:
+        q_in, k_in, v_in = (t.transpose(0, 1) for t in (q_in, k_in, v_in))
+    e = m.embed_dim
+    if m._qkv_same_embed_dim:
+        wq, wk, wv = m.in_proj_weight.chunk(3)
+    else:
+        wq, wk, wv = m.q_proj_weight, m.k_proj_weight, m.v_proj_weight
+    bias = m.in_proj_bias if m.in_proj_bias is not None else torch.zeros(3 * e, dtype=wq.dtype)
+    bq, bk, bv = bias.chunk(3)
+    q = q_in.double() @ wq.double().T + bq.double()
+    k = k_in.double() @ wk.double().T + bk.double()
+    v = v_in.double() @ wv.double().T + bv.double()
+    bsz = q.shape[0]
+    if m.bias_k is not None:
+        k = torch.cat([k, m.bias_k.double().reshape(1, 1, e).expand(bsz, 1, e)], 1)
+        v = torch.cat([v, m.bias_v.double().reshape(1, 1, e).expand(bsz, 1, e)], 1)
+    if m.add_zero_attn:
+        k = torch.cat([k, torch.zeros(bsz, 1, e, dtype=k.dtype)], 1)
+        v = torch.cat([v, torch.zeros(bsz, 1, e, dtype=v.dtype)], 1)
+    return q, k, v
+
+
+def _mha_roles(m: nn.MultiheadAttention) -> dict:
+    if m.in_proj_bias is None:
+        return {}
+    bq, bk, bv = m.in_proj_bias.data.chunk(3)
+    roles = {"b_q": [bq], "b_k": [bk], "b_v": [bv]}
+    if m.bias_k is not None:
+        roles["joint"] = [bk, m.bias_k.data.view(-1)]
+    return roles
+
+
+def _mha_qk_scale(m: nn.MultiheadAttention):
+    """Query-side and key-side parameter views of an nn.MultiheadAttention (bias_k is a key)."""
+    if m._qkv_same_embed_dim:
+        wq, wk, _ = m.in_proj_weight.data.chunk(3)
+    else:
+        wq, wk = m.q_proj_weight.data, m.k_proj_weight.data
+    q_side, k_side = [wq], [wk]
+    if m.in_proj_bias is not None:
+        bq, bk, _ = m.in_proj_bias.data.chunk(3)
+        q_side.append(bq)
+        k_side.append(bk)
+    if m.bias_k is not None:
+        k_side.append(m.bias_k.data)
+    return q_side, k_side
+
+
+def _mha_case(cfg: dict) -> dict:
+    e, h = cfg["embed_dim"], cfg["num_heads"]
+    kdim, vdim = cfg["kdim"] or e, cfg["vdim"] or e
+    dev = cfg["device"]
+
+    def build(dtype):
+        reseed(cfg["seed"])
+        gen = torch.Generator().manual_seed(cfg["seed"] + 1)
+        m = nn.MultiheadAttention(
+            e, h, dropout=cfg["dropout"], bias=cfg["bias"], add_bias_kv=cfg["add_bias_kv"],
+            add_zero_attn=cfg["add_zero_attn"], kdim=cfg["kdim"], vdim=cfg["vdim"],
+            batch_first=cfg["batch_first"], dtype=torch.float64,
+        )
+        _randomize_biases(m, gen)
+        m = m.to(dev, dtype).train(cfg["mode"] == "train")
+        b, lq, lk = cfg["batch"], cfg["tgt_len"], cfg["src_len"]
+
+        def inp(n, width):
+            t = torch.randn(b, n, width, generator=gen, dtype=torch.float64).to(dev, dtype)
+            return t if cfg["batch_first"] else t.transpose(0, 1).contiguous()
+
+        x = inp(lq, e)
+        if cfg["self_attention"] and kdim == e and vdim == e and lq == lk:
+            key = value = x
+        else:
+            key, value = inp(lk, kdim), inp(lk, vdim)
+        attn, kpm, causal = _masks(cfg, gen, dtype, dev)
+        return m, {"q": x, "k": key, "v": value, "attn_mask": attn, "kpm": kpm, "is_causal": causal}
+
+    def run(m, i):
+        reseed(cfg["seed"] + 2)  # same dropout mask in every run
+        return m(i["q"], i["k"], i["v"], key_padding_mask=i["kpm"], need_weights=cfg["need_weights"],
+                 attn_mask=i["attn_mask"], is_causal=i["is_causal"])[0]
+
+    def stats(m, i):
+        q, k, v = _mha_projections(m, i["q"], i["k"], i["v"], cfg["batch_first"])
+        return q, k, v, m.out_proj.weight.double(), k.shape[1]
+
+    def grads(m):
+        g = m.in_proj_bias.grad
+        return g.chunk(3) if g is not None else None
+
+    return {"build": build, "run": run, "roles": _mha_roles, "stats": stats, "grads": grads,
+            "qk_scale": _mha_qk_scale}
+
+
+def _layer_case(cfg: dict) -> dict:
+    """nn.TransformerEncoderLayer / DecoderLayer / Transformer; perturb one attention module and
+    compare that module's output (captured by a forward hook) and the whole module's output."""
+    e, h, kind = cfg["embed_dim"], cfg["num_heads"], cfg["variant"]
+    nf = cfg["option"] == "norm_first"
+    dev = cfg["device"]
+
+    def build(dtype):
+        reseed(cfg["seed"])
+        gen = torch.Generator().manual_seed(cfg["seed"] + 1)
+        kw = {"dropout": cfg["dropout"], "batch_first": True, "norm_first": nf, "dtype": torch.float64,
+              "dim_feedforward": 2 * e}
+        if kind == "encoder_layer":
+            mod = nn.TransformerEncoderLayer(e, h, **kw)
+            att = mod.self_attn
+        elif kind.startswith("decoder_layer"):
+            mod = nn.TransformerDecoderLayer(e, h, **kw)
+            att = mod.self_attn if kind.endswith("self") else mod.multihead_attn
+        else:
+            mod = nn.Transformer(e, h, num_encoder_layers=1, num_decoder_layers=1, **kw)
+            att = mod.decoder.layers[0].multihead_attn
+        _randomize_biases(mod, gen)
+        mod = mod.to(dev, dtype).train(cfg["mode"] == "train")
+        b, lq, lk = cfg["batch"], cfg["tgt_len"], cfg["src_len"]
+        src = torch.randn(b, lk, e, generator=gen, dtype=torch.float64).to(dev, dtype)
+        tgt = torch.randn(b, lq, e, generator=gen, dtype=torch.float64).to(dev, dtype)
+        causal = torch.ones(lq, lq, dtype=torch.bool, device=dev).triu(1)
+        mod._kb_att = att
+        return mod, {"src": src, "tgt": tgt, "causal": causal}
+
+    def call(mod, i):
+        reseed(cfg["seed"] + 2)
+        if kind == "encoder_layer":
+            return mod(i["src"])
+        if kind.startswith("decoder_layer"):
+            return mod(i["tgt"], i["src"], tgt_mask=i["causal"])
+        return mod(i["src"], i["tgt"], tgt_mask=i["causal"])
+
+    def run(mod, i):
+        captured = {}
+
+        def hook(module, args, kwargs, out):
+            captured.setdefault("out", out[0])
+            captured.setdefault("args", (args, kwargs))
+
+        handle = mod._kb_att.register_forward_hook(hook, with_kwargs=True)
+        try:
+            whole = call(mod, i)
+        finally:
+            handle.remove()
+        mod._kb_last = captured
+        if "out" not in captured:
+            raise RuntimeError("the attention module was bypassed (fused layer fast path)")
+        return captured["out"], whole
+
+    def stats(mod, i):
+        run(mod, i)
+        args, kwargs = mod._kb_last["args"]
+        q, k, v = (list(args) + [kwargs.get(n) for n in ("query", "key", "value")])[:3]
+        q, k, v = _mha_projections(mod._kb_att, q, k, v, True)
+        return q, k, v, mod._kb_att.out_proj.weight.double(), k.shape[1]
+
+    def grads(mod):
+        g = mod._kb_att.in_proj_bias.grad
+        return g.chunk(3) if g is not None else None
+
+    return {"build": build, "run": run, "roles": lambda mod: _mha_roles(mod._kb_att), "stats": stats,
+            "grads": grads, "qk_scale": lambda mod: _mha_qk_scale(mod._kb_att)}
+
+
+def _sdpa_case(cfg: dict) -> dict:
+    """F.scaled_dot_product_attention on projections computed here (no output projection)."""
+    e, h, dev = cfg["embed_dim"], cfg["num_heads"], cfg["device"]
+
+    def build(dtype):
+        p = V.init_params(e, h, seed=cfg["seed"], dtype=dtype, device=dev)
+        gen = torch.Generator().manual_seed(cfg["seed"] + 1)
+        x = torch.randn(cfg["batch"], cfg["tgt_len"], e, generator=gen, dtype=torch.float64).to(dev, dtype)
+        attn, _, causal = _masks(cfg, gen, dtype, dev)
+        if causal:
+            attn = None  # SDPA takes is_causal instead of an explicit mask
+        if attn is not None and attn.dtype == torch.bool:
+            attn = ~attn  # SDPA: True = take part
+        return p, {"x": x, "attn_mask": attn, "is_causal": causal}
+
+    def run(p, i):
+        q, k, v = V.projections(i["x"], i["x"], p, num_heads=h)
+        reseed(cfg["seed"] + 2)
+        out = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=i["attn_mask"], dropout_p=cfg["dropout"], is_causal=i["is_causal"]
+        )
+        return out.transpose(1, 2).reshape(i["x"].shape)
+
+    def stats(p, i):
+        q, k, v = V.projections(i["x"].double(), i["x"].double(), {n: t.double() for n, t in p.items()}, num_heads=h)
+        flat = [t.transpose(1, 2).reshape(t.shape[0], t.shape[2], -1) for t in (q, k, v)]
+        return (*flat, None, flat[1].shape[1])
+
+    return {"build": build, "run": run, "stats": stats, "grads": _param_grads,
+            "roles": lambda p: {"b_q": [p["b_q"]], "b_k": [p["b_k"]], "b_v": [p["b_v"]]},
+            "qk_scale": lambda p: ([p["w_q"], p["b_q"]], [p["w_k"], p["b_k"]])}
+
+
+def _param_grads(p):
+    gs = [p[n].grad for n in ("b_q", "b_k", "b_v")]
+    return None if any(g is None for g in gs) else gs
+
+
+def _variant_case(cfg: dict) -> dict:
+    e, h, var, dev = cfg["embed_dim"], cfg["num_heads"], cfg["variant"], cfg["device"]
+
+    def build(dtype):
+        p = V.init_params(e, h, variant=var, seed=cfg["seed"], dtype=dtype, device=dev)
+        gen = torch.Generator().manual_seed(cfg["seed"] + 1)
+        x = torch.randn(cfg["batch"], cfg["tgt_len"], e, generator=gen, dtype=torch.float64).to(dev, dtype)
+        attn, _, _ = _masks(cfg, gen, dtype, dev)
+        return p, {"x": x, "attn_mask": attn}
+
+    def run(p, i):
+        return V.attention(i["x"], i["x"], p, num_heads=h, variant=var, attn_mask=i["attn_mask"])
+
+    def stats(p, i):
+        p64 = {n: t.double() for n, t in p.items()}
+        q, k, v = V.projections(i["x"].double(), i["x"].double(), p64, num_heads=h, variant=var)
+        flat = [t.transpose(1, 2).reshape(t.shape[0], t.shape[2], -1) for t in (q, k, v)]
+        return (*flat, p64["w_o"], flat[1].shape[1])
+
+    def roles(p):
+        r = {"b_q": [p["b_q"]], "b_k": [p["b_k"]], "b_v": [p["b_v"]]}
+        if var == "sink_key":
+            r["joint"] = [p["b_k"], p["sink_key"].view(-1)]
+        return r
+
+    def qk_scale(p):
+        if var == "qk_norm":
+            return None  # the eps inside the RMS norm makes a rescaled q or k a (tiny) real change
+        return [p["w_q"], p["b_q"]], [p["w_k"], p["b_k"]] + ([p["sink_key"]] if var == "sink_key" else [])
+
+    return {"build": build, "run": run, "stats": stats, "roles": roles, "grads": _param_grads,
+            "qk_scale": qk_scale}
+
+
+def case(cfg: dict) -> dict:
+    fam = cfg["family"]
+    if fam in ("mha", "sizes", "realistic"):
+        return _mha_case(cfg)
+    if fam == "layers":
+        return _layer_case(cfg)
+    if fam == "sdpa":
+        return _sdpa_case(cfg)
+    if fam == "variants":
+        return _variant_case(cfg)
+    if fam == "hf":
+        from keybias.hf_attention import hf_case
+
+        return hf_case(cfg)
+    raise ValueError(f"family {fam!r} has no case")
+
+
+# ----------------------------------------------------------------------------- measurement
+def nonfinite(cfg: dict, obj, base: torch.Tensor) -> dict:
+    """Non-finite entries of the unperturbed output, and what a fully masked query row returns.
+
+    The verdict compares only entries that are finite in both runs (a different non-finite pattern
+    makes the change NaN), so a NaN row is excluded from it; this records how many there were.
+    For mask `fully_masked_row` (query 0 sees no key; assumption A6 fails) `masked_row_output` is
+    `nan` (the row is NaN), `out_proj_bias` (zero attention weights: the row equals the output
+    projection's bias, which does not depend on b_k), `appended_slots` (add_bias_kv / add_zero_attn:
+    MHA pads the mask with visible columns, so the row attends to the appended slots alone) or `other`."""
+    out = {"nonfinite_outputs": int((~torch.isfinite(base)).sum()), "output_entries": int(base.numel()),
+           "masked_row_output": ""}
+    if cfg["mask"] == "fully_masked_row" and isinstance(obj, nn.MultiheadAttention):
+        row = (base[:, 0] if cfg["batch_first"] else base[0]).detach().double()
+        if not bool(torch.isfinite(row).any()):
+            out["masked_row_output"] = "nan"
+        elif obj.out_proj.bias is not None and torch.allclose(
+            row, obj.out_proj.bias.detach().double().expand_as(row), rtol=0.0,
+            atol=4 * VD.unit_roundoff(cfg["dtype"]) * float(row.abs().max() + 1.0),
+        ):
+            out["masked_row_output"] = "out_proj_bias"
+        elif obj.bias_k is not None or obj.add_zero_attn:
+            out["masked_row_output"] = "appended_slots"  # the padded mask leaves the appended slots visible
+        else:
+            out["masked_row_output"] = "other"
+    return out
+
+
+def first_output(out):
+    return out[0] if isinstance(out, tuple) else out
+
+
+def change(a: torch.Tensor, b: torch.Tensor) -> float:
+    """max |a - b| over entries finite in both; nan if a non-finite pattern differs or none is finite."""
+    a, b = a.detach().double(), b.detach().double()
+    fa, fb = torch.isfinite(a), torch.isfinite(b)
+    if not torch.equal(fa, fb) or not bool(fa.any()):
+        return math.nan
+    return float((a[fa] - b[fa]).abs().max())
+
+
+def error(a: torch.Tensor, b: torch.Tensor) -> float:
+    """max |a - b| over entries finite in both (the rounding error of a against a reference b)."""
+    a, b = a.detach().double(), b.detach().double()
+    ok = torch.isfinite(a) & torch.isfinite(b)
+    return float((a[ok] - b[ok]).abs().max()) if bool(ok.any()) else math.nan
+
+
+@contextlib.contextmanager
+def qk_rescaled(sides, factor: float):
+    """Multiply the query side by `factor` and divide the key side by it, in place and in the
+    parameters' own dtype. Every score q.k is unchanged in real arithmetic (so is every rotation,
+    cosine or ALiBi term built on it); in floating point each entry is re-rounded, so the output
+    moves by rounding alone: a draw from the rounding null of this very computation."""
+    q_side, k_side = sides
+    saved = [v.clone() for v in q_side + k_side]
+    with torch.no_grad():
+        for v in q_side:
+            v.mul_(factor)
+        for v in k_side:
+            v.div_(factor)
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for v, s in zip(q_side + k_side, saved, strict=True):
+                v.copy_(s)
+
+
+@contextlib.contextmanager
+def perturbed(views: list, delta: torch.Tensor):
+    saved = [v.clone() for v in views]
+    with torch.no_grad():
+        for v in views:
+            v.add_(delta.to(v.dtype).reshape(v.shape))
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for v, s in zip(views, saved, strict=True):
+                v.copy_(s)
+
+
+# ----------------------------------------------------------------------------- shared by measure and controls
+def base_config(**kw) -> dict:
+    """A configuration with every axis at its default, overridden by `kw`."""
+    cfg = {
+        "family": "mha", "case": "", "variant": "softmax", "option": "plain", "mode": "eval",
+        "mask": "none", "embed_dim": 8, "num_heads": 2, "kdim": None, "vdim": None,
+        "tgt_len": 5, "src_len": 5, "batch": 2, "batch_first": True, "bias": True,
+        "add_bias_kv": False, "add_zero_attn": False, "dropout": 0.0, "need_weights": False,
+        "self_attention": True, "dtype": "float32", "device": "cpu", "sdpa_backend": "default",
+        "hf_attn_implementation": "", "seed": 0,
+    }
+    cfg.update(kw)
+    return cfg
+
+
+def output_tolerance_for(dtype, st: dict, n_slots: int, y_abs: float) -> float:
+    return VD.output_tolerance(
+        dtype, head_dim=st["head_dim"], n_keys=n_slots, score_abs_max=st["S"],
+        value_abs_max=st["V_o"], out_dim=st["out_dim"], output_abs_max=y_abs,
+    )
+
+
+def finite_abs_max(t: torch.Tensor) -> float:
+    """max |t| over the finite entries (a fully masked row may be NaN); NaN if none is finite."""
+    t = t.detach().double()
+    ok = torch.isfinite(t)
+    return float(t[ok].abs().max()) if bool(ok.any()) else math.nan
+
+
+def null_factor_for(null_factor: dict | None, dtype: str, magnitude: float | None = None) -> float:
+    """kappa for a dtype: `null_factor[dtype]` is a number, or {magnitude: kappa} (then the value at
+    the nearest magnitude on a log scale, or the largest when `magnitude` is None); NaN if absent."""
+    value = (null_factor or {}).get(dtype, math.nan)
+    if not isinstance(value, dict):
+        return float(value)
+    if not value:
+        return math.nan
+    if magnitude is None:
+        return max(value.values())
+    nearest = min(value, key=lambda m: abs(math.log(m) - math.log(max(magnitude, 1e-30))))
+    return value[nearest]
+
+
+def rounding_null(case: dict, obj, inp, reference: torch.Tensor) -> float:
+    """The largest output change that the exact rescalings NULL_FACTORS cause in obj's own dtype
+    (rounding alone, see `qk_rescaled`); NaN if the case has no such rescaling or a
+    rescaled run is not finite where the reference is."""
+    sides = case["qk_scale"](obj) if "qk_scale" in case else None
+    if sides is None:
+        return math.nan
+    out = 0.0
+    for factor in NULL_FACTORS:
+        with qk_rescaled(sides, factor):
+            y = first_output(case["run"](obj, inp))
+        d = change(y, reference)
+        if not math.isfinite(d):
+            return math.nan
+        out = max(out, d)
+    return out

@@ -1,0 +1,194 @@
+"""The invariance map's controls: the held-out calibration of the rounding null and the
+size-matched positive control (power).
+
+`calibrate_null_factor` fixes, before the sweep and on seeds it never uses, the factor kappa of
+the low-precision tolerance (keybias.verdict.null_tolerance). `min_detectable_break` breaks
+assumption (A1) by a known amount eps and returns the smallest eps the verdict rule detects.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import torch
+
+from keybias import verdict as VD
+from keybias.studies.invariance import cases as C
+
+CALIBRATION_CASES = 48
+FAMILY_ALPHA = 0.05  # family-wise false-alarm rate of the low-precision tests of one dtype and magnitude
+TAIL_FRACTION = 0.1  # the largest tenth of the held-out ratios fits the exponential tail
+HELD_OUT_SEED_OFFSET = 1000  # calibration seeds: the sweep seed + this + k, never used by the sweep
+# held-out calibration shapes: (embed_dim, num_heads, tgt_len, src_len, batch, mode, mask)
+CALIBRATION_SHAPES = (
+    (8, 2, 5, 5, 2, "eval", "none"), (16, 4, 7, 7, 2, "inference", "none"), (4, 2, 3, 3, 2, "eval", "causal"),
+    (32, 4, 9, 9, 1, "inference", "bool"), (16, 2, 6, 6, 2, "eval", "key_padding"),
+    (12, 3, 4, 8, 2, "eval", "none"), (4, 1, 5, 5, 2, "inference_no_fastpath", "float"),
+    (16, 16, 5, 5, 2, "eval", "is_causal"),
+)
+EPS_GRID = tuple(10.0 ** -k for k in range(16))  # per-key score perturbations of the power control
+
+
+# ----------------------------------------------------------------------------- power
+def has_power_control(cfg: dict) -> bool:
+    """The size-matched positive control runs on plain MHA without a mask of its own (it adds one),
+    with at least two keys (over one key softmax is 1 whatever the score)."""
+    return cfg["src_len"] >= 2 and (cfg["family"] in ("sizes", "realistic") and cfg["option"] == "plain") or (
+        cfg["family"] == "mha" and cfg["case"] == "MHA shapes" and cfg["mask"] == "none"
+        and not cfg["need_weights"])
+
+
+def min_detectable_break(cfg: dict, null_factor: dict | None = None) -> dict:
+    """The smallest per-key score perturbation the verdict rule of this configuration detects.
+
+    The control breaks assumption (A1) by a known amount: key j's score gets eps * r_j for every
+    query (r_j standard normal, fixed seed), through a float attn_mask, so the attention weights
+    change by a relative eps * (r_j - mean) and no shift can undo it. It is judged exactly as the
+    b_k change is (same dtype, same tolerance rule, null measured with a zero float mask), for eps
+    on the decade grid EPS_GRID; the answer is the smallest eps whose change exceeds the tolerance,
+    found by bisection (detection grows with eps). NaN if not even the largest is detected.
+    Below float64 the factor is the largest calibrated over the magnitudes (conservative)."""
+    dtype = C.TORCH_DTYPES[cfg["dtype"]]
+    low = dtype != torch.float64
+    kappa = C.null_factor_for(null_factor, cfg["dtype"]) if low else math.nan
+    case = C.case(cfg)
+    lq, lk, dev = cfg["tgt_len"], cfg["src_len"], cfg["device"]
+    r = torch.randn(lk, generator=torch.Generator().manual_seed(cfg["seed"] + 13), dtype=torch.float64)
+    with C.mode_context(cfg):
+        obj, inp = case["build"](dtype)
+
+        def run_eps(eps):
+            mask = (eps * r).expand(lq, lk).to(dev, dtype).contiguous()
+            return C.first_output(case["run"](obj, {**inp, "attn_mask": mask}))
+
+        base = run_eps(0.0)
+        y_abs = C.finite_abs_max(base)
+        zero = {**inp, "attn_mask": torch.zeros(lq, lk, dtype=dtype, device=dev)}
+        q, k, v, w_o, n_slots = case["stats"](obj, inp)
+        st = C.tolerance_stats(q, k, v, w_o, cfg["num_heads"])
+        st["S"] += float(r.abs().max())  # the largest eps of the grid is 1
+        analytic = C.output_tolerance_for(dtype, st, n_slots, y_abs)
+        if low:
+            null = C.rounding_null(case, obj, zero, base)
+            tol = VD.null_tolerance(analytic, null_base=null, null_perturbed=null, factor=kappa)
+        else:
+            tol = analytic
+        detected = {}
+
+        def seen(i):
+            if i not in detected:
+                detected[i] = C.change(run_eps(EPS_GRID[i]), base) > tol
+            return detected[i]
+
+        lo, hi = 0, len(EPS_GRID) - 1  # EPS_GRID descends: find the last index still detected
+        if not seen(lo):
+            return {"min_detectable_eps": math.nan, "power_tolerance_rel": tol / y_abs}
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if seen(mid):
+                lo = mid
+            else:
+                hi = mid - 1
+    return {"min_detectable_eps": EPS_GRID[lo], "power_tolerance_rel": tol / y_abs}
+
+
+# ----------------------------------------------------------------------------- calibration
+def _held_out_pool(configs: list[dict], dtype: str) -> list[dict]:
+    """The sweep's own plain-MHA configurations of `dtype` (every shape, mask, mode and
+    need_weights it runs), plus the generic CALIBRATION_SHAPES, as calibration templates."""
+    own = [c for c in configs if c["family"] in ("mha", "sizes") and c["option"] == "plain" and c["bias"]
+           and c["dtype"] == dtype and c["mask"] != "is_causal_only" and c["src_len"] >= 2]
+    generic = [C.base_config(family="mha", case="calibration", embed_dim=e, num_heads=h, tgt_len=lq, src_len=lk,
+                             batch=b, mode=mode, mask=mask, dtype=dtype, self_attention=lq == lk)
+               for e, h, lq, lk, b, mode, mask in CALIBRATION_SHAPES]
+    return own + generic
+
+
+def calibrate_null_factor(configs: list[dict], magnitudes, *, cases: int = CALIBRATION_CASES,
+                          seed_offset: int = HELD_OUT_SEED_OFFSET) -> tuple[dict, pd.DataFrame]:
+    """The factor kappa of the low-precision tolerance, per dtype and magnitude, from held-out runs.
+
+    Held out: the sweep's own plain nn.MultiheadAttention configurations of each low-precision dtype
+    (and a few generic shapes), rerun with seeds the sweep never uses (its seed + seed_offset + k),
+    cycled until there are at least `cases` per dtype. Plain MHA is the one configuration whose exact
+    invariance the proof (notebook 01) and the float64 analytic bound establish without any
+    low-precision data; so in its own dtype the b_k change there is rounding alone, and
+
+        change caused by b_k / (null at the start + null at the perturbed state)
+
+    is what kappa must cover. kappa[dtype][m] is 1 or, if larger, `tail_quantile` of the ratios at magnitude m: the
+    ratio the sweep's tests of that dtype exceed with probability at most FAMILY_ALPHA together
+    (the rounding of a state moved far by a large b_k differs from that of a small move, so each
+    magnitude gets its own factor). The sweep then judges every configuration, plain MHA included, on its own seed.
+    Returns ({dtype: {magnitude: kappa}}, the calibration rows)."""
+    magnitudes = [float(m) for m in magnitudes]
+    low = [d for d in dict.fromkeys(c["dtype"] for c in configs if c["family"] != "device") if d != "float64"]
+    rows = []
+    threads = torch.get_num_threads()
+    for dt in low:
+        dtype = C.TORCH_DTYPES[dt]
+        pool = _held_out_pool(configs, dt)
+        for k in range(max(cases, len(pool))):
+            cfg = {**pool[k % len(pool)], "seed": pool[k % len(pool)]["seed"] + seed_offset + k}
+            big = cfg["embed_dim"] * max(cfg["tgt_len"], cfg["src_len"]) * cfg["batch"] >= 65536
+            torch.set_num_threads(threads if big else 1)  # tiny problems: no thread-pool wake-ups
+            case = C.case(cfg)
+            with C.mode_context(cfg):
+                obj, inp = case["build"](dtype)
+                bk = case["roles"](obj)["b_k"]
+                typical = C.tolerance_stats(*case["stats"](obj, inp)[:4], cfg["num_heads"])["norm_k"]
+                gen = torch.Generator().manual_seed(cfg["seed"] + 7)
+                y0 = C.first_output(case["run"](obj, inp))
+                n0 = C.rounding_null(case, obj, inp, y0)
+                for mag in magnitudes:
+                    direction = torch.randn(bk[0].numel(), generator=gen, dtype=torch.float64)
+                    with C.perturbed(bk, direction / direction.norm() * mag * typical):
+                        y1 = C.first_output(case["run"](obj, inp))
+                        n1 = C.rounding_null(case, obj, inp, y1)
+                    d = C.change(y1, y0)
+                    denom = n0 + n1
+                    rows.append({"dtype": dt, "case": k, "seed": cfg["seed"], "embed_dim": cfg["embed_dim"],
+                                 "num_heads": cfg["num_heads"], "tgt_len": cfg["tgt_len"], "src_len": cfg["src_len"],
+                                 "batch": cfg["batch"], "mode": cfg["mode"], "mask": cfg["mask"],
+                                 "need_weights": cfg["need_weights"], "batch_first": cfg["batch_first"],
+                                 "magnitude": mag, "change": d, "null_sum": denom,
+                                 "ratio": d / denom if denom > 0 else math.nan})
+    torch.set_num_threads(threads)
+    frame = pd.DataFrame(rows)
+    factors = {}
+    for dt in low:
+        # every low-precision decision of the dtype: b_k at each magnitude, the drop and the joint shift
+        tests = sum(c["dtype"] == dt and c["family"] != "device" for c in configs) * (len(magnitudes) + 2)
+        factors[dt] = {}
+        for mag in magnitudes:
+            ratios = frame.loc[(frame.dtype == dt) & (frame.magnitude == mag), "ratio"].to_numpy(dtype=float)
+            ratios = ratios[np.isfinite(ratios)]
+            if not ratios.size:
+                raise ValueError(f"calibration of the rounding null for {dt} at magnitude {mag:g} has no case "
+                                 "with a nonzero null")
+            # 1 is the triangle inequality's value if each null were as large as its state's own
+            # rounding error; the held-out tail can only raise it
+            factors[dt][mag] = max(1.0, tail_quantile(ratios, tests))
+    return factors, frame
+
+
+def tail_quantile(ratios: np.ndarray, tests: int, *, alpha: float = FAMILY_ALPHA,
+                  tail_fraction: float = TAIL_FRACTION) -> float:
+    """The ratio that `tests` independent draws exceed with probability at most `alpha` together.
+
+    The largest of n held-out ratios is only their (1 - 1/n) quantile; the sweep makes `tests`
+    draws of its own, so the factor must reach the (1 - alpha/tests) quantile (Bonferroni). The
+    upper tail is modelled as exponential above the threshold t that leaves the largest k = a tenth
+    (at least ten) of the ratios: with beta their mean excess over t, the quantile is
+    t + beta ln((k/n) / (alpha/tests)). Never below the largest ratio seen."""
+    r = np.sort(np.asarray(ratios, dtype=float))
+    n = r.size
+    k = min(max(int(math.ceil(tail_fraction * n)), 10), n - 1)
+    if k < 1 or tests < 1:
+        return float(r.max())
+    threshold = r[n - k - 1]
+    beta = float((r[n - k:] - threshold).mean())
+    quantile = threshold + beta * math.log((k / n) / (alpha / tests))
+    return float(max(quantile, r.max()))

@@ -1,0 +1,415 @@
+"""The invariance map, judge layer: DataFrames of the sweep in, claims, macros and tables out.
+
+Everything here is pure (no torch, no measurement), so a test can hand it doctored rows and
+watch a claim fail. The rows come from keybias.studies.invariance.measure.run_sweep: one per configuration, one per
+configuration and magnitude, and the power control's column `min_detectable_eps`.
+
+Claim kinds (keybias.build.recorder.Recorder.claim):
+- `test`: the per-dtype independent verdict counts, the joint bias_k verdict, the drop, the
+  float64 noise floor and its finiteness, the float64 twin, the gradient, unexpected `invalid`
+  verdicts and the power control. Each has a mutation test in tests/test_sweep.py.
+- `implied`: the per-category and overall "matches the proof" claims, which partition the same
+  rows the per-dtype claims count.
+- `consistency`: the number of measured configurations against the profile's target.
+Every reduction runs over finite entries chosen explicitly; an empty selection gives NaN, which
+fails the claim and names it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+from keybias import verdict as VD
+from keybias.studies.params import DTYPES
+
+HIGH_PRECISION = ("float32", "float64")
+DTYPE_WORDS = {"float64": "FloatSixtyFour", "float32": "FloatThirtyTwo", "bfloat16": "BfloatSixteen",
+               "float16": "FloatSixteen"}
+# breaking (and a few redundant) categories whose smallest/largest relative change the paper prints
+CATEGORY_MACROS = {"MHA add_zero_attn": "ZeroAttn", "MHA add_bias_kv": "BiasKv", "variant rope": "Rope",
+                   "variant qk_norm": "QkNorm", "variant cosine": "Cosine", "variant sigmoid": "Sigmoid",
+                   "variant sink_logit": "SinkLogit", "variant sink_key": "SinkKey", "HF qwen2": "Qwen",
+                   "MHA plain": "Plain", "variant alibi": "Alibi", "HF bert": "Bert"}
+NOT_RUN = "not run"
+SIZE_COLUMNS = ["embed_dim", "num_heads", "tgt_len", "src_len", "batch"]
+
+
+def finite_values(values) -> np.ndarray:
+    """The finite entries of `values` as floats (chosen explicitly, never by a skipna default)."""
+    arr = pd.Series(values, dtype=float).to_numpy()
+    return arr[np.isfinite(arr)]
+
+
+def finite_max(values) -> float:
+    """max over the finite entries; NaN (which fails any claim) when there is none."""
+    arr = finite_values(values)
+    return float(arr.max()) if arr.size else math.nan
+
+
+def finite_min(values) -> float:
+    arr = finite_values(values)
+    return float(arr.min()) if arr.size else math.nan
+
+
+def null_factor_max(null_factor: dict | None, dtype: str) -> float:
+    """The largest calibrated kappa of a dtype over the magnitudes (NaN if not calibrated)."""
+    value = (null_factor or {}).get(dtype, math.nan)
+    if isinstance(value, dict):
+        return max(value.values()) if value else math.nan
+    return float(value)
+
+
+def decade(value: float) -> str:
+    """A power of ten as LaTeX math, e.g. 1e-9 -> '10^{-9}' (the power control's grid is decades)."""
+    return f"10^{{{round(math.log10(value))}}}"
+
+
+def slug(text: str) -> str:
+    return "".join(ch if ch.isalnum() else "-" for ch in text.lower()).strip("-")
+
+
+def category(row) -> str:
+    """Short label (option / variant / family) used by the figure and table."""
+    fam = row["family"]
+    if fam == "mha":
+        if "single key" in row["case"]:
+            return row["case"]
+        if row["mask"] == "fully_masked_row":
+            return "MHA fully masked row"
+        if row["case"] == "MHA shapes":
+            return "MHA shapes"
+        return f"MHA {row['option']}"
+    if fam == "hf":
+        return f"HF {row['variant']}"
+    if fam == "device":
+        return f"device {row['device']}"
+    return row["case"]
+
+
+def measured(df: pd.DataFrame) -> pd.DataFrame:
+    m = df[df.status == "measured"]
+    return m.assign(category=m.apply(category, axis=1)) if len(m) else m.assign(category=pd.Series(dtype=str))
+
+
+def valid(df: pd.DataFrame) -> pd.DataFrame:
+    """Measured rows whose verdict is a test: redundant or not_redundant (not invalid)."""
+    m = measured(df)
+    return m[m.verdict.isin([VD.REDUNDANT, VD.NOT_REDUNDANT])]
+
+
+def verdict_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Counts of verdicts per category, how many valid ones match the prediction, the joint verdict."""
+    d = df.assign(category=df.apply(category, axis=1))
+    counts = d.pivot_table(index="category", columns="verdict", values="seed", aggfunc="count", fill_value=0)
+    for v in (VD.REDUNDANT, VD.NOT_REDUNDANT, VD.INVALID, VD.SKIPPED):
+        if v not in counts:
+            counts[v] = 0
+    counts = counts[[VD.REDUNDANT, VD.NOT_REDUNDANT, VD.INVALID, VD.SKIPPED]]
+    ok = valid(df)
+    agree = ok.groupby("category").apply(lambda g: int((g.verdict == g.expected).sum()), include_groups=False)
+    n = ok.groupby("category").size()
+    joint = d.groupby("category")["verdict_joint"].agg(lambda s: ",".join(sorted(set(s.dropna())))) if "verdict_joint" in d else None
+    out = counts.reset_index()
+    out["matches_theory"] = [f"{agree.get(c, 0)}/{n.get(c, 0)}" for c in out["category"]]
+    if joint is not None:
+        out["joint"] = [joint.get(c, "") or "--" for c in out["category"]]
+    return out
+
+
+def independent_counts(df: pd.DataFrame) -> pd.DataFrame:
+    """Per dtype: valid verdicts (each an independent test, judged in that dtype alone), how many
+    contradict the proof's prediction, how many were predicted redundant, and how many had their
+    tolerance set by the measured rounding null rather than the analytic bound."""
+    ok = valid(df)
+    rows = []
+    for dt in [d for d in DTYPES if d in set(df.dtype)]:
+        sub = ok[ok.dtype == dt]
+        rows.append({"dtype": dt, "tests": len(sub), "contradictions": int((sub.verdict != sub.expected).sum()),
+                     "predicted_redundant": int((sub.expected == VD.REDUNDANT).sum()),
+                     "predicted_not_redundant": int((sub.expected == VD.NOT_REDUNDANT).sum()),
+                     "null_basis": int((sub.get("verdict_basis", pd.Series("", index=sub.index)) == "rounding null").sum())})
+    return pd.DataFrame(rows, columns=["dtype", "tests", "contradictions", "predicted_redundant",
+                                       "predicted_not_redundant", "null_basis"])
+
+
+def power_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Per dtype and size, the smallest per-key score break the verdict rule detects: the worst
+    (largest) over the configurations of that size, and how many saw no break at all (NaN)."""
+    cols = ["dtype", *SIZE_COLUMNS, "rows", "min_detectable_eps", "undetected"]
+    if "min_detectable_eps" not in df:
+        return pd.DataFrame(columns=cols)
+    m = measured(df)
+    m = m[m.min_detectable_eps.notna() | m.get("power_tolerance_rel", pd.Series(dtype=float)).notna()]
+    if not len(m):
+        return pd.DataFrame(columns=cols)
+    out = []
+    for key, g in m.groupby(["dtype", *SIZE_COLUMNS], sort=False):
+        eps = g.min_detectable_eps.astype(float)
+        out.append({**dict(zip(["dtype", *SIZE_COLUMNS], key, strict=True)), "rows": len(g),
+                    "min_detectable_eps": finite_max(eps) if eps.notna().all() else math.nan,
+                    "undetected": int(eps.isna().sum())})
+    t = pd.DataFrame(out, columns=cols)
+    t["order"] = t.dtype.map({d: i for i, d in enumerate(DTYPES)})
+    return t.sort_values(["order", "embed_dim", "src_len"]).drop(columns="order").reset_index(drop=True)
+
+
+def min_detectable_by_dtype(power: pd.DataFrame) -> dict:
+    """Worst smallest-detectable break per dtype (NaN where some size detected none)."""
+    out = {}
+    for dt, g in power.groupby("dtype"):
+        out[dt] = finite_max(g.min_detectable_eps) if (g.undetected == 0).all() and len(g) else math.nan
+    return out
+
+
+def summary(df: pd.DataFrame, mags: pd.DataFrame | None = None) -> dict:
+    """Headline numbers for macros and claims (`configs` counts measured rows, `total` all rows)."""
+    m = measured(df)
+    ok = valid(df)
+    both = ok[ok.grad_verdict.isin([VD.REDUNDANT, VD.NOT_REDUNDANT])] if "grad_verdict" in ok else ok.iloc[:0]
+    masked = m[m["mask"] == "fully_masked_row"]
+    col = (lambda d, c: d[c] if c in d else pd.Series("", index=d.index))  # noqa: E731
+    out = {
+        "configs": len(m), "total": len(df), "measured": len(m),
+        "rejected": int((df.status == "rejected").sum()),
+        "skipped": int((df.verdict == VD.SKIPPED).sum()),
+        "not_requested": int((df.status == "not_requested").sum()),
+        "redundant": int((m.verdict == VD.REDUNDANT).sum()),
+        "not_redundant": int((m.verdict == VD.NOT_REDUNDANT).sum()),
+        "invalid": int((m.verdict == VD.INVALID).sum()),
+        "mismatches": int((ok.verdict != ok.expected).sum()),
+        "unexpected_invalid": int(((m.verdict == VD.INVALID) & (m.expected != VD.INVALID)).sum()),
+        "invalid_low_precision": int(((m.verdict == VD.INVALID) & ~m.dtype.isin(HIGH_PRECISION)).sum()),
+        "grad_disagree": int((both.verdict != both.grad_verdict).sum()),
+        "fast_path_rows": int((m.code_path == "mha_fast_path").sum()) if "code_path" in m else 0,
+        "masked_rows": len(masked),
+        "masked_row_nan": int((col(masked, "masked_row_output") == "nan").sum()),
+        "masked_row_bias": int((col(masked, "masked_row_output") == "out_proj_bias").sum()),
+        "masked_row_appended": int((col(masked, "masked_row_output") == "appended_slots").sum()),
+        "nonfinite_other": int(((pd.to_numeric(col(m, "nonfinite_outputs"), errors="coerce").fillna(0) > 0)
+                                & (m["mask"] != "fully_masked_row")).sum()) if len(m) else 0,
+    }
+    if mags is not None and len(mags):
+        j = mags.merge(m[["config_id"]], on="config_id")
+        ratio = j.bk_abs / j.tolerance_abs
+        out["max_bk_over_tol_redundant"] = finite_max(ratio[j.verdict == VD.REDUNDANT])
+        out["min_bk_over_tol_not_redundant"] = finite_min(ratio[j.verdict == VD.NOT_REDUNDANT])
+    else:
+        out["max_bk_over_tol_redundant"] = out["min_bk_over_tol_not_redundant"] = math.nan
+    return out
+
+
+def _mismatch_claim(cid, statement, rows, ok, *, kind, bound_origin, skipped, claims, **extra):
+    """A count of rows where `ok` is False; an empty selection is a NaN claim (it fails, naming
+    itself) for a test claim, and is listed in `skipped` for an implied one."""
+    if len(rows):
+        value = int((~ok).sum())
+    elif kind == "implied":
+        skipped.append((cid, "this profile has no such valid configurations"))
+        return
+    else:
+        value = math.nan
+    claims.append({"claim_id": cid, "statement": statement, "value": value, "bound": 0, "comparison": "<=",
+                   "kind": kind, "bound_origin": bound_origin, **extra})
+
+
+def invariance_claims(df: pd.DataFrame, mags: pd.DataFrame, *, min_configs: int,
+                      null_factor: dict | None = None) -> dict:
+    """Claims and macros of the sweep.
+
+    Returns {"claims": [dict of Recorder.claim keywords], "macros": {name: value}, "skipped":
+    [(id, reason)]}. `df` is the configuration table, `mags` the per-magnitude table, both from
+    keybias.studies.invariance.measure.run_sweep; `null_factor` the calibrated factor per dtype."""
+    claims, skipped = [], []
+    s = summary(df, mags)
+    m = measured(df)
+    ok = valid(df)
+    power = power_table(df)
+    detect = min_detectable_by_dtype(power)
+    counts = independent_counts(df)
+    theory = "theory: the proof's prediction for each configuration (keybias.studies.invariance.measure.expected_verdict)"
+    dtype_ids = []
+    for _, c in counts.iterrows():
+        dt = c["dtype"]
+        cid = f"invariance-independent-{dt}"
+        dtype_ids.append(cid)
+        rows = ok[ok.dtype == dt]
+        extra = {"min_detectable": detect[dt]} if dt in detect else {}
+        _mismatch_claim(
+            cid, f"In {dt}, none of the {c['tests']:,} valid verdicts, each judged in {dt} alone "
+                 f"({c['predicted_redundant']:,} predicted redundant, {c['predicted_not_redundant']:,} not), "
+                 "contradicts the proof.",
+            rows, rows.verdict == rows.expected, kind="test", bound_origin=theory, skipped=skipped,
+            claims=claims, **extra)
+    if dtype_ids:
+        _mismatch_claim("invariance-matches-theory",
+                        f"Every one of the {len(ok):,} valid verdicts equals the proof's prediction.",
+                        ok, ok.verdict == ok.expected, kind="implied", bound_origin=theory, skipped=skipped,
+                        claims=claims, implied_by=dtype_ids)
+    for cat, rows in ok.groupby("category"):
+        n_red = int((rows.expected == VD.REDUNDANT).sum())
+        n_not = int((rows.expected == VD.NOT_REDUNDANT).sum())
+        ids = [f"invariance-independent-{d}" for d in DTYPES if d in set(rows.dtype)]
+        _mismatch_claim(f"invariance-{slug(cat)}",
+                        f"{cat}: the verdicts match the proof's prediction in all {len(rows)} valid configurations "
+                        f"({n_red} expected redundant, {n_not} expected not redundant).",
+                        rows, rows.verdict == rows.expected, kind="implied", bound_origin=theory,
+                        skipped=skipped, claims=claims, implied_by=ids)
+    joint = m[m.option.eq("add_bias_kv") & m.get("verdict_joint", pd.Series(index=m.index, dtype=object)).notna()]
+    joint = joint[joint.verdict_joint != VD.INVALID] if len(joint) else joint
+    if m.option.eq("add_bias_kv").any():
+        _mismatch_claim("invariance-add-bias-kv-joint-redundant",
+                        "With add_bias_kv, b_k is redundant jointly with bias_k (shifting both by the same vector).",
+                        joint, joint.verdict_joint == VD.REDUNDANT, kind="test",
+                        bound_origin="theory: shifting every key slot by the same vector is a row-constant score shift",
+                        skipped=skipped, claims=claims)
+    else:
+        skipped.append(("invariance-add-bias-kv-joint-redundant", "no add_bias_kv configuration"))
+    drops = m[m.drop_verdict.isin([VD.REDUNDANT, VD.NOT_REDUNDANT]) & m.expected.isin([VD.REDUNDANT, VD.NOT_REDUNDANT])]
+    drops_high = drops[drops.dtype.isin(HIGH_PRECISION)]
+    drops_low = drops[~drops.dtype.isin(HIGH_PRECISION)]
+    _mismatch_claim("invariance-drop-matches-theory",
+                    "In float32 and float64, setting b_k to zero is exact exactly where the proof predicts "
+                    "redundancy, and changes the function elsewhere.",
+                    drops_high, drops_high.drop_verdict == drops_high.expected, kind="test", bound_origin=theory,
+                    skipped=skipped, claims=claims)
+    _mismatch_claim("invariance-drop-never-breaks-redundant",
+                    "In no dtype does setting b_k to zero change the output beyond rounding where the proof "
+                    "predicts redundancy.",
+                    drops, ~((drops.expected == VD.REDUNDANT) & (drops.drop_verdict == VD.NOT_REDUNDANT)),
+                    kind="test", bound_origin=theory, skipped=skipped, claims=claims)
+    red = m[m.expected == VD.REDUNDANT]
+    floor = red.noise_floor_over_tol64.astype(float) if len(red) else pd.Series(dtype=float)
+    claims.append({"claim_id": "invariance-float64-noise-floor",
+                   "statement": "Where the proof applies, the float64 change caused by b_k stays within the float64 "
+                                "tolerance at every magnitude (largest ratio over the finite entries).",
+                   "value": finite_max(floor), "bound": 1.0, "comparison": "<=", "kind": "test",
+                   "bound_origin": "theory: the probabilistic rounding bound (keybias.verdict.output_tolerance)"})
+    claims.append({"claim_id": "invariance-float64-noise-floor-finite",
+                   "statement": "Every configuration the proof calls redundant has a finite float64 noise floor "
+                                "(a NaN is counted, never skipped).",
+                   "value": int((~np.isfinite(floor.to_numpy())).sum()) if len(red) else math.nan,
+                   "bound": 0, "comparison": "<=", "kind": "test",
+                   "bound_origin": "the results contract: NaN never passes a claim"})
+    twin = m[m.verdict_float64.isin([VD.REDUNDANT, VD.NOT_REDUNDANT])
+             & m.expected.isin([VD.REDUNDANT, VD.NOT_REDUNDANT])] if "verdict_float64" in m else m.iloc[:0]
+    _mismatch_claim("invariance-float64-twin-matches-theory",
+                    "The float64 twin of every configuration (any dtype) gets the verdict the proof predicts.",
+                    twin, twin.verdict_float64 == twin.expected, kind="test", bound_origin=theory,
+                    skipped=skipped, claims=claims)
+    both = ok[ok.grad_verdict.isin([VD.REDUNDANT, VD.NOT_REDUNDANT])]
+    high = both[both.dtype.isin(HIGH_PRECISION)]
+    low = both[~both.dtype.isin(HIGH_PRECISION)]
+    _mismatch_claim("invariance-gradient-agrees",
+                    "In float32 and float64, the b_k gradient verdict agrees with the output verdict wherever both have power.",
+                    high, high.verdict == high.grad_verdict, kind="test",
+                    bound_origin="theory: the gradient rounding bound (keybias.verdict.gradient_tolerance)",
+                    skipped=skipped, claims=claims)
+    _mismatch_claim("invariance-gradient-never-contradicts",
+                    "No configuration whose output is redundant has a b_k gradient above its rounding bound.",
+                    both, ~((both.verdict == VD.REDUNDANT) & (both.grad_verdict == VD.NOT_REDUNDANT)), kind="test",
+                    bound_origin="theory: the gradient rounding bound (keybias.verdict.gradient_tolerance)",
+                    skipped=skipped, claims=claims)
+    high_m = m[m.dtype.isin(HIGH_PRECISION)]
+    _mismatch_claim("invariance-no-unexpected-invalid",
+                    "In float32 and float64, no configuration is invalid (a control within rounding at every "
+                    "magnitude) unless the proof predicts the test has no power there (a single key).",
+                    high_m, ~((high_m.verdict == VD.INVALID) & (high_m.expected != VD.INVALID)), kind="test",
+                    bound_origin="theory: in float32 and float64 the analytic bound lies far below the O(1) "
+                                 "change the b_q/b_v controls cause at magnitude 1 and above",
+                    skipped=skipped, claims=claims)
+    if len(power):
+        claims.append({"claim_id": "invariance-power",
+                       "statement": "In every dtype and size of the power control, the verdict rule detects a per-key "
+                                    "score break of size 1 or smaller (the smallest detected size is in the table).",
+                       "value": int(power.undetected.sum()), "bound": 0, "comparison": "<=", "kind": "test",
+                       "bound_origin": "the issue: a break of relative size 1 must be seen"})
+    else:
+        skipped.append(("invariance-power", "this profile runs no power-control configuration"))
+    claims.append({"claim_id": "invariance-config-count",
+                   "statement": f"The sweep measures (does not skip) at least {min_configs:,} configurations.",
+                   "value": s["configs"], "bound": min_configs, "comparison": ">=", "kind": "consistency",
+                   "bound_origin": "the issue's target (paper profile) or the profile's own configuration list"})
+
+    macros = {
+        "InvConfigCount": s["configs"], "InvConfigTotal": s["total"], "InvMeasured": s["measured"],
+        "InvRejected": s["rejected"], "InvSkipped": s["skipped"], "InvNotRequested": s["not_requested"],
+        "InvRedundant": s["redundant"], "InvNotRedundant": s["not_redundant"], "InvInvalid": s["invalid"],
+        "InvMismatches": s["mismatches"], "InvValid": len(ok),
+        "InvFastPathRows": s["fast_path_rows"], "InvInvalidLowPrecision": s["invalid_low_precision"],
+        "InvGradDisagree": s["grad_disagree"],
+        "InvMaxRedundantOverTol": s["max_bk_over_tol_redundant"],
+        "InvMinNotRedundantOverTol": s["min_bk_over_tol_not_redundant"],
+        "InvMaskedRows": s["masked_rows"], "InvMaskedRowNan": s["masked_row_nan"],
+        "InvMaskedRowBias": s["masked_row_bias"], "InvMaskedRowAppended": s["masked_row_appended"],
+        "InvNonfiniteOther": s["nonfinite_other"],
+        "InvDtypeCount": int(m.dtype.nunique()),
+        "InvEmbedMin": int(m.embed_dim.min()) if len(m) else NOT_RUN,
+        "InvEmbedMax": int(m.embed_dim.max()) if len(m) else NOT_RUN,
+        "InvKeysMin": int(m.src_len.min()) if len(m) else NOT_RUN,
+        "InvKeysMax": int(m.src_len.max()) if len(m) else NOT_RUN,
+        "InvVariantCount": int(m[(m.family == "variants") & (m.variant != "softmax")].variant.nunique()),
+        "InvFamilyCount": int(m[m.family == "hf"].variant.nunique()),
+        "InvDropRows": len(drops_high),
+        "InvDropBelowResolution": int(((drops_low.expected == VD.NOT_REDUNDANT)
+                                       & (drops_low.drop_verdict == VD.REDUNDANT)).sum()),
+        "InvGradLowPrecisionMissed": int(((low.verdict == VD.NOT_REDUNDANT) & (low.grad_verdict == VD.REDUNDANT)).sum()),
+        "InvIndependentTotal": int(counts.tests.sum()), "InvContradictionsTotal": int(counts.contradictions.sum()),
+        "InvMagnitudeCount": int(mags.magnitude.nunique()) if len(mags) else 0,
+    }
+    real = m[m.family == "realistic"]
+    real_ok = ok[ok.family == "realistic"]
+    macros.update({
+        "InvRealisticRows": len(real), "InvRealisticValid": len(real_ok),
+        "InvRealisticMismatches": int((real_ok.verdict != real_ok.expected).sum()),
+        "InvRealisticEmbedMin": int(real.embed_dim.min()) if len(real) else NOT_RUN,
+        "InvRealisticEmbedMax": int(real.embed_dim.max()) if len(real) else NOT_RUN,
+        "InvRealisticKeysMax": int(real.src_len.max()) if len(real) else NOT_RUN,
+    })
+    by_dtype = counts.set_index("dtype")
+    for dt, word in DTYPE_WORDS.items():
+        present = dt in by_dtype.index
+        macros[f"InvIndependent{word}"] = int(by_dtype.loc[dt, "tests"]) if present else NOT_RUN
+        macros[f"InvContradictions{word}"] = int(by_dtype.loc[dt, "contradictions"]) if present else NOT_RUN
+        macros[f"InvNullBasis{word}"] = int(by_dtype.loc[dt, "null_basis"]) if present else NOT_RUN
+        eps = detect.get(dt, math.nan)
+        macros[f"InvMinDetect{word}"] = decade(eps) if math.isfinite(eps) else NOT_RUN
+        kappa = null_factor_max(null_factor, dt)
+        macros[f"InvNullFactor{word}"] = kappa if math.isfinite(kappa) else NOT_RUN
+    for cat, short in CATEGORY_MACROS.items():
+        rows = ok[ok.category == cat]
+        macros[f"Inv{short}MinRel"] = finite_min(rows.max_rel_bk) if len(rows) else NOT_RUN
+        macros[f"Inv{short}MaxRel"] = finite_max(rows.max_rel_bk) if len(rows) else NOT_RUN
+        macros[f"Inv{short}Rows"] = len(rows)
+    macros = {k: (NOT_RUN if isinstance(v, float) and not math.isfinite(v) else v) for k, v in macros.items()}
+    return {"claims": claims, "macros": macros, "skipped": skipped}
+
+
+def breaks_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Every measured not_redundant row counted by category and the assumption of the proof it violates."""
+    m = measured(df)
+    m = m[m.verdict == VD.NOT_REDUNDANT]
+    if not len(m):
+        return pd.DataFrame(columns=["category", "assumption", "rows"])
+    return m.groupby(["category", "assumption"]).size().rename("rows").reset_index()
+
+
+def code_paths(df: pd.DataFrame) -> pd.DataFrame:
+    """Measured rows by family, code path that ran and SDPA backend used."""
+    m = df[df.status == "measured"]
+    return m.groupby(["family", "code_path", "sdpa_backend_used"]).size().rename("rows").reset_index()
+
+
+def rejections(df: pd.DataFrame) -> pd.DataFrame:
+    """Skipped rows by status and reason (PyTorch's message, no b_k, absent or unrequested device)."""
+    s = df[df.status != "measured"]
+    return s.groupby(["status", "reason"]).size().rename("rows").reset_index()
+
+
+def masked_rows(df: pd.DataFrame) -> pd.DataFrame:
+    """What a fully masked query row returned, by code path."""
+    m = measured(df)
+    m = m[m["mask"] == "fully_masked_row"]
+    return m.groupby(["code_path", "masked_row_output"]).size().rename("rows").reset_index()

@@ -1,0 +1,38 @@
+"""Columns of the invariance study's data tables and the output class of each.
+
+Every column of every `results/data/*.csv` this study writes is declared here once: `exact`,
+`machine`, or the name of a tolerance in `keybias.build.outputs.TOLERANCES`. `make verify` and
+the column test read these declarations; a column written but not declared fails a test.
+"""
+
+from keybias.studies.columns import cols
+
+CONFIG_MHA = (
+    "family case variant option mode mask embed_dim num_heads kdim vdim tgt_len src_len batch "
+    "batch_first bias add_bias_kv add_zero_attn dropout need_weights self_attention dtype device "
+    "sdpa_backend hf_attn_implementation seed code_path sdpa_backend_used status reason n_slots "
+    "head_dim working_dtype expected assumption training grad_enabled fastpath_enabled grad_reason"
+)
+
+# data/<file>.csv -> column -> class
+TABLES: dict[str, dict[str, str]] = {
+    "data/invariance.csv": cols(
+        exact=f"{CONFIG_MHA} nonfinite_outputs output_entries masked_row_output verdict "
+        "verdict_float64 drop_verdict grad_verdict verdict_joint verdict_basis magnitudes_judged "
+        "config_id independent",
+        f32="typical_key_norm output_abs_max grad_tolerance",
+        # min_detectable_eps: a bisection on a decade grid, so it may move one decade across kernels
+        noise="max_rel_bk noise_floor_rel noise_floor_over_tol64 max_rel_drop grad_bk grad_bq grad_bv "
+        "grad_ratio null_factor power_tolerance_rel min_detectable_eps",
+    ),
+    "data/invariance_magnitudes.csv": cols(
+        exact="config_id magnitude tolerance_from verdict verdict_float64 verdict_joint",
+        noise="bk_abs control_abs tolerance_abs bk_rel control_rel tolerance_rel analytic_rel "
+        "null_base_rel null_perturbed_rel bk_rel_float64 tolerance_rel_float64 joint_rel",
+    ),
+    "data/invariance_null_calibration.csv": cols(
+        exact="dtype case seed embed_dim num_heads tgt_len src_len batch mode mask need_weights "
+        "batch_first magnitude",
+        noise="change null_sum ratio",
+    ),
+}

@@ -1,0 +1,114 @@
+"""The invariance map, show layer: the figure and the LaTeX tables of notebook 02."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+from keybias.studies import style
+from keybias.studies.invariance import judge as J
+from keybias.studies.params import DTYPES
+
+_LOG_FLOOR = -20.0  # a zero change (0/0 included) sits at the left edge of the axis
+_AXIS_LIMIT = 7.8
+
+
+def plot_map(df: pd.DataFrame, mags: pd.DataFrame):
+    """The invariance map, one panel per magnitude: for every measured configuration the b_k
+    change and the b_q/b_v control divided by the tolerance *of the same magnitude* (log10; the
+    verdict's line is 0), coloured by dtype. Nothing from one magnitude meets another's tolerance."""
+    import matplotlib.pyplot as plt
+
+    style.apply()
+    m = J.measured(df)[["config_id", "category", "dtype"]]
+    j = mags.merge(m, on="config_id")
+    cats = sorted(j["category"].unique())
+    levels = sorted(j.magnitude.unique())
+    dts = [d for d in DTYPES if d in set(j.dtype)]
+    colour = dict(zip(DTYPES, (style.OKABE_ITO[0], style.OKABE_ITO[1], style.OKABE_ITO[2], style.OKABE_ITO[3]),
+                      strict=True))
+    height = max(2.2, 0.115 * len(cats) + 1.2)
+    fig, axes = plt.subplots(1, len(levels), figsize=(style.FULL_WIDTH, height), sharey=True, squeeze=False)
+
+    def lg(num, den):
+        with np.errstate(divide="ignore", invalid="ignore"):
+            r = np.log10(num.astype(float).to_numpy() / den.astype(float).to_numpy())
+        return np.clip(np.where(np.isnan(r), _LOG_FLOOR, r), -_AXIS_LIMIT, _AXIS_LIMIT)
+
+    rng = np.random.default_rng(0)
+    for ax, mag in zip(axes[0], levels, strict=True):
+        sub = j[j.magnitude == mag]
+        y = sub["category"].map({c: i for i, c in enumerate(cats)}).to_numpy()
+        jitter = (rng.random(len(sub)) - 0.5) * 0.5
+        for dt in dts:
+            sel = (sub.dtype == dt).to_numpy()
+            ax.scatter(lg(sub.bk_abs, sub.tolerance_abs)[sel], (y + jitter)[sel], s=5, marker="o",
+                       color=colour[dt], alpha=0.7, lw=0, label=f"$b_k$ change, {dt}")
+            ax.scatter(lg(sub.control_abs, sub.tolerance_abs)[sel], (y + jitter)[sel], s=7, marker="^",
+                       facecolors="none", edgecolors=colour[dt], lw=0.5, alpha=0.6, label=f"control, {dt}")
+        ax.axvline(0.0, color="black", lw=0.8)
+        ax.set_title(f"magnitude {mag:g}")
+        ax.set_xlabel("log10(change / tolerance)")
+        ax.set_xlim(-8, 8)  # zero or unbounded ratios are drawn at the edges
+        ax.grid(axis="x", alpha=0.3)
+    axes[0][0].set_yticks(range(len(cats)), cats)
+    axes[0][0].tick_params(axis="y", labelsize=style.MIN_FONT_PT)
+    axes[0][0].set_ylim(len(cats) - 0.5, -0.5)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    uniq = dict(zip(labels, handles, strict=True))
+    fig.legend(uniq.values(), uniq.keys(), loc="upper center", ncol=min(4, len(uniq)), frameon=False,
+               bbox_to_anchor=(0.5, 0.0), markerscale=2.0)
+    fig.tight_layout()
+    return fig
+
+
+def _esc(t) -> str:
+    return str(t).replace("_", r"\_").replace("&", r"\&")
+
+
+def _tabular(table: pd.DataFrame, head: dict, align: str) -> str:
+    cols = list(table.columns)
+    lines = [r"\begin{tabular}{" + align + "}", r"\toprule",
+             " & ".join(_esc(head.get(c, c)) for c in cols) + r" \\", r"\midrule"]
+    for _, r in table.iterrows():
+        lines.append(" & ".join(_esc(r[c]) for c in cols) + r" \\")
+    lines += [r"\bottomrule", r"\end{tabular}"]
+    return "\n".join(lines) + "\n"
+
+
+def verdict_latex(table: pd.DataFrame) -> str:
+    """booktabs tabular of `judge.verdict_table`."""
+    head = {"category": "configuration", "redundant": "red.", "not_redundant": "not red.",
+            "invalid": "inval.", "skipped": "skip.", "matches_theory": "as predicted", "joint": "joint"}
+    return _tabular(table, head, "l" + "r" * (len(table.columns) - 1))
+
+
+def _eps(x) -> str:
+    if not (isinstance(x, float | int) and math.isfinite(x)):
+        return "none"
+    return f"$10^{{{round(math.log10(x))}}}$"
+
+
+def power_latex(power: pd.DataFrame) -> str:
+    """booktabs tabular of `judge.power_table`: the smallest per-key break detected."""
+    t = power.assign(min_detectable_eps=power.min_detectable_eps.map(_eps))
+    head = {"embed_dim": "$E$", "num_heads": "heads", "tgt_len": "queries", "src_len": "keys",
+            "batch": "batch", "rows": "rows", "min_detectable_eps": r"smallest $\varepsilon$ seen",
+            "undetected": "none seen"}
+    cols = list(t.columns)
+    lines = [r"\begin{tabular}{l" + "r" * (len(cols) - 1) + "}", r"\toprule",
+             " & ".join(head.get(c, _esc(c)) for c in cols) + r" \\", r"\midrule"]
+    for _, r in t.iterrows():
+        lines.append(" & ".join(str(r[c]) if c == "min_detectable_eps" else _esc(r[c]) for c in cols) + r" \\")
+    lines += [r"\bottomrule", r"\end{tabular}"]
+    return "\n".join(lines) + "\n"
+
+
+def independent_latex(counts: pd.DataFrame) -> str:
+    """booktabs tabular of `judge.independent_counts`."""
+    head = {"tests": "independent tests", "contradictions": "contradictions",
+            "predicted_redundant": "pred. redundant", "predicted_not_redundant": "pred. not red.",
+            "null_basis": "tolerance from null"}
+    return _tabular(counts, head, "l" + "r" * (len(counts.columns) - 1))

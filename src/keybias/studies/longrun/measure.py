@@ -1,0 +1,379 @@
+"""Drift of the key bias over a long training run: measure (a byte-level causal LM trained with AdamW).
+
+Notebook 04 shows, on a tiny classifier and 150 steps, that Adam turns the rounding-noise gradient
+of b_k into a random walk whose size follows a closed-form noise law (`training.random_walk_drift`):
+
+    ||b_k(T) - b_k(0)||^2 ~ lr^2 * n * sum_{t<=T} (sigma_t / (s_t + eps))^2,
+
+sigma_t the RMS of the b_k gradient at step t, s_t Adam's running RMS of it, n the entries. This
+module trains a small byte-level causal language model (pre-norm `nn.TransformerEncoderLayer`s with
+a causal mask, the key bias a separate parameter in every layer, see `training_model.split_in_proj_bias`)
+long enough to ask whether that walk ever reaches the regime where notebook 03 shows b_k costs
+precision: ||b_k|| comparable to the typical key norm ||k||.
+
+The text is the Python source of `sympy.core` from the sympy wheel pinned in requirements.lock: bytes
+every machine with this environment has, offline and identically (`corpus` returns their sha256).
+
+Every run uses one intra-op thread (`training.single_thread`): the model is small, a second thread
+buys little on a shared machine, and one thread fixes every reduction order, so a rerun on the same
+machine is bit-identical. The model never leaves training mode (dropout is 0), as in notebook 04.
+
+The prediction and the claims live in `keybias.studies.longrun.judge`, the figures in `keybias.studies.longrun.show`.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import hashlib
+import math
+import multiprocessing
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from keybias.studies.params import Param
+from keybias.studies.precision import measure as numerics
+from keybias.studies.training import measure as training
+from keybias.studies.training import model as training_model
+
+LONGRUN_DTYPES = ("float32", "bfloat16")
+CORPUS_PACKAGE = "sympy"
+CORPUS_SUBDIR = "core"
+# sha256 of the corpus (sympy 1.14.0's sympy/core/*.py, sorted by name, concatenated); a different
+# sympy, or an edited installation, changes it and the notebook's consistency claim fails.
+CORPUS_SHA256 = "6c59d1636426db94901c5e4f1c383c01152b08443aeb598144a925f478efd6b7"
+VOCAB = 256
+HELD_OUT_FRACTION = 0.05
+
+PARAMETERS: dict[str, Param] = {
+    "num_layers": Param(int, positive=True, help="transformer layers of the byte LM"),
+    "embed_dim": Param(int, positive=True, help="model width E"),
+    "num_heads": Param(int, positive=True, help="attention heads"),
+    "context": Param(int, positive=True, help="bytes per training sequence"),
+    "batch_size": Param(int, positive=True, help="sequences per step"),
+    "lr": Param(float, positive=True, help="AdamW learning rate (constant)"),
+    "weight_decay": Param(float, minimum=0.0, help="AdamW decoupled weight decay on matrices (none on biases)"),
+    "grid_steps": Param(int, positive=True, help="steps of each short run of the grid"),
+    "grid_seeds": Param(int, many=True, minimum=0, help="seeds of the short grid runs"),
+    "dtypes": Param(str, many=True, choices=LONGRUN_DTYPES, help="float32 or bfloat16 autocast"),
+    "adam_eps": Param(float, many=True, positive=True, help="AdamW eps values of the grid"),
+    "long_steps": Param(int, positive=True, help="steps of the long run"),
+    "long_seed": Param(int, minimum=0, help="seed of the long run (held out from the grid)"),
+    "long_dtype": Param(str, choices=LONGRUN_DTYPES, help="dtype of the long run"),
+    "long_eps": Param(float, positive=True, help="AdamW eps of the long run"),
+    "log_every": Param(int, positive=True, help="steps between logged trajectory rows"),
+    "probe_every": Param(int, positive=True, help="steps between key-norm / output-error probes"),
+    "probe_batch": Param(int, positive=True, help="held-out sequences of each probe"),
+    "extrapolate_steps": Param(int, many=True, positive=True, help="step counts to extrapolate the drift to"),
+}
+
+
+# ----------------------------------------------------------------------------- validation
+
+
+def check_config(*, num_layers: int, embed_dim: int, num_heads: int, context: int, batch_size: int,
+                 dtypes=(), adam_eps=(), long_dtype: str = "float32", long_eps: float = 1e-8,
+                 grid_steps: int = 1, long_steps: int = 1, log_every: int = 1, probe_every: int = 1,
+                 **_ignored) -> None:
+    """Raise ValueError, naming the parameter, for a configuration that cannot run."""
+    for name, value in (("num_layers", num_layers), ("embed_dim", embed_dim), ("num_heads", num_heads),
+                        ("context", context), ("batch_size", batch_size), ("grid_steps", grid_steps),
+                        ("long_steps", long_steps), ("log_every", log_every), ("probe_every", probe_every)):
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
+    if embed_dim % num_heads:
+        raise ValueError(f"embed_dim={embed_dim} must be divisible by num_heads={num_heads}")
+    for dtype in [*dtypes, long_dtype]:
+        if dtype not in LONGRUN_DTYPES:
+            raise ValueError(f"dtype={dtype!r} is not allowed; allowed: {list(LONGRUN_DTYPES)}")
+    for eps in [*adam_eps, long_eps]:
+        if not (isinstance(eps, int | float) and eps > 0 and math.isfinite(eps)):
+            raise ValueError(f"eps must be a positive number, got {eps!r}")
+    if (dtypes or adam_eps) and (long_dtype not in dtypes or long_eps not in adam_eps):
+        raise ValueError(f"the long run's setting (long_dtype={long_dtype!r}, long_eps={long_eps!r}) must be "
+                         f"in the grid (dtypes={list(dtypes)}, adam_eps={list(adam_eps)}): the grid predicts it")
+
+
+# ----------------------------------------------------------------------------- data
+
+
+def corpus_files() -> list[Path]:
+    """The files of the corpus: sympy/core/*.py of the installed sympy, sorted by name."""
+    import sympy
+
+    folder = Path(sympy.__file__).parent / CORPUS_SUBDIR
+    files = sorted(folder.glob("*.py"), key=lambda p: p.name)
+    if not files:
+        raise FileNotFoundError(f"no *.py files in {folder}: is sympy installed from requirements.lock?")
+    return files
+
+
+def corpus() -> dict[str, object]:
+    """The training text as bytes, with its sha256, file count and the sympy version."""
+    import sympy
+
+    data = b"".join(p.read_bytes() for p in corpus_files())
+    return {"bytes": data, "sha256": hashlib.sha256(data).hexdigest(), "n_files": len(corpus_files()),
+            "n_bytes": len(data), "package": f"{CORPUS_PACKAGE}=={sympy.__version__}",
+            "folder": f"{CORPUS_PACKAGE}/{CORPUS_SUBDIR}"}
+
+
+def split_tokens(data: bytes, held_out_fraction: float = HELD_OUT_FRACTION) -> dict[str, torch.Tensor]:
+    """Bytes as int64 token ids; the last `held_out_fraction` is held out for the probes."""
+    if not 0 < held_out_fraction < 1:
+        raise ValueError(f"held_out_fraction must be in (0, 1), got {held_out_fraction!r}")
+    tokens = torch.frombuffer(bytearray(data), dtype=torch.uint8).long()
+    cut = int(len(tokens) * (1 - held_out_fraction))
+    return {"train": tokens[:cut], "held_out": tokens[cut:]}
+
+
+def batch_starts(n_tokens: int, context: int, batch_size: int, steps: int, seed: int) -> torch.Tensor:
+    """Random window starts, shape (steps, batch_size), from `seed` alone."""
+    if n_tokens <= context + 1:
+        raise ValueError(f"the text ({n_tokens} bytes) is shorter than one window of context {context}")
+    gen = torch.Generator().manual_seed(30_000 + seed)
+    return torch.randint(0, n_tokens - context - 1, (steps, batch_size), generator=gen)
+
+
+def windows(tokens: torch.Tensor, starts: torch.Tensor, context: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inputs and next-byte targets for the windows starting at `starts`."""
+    idx = starts[:, None] + torch.arange(context + 1)
+    chunk = tokens[idx]
+    return chunk[:, :-1], chunk[:, 1:]
+
+
+# ----------------------------------------------------------------------------- model
+
+
+class ByteLM(nn.Module):
+    """Byte embedding, learned positions, pre-norm causal encoder layers, final norm, linear head."""
+
+    def __init__(self, *, num_layers: int, embed_dim: int, num_heads: int, context: int):
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, embed_dim)
+        self.pos = nn.Parameter(0.02 * torch.randn(context, embed_dim))
+        self.layers = nn.ModuleList(
+            nn.TransformerEncoderLayer(embed_dim, num_heads, dim_feedforward=4 * embed_dim, dropout=0.0,
+                                       activation="gelu", batch_first=True, norm_first=True)
+            for _ in range(num_layers)
+        )
+        self.norm = nn.LayerNorm(embed_dim)
+        self.head = nn.Linear(embed_dim, VOCAB)
+        self.register_buffer("mask", nn.Transformer.generate_square_subsequent_mask(context), persistent=False)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        n = tokens.shape[1]
+        x = self.embed(tokens) + self.pos[:n]
+        mask = self.mask[:n, :n]
+        for layer in self.layers:
+            x = layer(x, src_mask=mask, is_causal=True)
+        return self.head(self.norm(x))
+
+
+def build_model(seed: int, *, num_layers: int, embed_dim: int, num_heads: int, context: int) -> ByteLM:
+    """The byte LM with b_k a separate trained parameter in every layer (PyTorch's default init, zero)."""
+    check_config(num_layers=num_layers, embed_dim=embed_dim, num_heads=num_heads, context=context, batch_size=1)
+    torch.manual_seed(seed)
+    model = ByteLM(num_layers=num_layers, embed_dim=embed_dim, num_heads=num_heads, context=context)
+    for mha in training.attention_modules(model):
+        training_model.split_in_proj_bias(mha, keep_key_bias=True)
+    model.train()
+    return model
+
+
+def make_adamw(model: nn.Module, *, lr: float, eps: float, weight_decay: float) -> torch.optim.Optimizer:
+    """AdamW with decay on matrices only (GPT-2 / BERT practice: no decay on biases and norms), so
+    nothing pulls b_k back and its walk is free."""
+    return training.make_optimizer(model, "adamw", lr=lr, eps=eps, weight_decay=weight_decay)
+
+
+# ----------------------------------------------------------------------------- probes
+
+
+@torch.no_grad()
+def probe_layers(model: ByteLM, tokens: torch.Tensor, dtype: str) -> pd.DataFrame:
+    """Per layer, on held-out windows: the typical key norm (RMS over tokens of ||x W_k^T||, the key
+    without its bias, all heads), ||b_k||, and the attention-output change that b_k causes against
+    notebook 03's first-order rounding law (`numerics.predicted_change`).
+
+    The change is y(k + b_k) - y(k) of the attention core (no mask, as in notebook 03), computed in
+    the run's dtype from the layer's own q, k, v rounded to that dtype; the prediction is evaluated
+    in float64 on the same q, k, v. Both are RMS per entry."""
+    captured: dict[int, torch.Tensor] = {}
+    mhas = training.attention_modules(model)
+    hooks = [m.register_forward_hook(lambda mod, args, out, i=i: captured.__setitem__(i, args[0].detach()))
+             for i, m in enumerate(mhas)]
+    try:
+        with training._autocast(dtype):
+            model(tokens)
+    finally:
+        for h in hooks:
+            h.remove()
+    tdt = numerics.TORCH_DTYPES[dtype]
+    rows = []
+    for i, mha in enumerate(mhas):
+        e, h, d = mha.embed_dim, mha.num_heads, mha.head_dim
+        x = captured[i].double()
+        w = mha.in_proj_weight.detach().double()
+        b_q, b_k, b_v = (getattr(mha, p).detach().double() for p in ("b_q", "b_k", "b_v"))
+        q = x @ w[:e].T + b_q
+        k = x @ w[e:2 * e].T
+        v = x @ w[2 * e:].T + b_v
+        q64, k64, v64 = (t.reshape(t.shape[0], t.shape[1], h, d).transpose(1, 2) for t in (q, k, v))
+        b64 = b_k.reshape(1, h, 1, d)
+        q_d, k_d, v_d, b_d = (t.to(tdt) for t in (q64, k64, v64, b64))
+        y_kept = numerics.attention(q_d, k_d + b_d, v_d, "explicit").double()
+        y_zero = numerics.attention(q_d, k_d, v_d, "explicit").double()
+        pred = numerics.predicted_change(q64, k64, v64, b64.expand_as(k64), dtype)
+        rows.append({
+            "layer": i, "key_norm": float(k.norm(dim=-1).pow(2).mean().sqrt()),
+            "norm_b_k": float(b_k.norm()),
+            "output_change_rms": float((y_kept - y_zero).pow(2).mean().sqrt()),
+            "predicted_change_rms": pred["pred_rms"], "predicted_bias_rms": pred["pred_bias_rms"],
+        })
+    return pd.DataFrame(rows)
+
+
+# ----------------------------------------------------------------------------- training
+
+
+class _NoiseLaw:
+    """Running sum of (sigma_t / (s_t + eps))^2 per layer: the noise law of notebook 04
+    (`training.random_walk_drift`) accumulated step by step, so the drift it implies can be read at
+    any step without keeping every sigma_t."""
+
+    def __init__(self, n_layers: int, eps: float, beta2: float = training_model.ADAM_BETAS[1]):
+        self.eps, self.beta2 = eps, beta2
+        self.v = np.zeros(n_layers)
+        self.total = np.zeros(n_layers)
+        self.t = 0
+
+    def update(self, sigma: np.ndarray) -> None:
+        self.t += 1
+        self.v = self.beta2 * self.v + (1 - self.beta2) * sigma**2
+        s = np.sqrt(self.v / (1 - self.beta2**self.t))
+        self.total += (sigma / (s + self.eps)) ** 2
+
+
+@training._with_single_thread
+def train_run(seed: int, *, dtype: str, eps: float, steps: int, num_layers: int, embed_dim: int, num_heads: int,
+              context: int, batch_size: int, lr: float, weight_decay: float, log_every: int, probe_every: int,
+              probe_batch: int, tokens: dict[str, torch.Tensor], role: str = "grid",
+              ) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, float]]:
+    """Train the byte LM with AdamW for `steps` steps; return (trajectory, probes, timing).
+
+    trajectory: every `log_every` steps and per layer: ||b_k||, drift ||b_k(t) - b_k(0)||, the RMS of
+    the b_k gradient over the steps since the last row, the running noise sum of notebook 04's law
+    (`noise_sum`, so lr * sqrt(n * noise_sum) is the drift that law implies from this run's own
+    noise), and the mean training loss since the last row.
+    probes: every `probe_every` steps (and at 0 and the end), `probe_layers` on held-out windows.
+    timing: wall seconds of the training steps alone (machine-specific)."""
+    check_config(num_layers=num_layers, embed_dim=embed_dim, num_heads=num_heads, context=context,
+                 batch_size=batch_size, dtypes=[dtype], adam_eps=[eps], long_dtype=dtype, long_eps=eps,
+                 grid_steps=steps, log_every=log_every, probe_every=probe_every)
+    model = build_model(seed, num_layers=num_layers, embed_dim=embed_dim, num_heads=num_heads, context=context)
+    opt = make_adamw(model, lr=lr, eps=eps, weight_decay=weight_decay)
+    mhas = training.attention_modules(model)
+    starts = batch_starts(len(tokens["train"]), context, batch_size, steps, seed)
+    probe_starts = batch_starts(len(tokens["held_out"]), context, probe_batch, 1, 99_999)[0]
+    probe_x, _ = windows(tokens["held_out"], probe_starts, context)
+    b_k0 = [m.b_k.detach().clone() for m in mhas]
+    law = _NoiseLaw(len(mhas), eps)
+    rows, probes = [], []
+    grad_sq = np.zeros(len(mhas))
+    loss_sum, since = 0.0, 0
+
+    def probe(step):
+        frame = probe_layers(model, probe_x, dtype)
+        frame.insert(0, "step", step)
+        probes.append(frame)
+
+    probe(0)
+    train_seconds = 0.0
+    for t in range(1, steps + 1):
+        x, y = windows(tokens["train"], starts[t - 1], context)
+        begin = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        with training._autocast(dtype):
+            logits = model(x)
+        loss = F.cross_entropy(logits.float().reshape(-1, VOCAB), y.reshape(-1))
+        loss.backward()
+        sigma = np.array([float(m.b_k.grad.double().pow(2).mean().sqrt()) for m in mhas])
+        opt.step()
+        train_seconds += time.perf_counter() - begin
+        law.update(sigma)
+        grad_sq += sigma**2
+        loss_sum += loss.item()
+        since += 1
+        if t % log_every == 0 or t == steps:
+            for i, m in enumerate(mhas):
+                b_k = m.b_k.detach()
+                rows.append({"step": t, "layer": i, "norm_b_k": float(b_k.norm()),
+                             "drift_b_k": float((b_k - b_k0[i]).norm()),
+                             "grad_rms_b_k": math.sqrt(grad_sq[i] / since), "noise_sum": float(law.total[i]),
+                             "loss": loss_sum / since})
+            grad_sq[:] = 0.0
+            loss_sum, since = 0.0, 0
+        if t % probe_every == 0 or t == steps:
+            probe(t)
+    traj = pd.DataFrame(rows)
+    probe_frame = pd.concat(probes, ignore_index=True)
+    for frame in (traj, probe_frame):
+        for key, value in (("seed", seed), ("eps", eps), ("dtype", dtype), ("role", role)):
+            frame.insert(0, key, value)
+    traj["lr"] = lr
+    traj["n_bias"] = embed_dim
+    timing = {"role": role, "dtype": dtype, "eps": eps, "seed": seed, "steps": steps,
+              "train_seconds": train_seconds, "seconds_per_step": train_seconds / steps,
+              "threads": torch.get_num_threads()}
+    return traj, probe_frame, timing
+
+
+def run_grid(*, grid_seeds, dtypes, adam_eps, grid_steps, **cfg) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """`train_run` for every dtype x eps x seed of the grid, each `grid_steps` long.
+    Returns (trajectories, probes, timings)."""
+    check_config(dtypes=dtypes, adam_eps=adam_eps, grid_steps=grid_steps, **cfg)
+    tokens = split_tokens(corpus()["bytes"])
+    trajs, probes, times = [], [], []
+    for dtype in dtypes:
+        for eps in adam_eps:
+            for seed in grid_seeds:
+                tr, pr, tm = train_run(seed, dtype=dtype, eps=float(eps), steps=grid_steps, tokens=tokens,
+                                       role="grid", **_run_args(cfg))
+                trajs.append(tr)
+                probes.append(pr)
+                times.append(tm)
+    return pd.concat(trajs, ignore_index=True), pd.concat(probes, ignore_index=True), pd.DataFrame(times)
+
+
+def run_long(*, long_seed, long_dtype, long_eps, long_steps, **cfg) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """The long run: one `train_run` of `long_steps` steps with a seed held out from the grid."""
+    tokens = split_tokens(corpus()["bytes"])
+    tr, pr, tm = train_run(long_seed, dtype=long_dtype, eps=float(long_eps), steps=long_steps, tokens=tokens,
+                           role="long", **_run_args(cfg))
+    return tr, pr, pd.DataFrame([tm])
+
+
+def start_long(**kwargs) -> concurrent.futures.Future:
+    """Start `run_long(**kwargs)` in a second process and return its future.
+
+    Every run trains on one thread, so the long run can use the second core while the grid trains
+    on the first; the notebook writes the grid's prediction before it reads the future's result,
+    so nothing of the long run enters the prediction. A spawned process starts from a clean
+    interpreter with the kernel's environment, so the run's bits are those of `run_long` in-process.
+    """
+    pool = concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
+    future = pool.submit(run_long, **kwargs)
+    pool.shutdown(wait=False)  # the submitted run goes on; the pool's worker exits after it
+    return future
+
+
+def _run_args(cfg: dict) -> dict:
+    keys = ("num_layers", "embed_dim", "num_heads", "context", "batch_size", "lr", "weight_decay", "log_every",
+            "probe_every", "probe_batch")
+    return {k: cfg[k] for k in keys}

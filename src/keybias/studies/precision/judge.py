@@ -1,0 +1,429 @@
+"""Notebook 03, judged: the law fit, the accuracy crossing, and the claims and macros.
+
+Pure functions: measurements from `keybias.studies.precision.measure` (DataFrames) in, fits, claims (keyword
+dicts for `Recorder.claim`) and macros out, so that a test can hand them doctored data or the
+measurements of a mutated model. Every bound is fixed before the data (theory, the verdict
+rule, a held-out calibration) and every reduction is over an explicit, checked selection
+(`keybias.studies.reduce.finite_max`): an empty selection or a NaN fails the claim.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+from keybias import verdict
+from keybias.studies.precision.measure import RHO
+from keybias.studies.reduce import finite_max, finite_min
+
+# Law fit (method constants, printed in the paper as macros): fit where the change is at
+# least DOMINANCE times the measured floor (subtracting the floor is well conditioned) and
+# the RMS predicted score-error std is at most VALIDITY (first-order model valid); the floor
+# is the median change over magnitudes |b_k|/|k| <= FLOOR_RATIO.
+DOMINANCE = 3.0
+VALIDITY = 0.1
+FLOOR_RATIO = 0.1
+# Error growth that defines the accuracy crossing ("the error doubles").
+CROSSING_FACTOR = 2.0
+# Margin of the slope-1 law, fixed before the data: over the fitted range the first-order
+# model drops terms of relative size up to VALIDITY, so a slope within VALIDITY of 1 agrees
+# with the model. A true deviation beyond SLOPE_MARGIN + z SE fails the claim with
+# probability at least 1 - p/2: that is the smallest deviation the claim detects.
+SLOPE_MARGIN = VALIDITY
+# dtype -> the spelled-out suffix of per-dtype macro names.
+DTYPE_MACRO = {"float64": "FloatSixtyFour", "float32": "FloatThirtyTwo",
+               "bfloat16": "BfloatSixteen", "float16": "FloatSixteen"}
+
+def add_floor(df: pd.DataFrame, floor_ratio: float = FLOOR_RATIO) -> pd.DataFrame:
+    """Add the measured floor of each (dtype, path): the median delta_rms over magnitudes
+    <= floor_ratio (the smallest one if none), and delta_bias_rms = sqrt(delta^2 - floor^2),
+    the part of the change that the key bias adds (NaN where delta <= floor)."""
+    out = df.copy()
+    out["floor_rms"] = math.nan
+    ok = out["status"].eq("ok")
+    for _, g in out[ok].groupby(["dtype", "path"], sort=False):
+        low = g[g["ratio"] <= floor_ratio]
+        low = low if len(low) else g.nsmallest(1, "ratio")
+        out.loc[g.index, "floor_rms"] = float(low["delta_rms"].median())
+    excess = out["delta_rms"] ** 2 - out["floor_rms"] ** 2
+    out["delta_bias_rms"] = np.sqrt(excess.where(excess > 0))
+    return out
+
+
+def fit_mask(df: pd.DataFrame, *, dominance: float = DOMINANCE, validity: float = VALIDITY) -> pd.Series:
+    """Rows where the law is fitted: the change exceeds `dominance` times the measured floor
+    (so subtracting the floor is well conditioned) and the first-order model is valid
+    (RMS predicted score-error std at most `validity`)."""
+    if "floor_rms" not in df:
+        raise ValueError("call add_floor(df) first")
+    ok = df["status"].eq("ok") & df["delta_bias_rms"].gt(0)
+    return ok & (df["delta_rms"] >= dominance * df["floor_rms"]) & (df["score_std_rms"] <= validity)
+
+
+def _linear_fit(x: np.ndarray, y: np.ndarray, groups: np.ndarray | None = None) -> dict[str, float]:
+    """Least squares y = alpha x + intercept(group); alpha, its standard error and the
+    residual std. One intercept per distinct group label (a common slope)."""
+    labels = np.zeros(len(x), dtype=int) if groups is None else pd.factorize(groups)[0]
+    k = labels.max() + 1
+    design = np.column_stack([x] + [(labels == i).astype(float) for i in range(k)])
+    n = len(x)
+    if n < k + 2 or np.ptp(x) == 0:
+        return {"slope": math.nan, "slope_se": math.nan, "resid_log10": math.nan,
+                "intercepts": [math.nan] * k, "points": n}
+    coef, *_ = np.linalg.lstsq(design, y, rcond=None)
+    resid = y - design @ coef
+    s2 = float(resid @ resid) / (n - k - 1)
+    cov = s2 * np.linalg.inv(design.T @ design)
+    return {"slope": float(coef[0]), "slope_se": float(math.sqrt(cov[0, 0])),
+            "resid_log10": float(math.sqrt(s2)), "intercepts": coef[1:].tolist(), "points": n}
+
+
+def fit_law(df: pd.DataFrame, *, mask: pd.Series | None = None) -> pd.DataFrame:
+    """The law delta_bias = A (|b_k|/|k|)^alpha, fitted by least squares in log10 per dtype
+    and path on the rows of `fit_mask` (df from `add_floor`). Also the model constant
+    C = geometric mean of delta_rms / pred_rms on those rows and its scatter (log10)."""
+    mask = fit_mask(df) if mask is None else mask
+    rows = []
+    for (dtype, path), g in df[mask].groupby(["dtype", "path"], sort=False):
+        x = np.log10(g["ratio"].to_numpy())
+        y = np.log10(g["delta_bias_rms"].to_numpy())
+        fit = _linear_fit(x, y)
+        c = np.log10(g["delta_rms"].to_numpy() / g["pred_rms"].to_numpy())
+        rows.append({
+            "dtype": dtype, "path": path, "points": fit["points"],
+            "slope": fit["slope"], "slope_se": fit["slope_se"],
+            "const": 10 ** fit["intercepts"][0], "const_over_u": 10 ** fit["intercepts"][0] / verdict.unit_roundoff(dtype),
+            "resid_log10": fit["resid_log10"],
+            "model_constant": float(10 ** c.mean()),
+            "model_scatter_log10": float(c.std(ddof=1)) if len(c) > 1 else math.nan,
+            "ratio_min": float(g["ratio"].min()), "ratio_max": float(g["ratio"].max()),
+        })
+    return pd.DataFrame(rows)
+
+
+def pooled_slope(df: pd.DataFrame, *, mask: pd.Series | None = None) -> pd.DataFrame:
+    """Per dtype, one common slope over all paths (an intercept per path), with its SE,
+    `slope_dev` = |slope - 1| (judged against the fixed SLOPE_MARGIN) and `detectable_dev`
+    = SLOPE_MARGIN + z SE, the smallest true deviation the judgement detects with
+    probability 1 - p/2. `second_order` is the largest RMS score-error std in the fitted
+    range, the relative size of the terms the model drops."""
+    mask = fit_mask(df) if mask is None else mask
+    rows = []
+    for dtype, g in df[mask].groupby("dtype", sort=False):
+        fit = _linear_fit(np.log10(g["ratio"].to_numpy()), np.log10(g["delta_bias_rms"].to_numpy()),
+                          g["path"].to_numpy())
+        # the first-order model drops terms of relative size ~ sigma (score-error std); over the
+        # fitted range they can tilt the slope by up to the largest sigma present there
+        second_order = float(g["score_std_rms"].max())
+        rows.append({"dtype": dtype, "points": fit["points"], "slope": fit["slope"],
+                     "slope_se": fit["slope_se"], "resid_log10": fit["resid_log10"],
+                     "second_order": second_order,
+                     "slope_dev": abs(fit["slope"] - 1),
+                     "detectable_dev": SLOPE_MARGIN + normal_quantile() * fit["slope_se"]})
+    return pd.DataFrame(rows)
+
+
+def accuracy_crossing(df: pd.DataFrame, law: pd.DataFrame, factor: float = CROSSING_FACTOR) -> pd.DataFrame:
+    """Per dtype and path, the smallest |b_k|/|k| where the error against the float64
+    reference exceeds `factor` times the error with b_k = 0 (log-interpolated on the grid),
+    and the crossing that the calibrated model predicts: the run with b_k has error
+    sqrt(e0^2 + (C * pred_bias(r))^2), with pred_bias the model's b_k-dependent part
+    (forming k + b_k and storing the scores, which at small r is not yet linear in r) and C
+    the fitted model constant of that dtype and path."""
+    law = law.set_index(["dtype", "path"])
+    rows = []
+    for (dtype, path), g in df[df["status"].eq("ok")].groupby(["dtype", "path"], sort=False):
+        g = g.sort_values("ratio")
+        err0 = float(g["err0_rms"].iloc[0])
+        r = g["ratio"].to_numpy()
+        rec = {"dtype": dtype, "path": path, "err0_rms": err0, "factor": factor}
+        rec["crossing"] = _crossing(r, g["err_rms"].to_numpy(), factor * err0) if err0 > 0 else math.nan
+        pred = math.nan
+        if (dtype, path) in law.index and err0 > 0:
+            c = float(law.loc[(dtype, path), "model_constant"])
+            grow = c * g["pred_bias_rms"].to_numpy() / g["ref_rms"].to_numpy()
+            fine = np.geomspace(r[0], r[-1], 50 * len(r))
+            curve = np.sqrt(err0**2 + np.interp(np.log(fine), np.log(r), grow) ** 2)
+            pred = _crossing(fine, curve, factor * err0)
+        rec["crossing_pred"] = pred
+        rows.append(rec)
+    return pd.DataFrame(rows)
+
+
+def _crossing(x: np.ndarray, y: np.ndarray, level: float) -> float:
+    above = np.nonzero(y >= level)[0]
+    if above.size == 0 or not math.isfinite(level):
+        return math.nan
+    i = int(above[0])
+    if i == 0:
+        return float(x[0])
+    lx0, lx1 = math.log10(x[i - 1]), math.log10(x[i])
+    ly0, ly1, ll = (math.log10(max(t, 1e-300)) for t in (y[i - 1], y[i], level))
+    t = (ll - ly0) / (ly1 - ly0) if ly1 != ly0 else 1.0
+    return float(10 ** (lx0 + t * (lx1 - lx0)))
+
+
+# ----------------------------------------------------------------------------- claims
+def normal_quantile(failure_probability: float = verdict.FAILURE_PROBABILITY) -> float:
+    """z with P(|N(0, 1)| > z) = p: the number of standard errors a fit may miss by chance."""
+    from scipy.stats import norm
+
+    return float(norm.isf(failure_probability / 2))
+
+
+def crossing_check(crossing: pd.DataFrame, law: pd.DataFrame, grid_step_log10: float) -> pd.DataFrame:
+    """Compare measured and predicted accuracy crossings (float64 is the reference and has
+    none). The allowance is half a grid step (the measured crossing is interpolated on the
+    grid) plus z times the scatter of the model constant in that fit (z = `normal_quantile`).
+    A row where only one of the two crosses within the grid gets deviation inf."""
+    z = normal_quantile()
+    m = crossing.merge(law[["dtype", "path", "model_scatter_log10"]], on=["dtype", "path"], how="left")
+    measured, predicted = np.isfinite(m["crossing"]), np.isfinite(m["crossing_pred"])
+    # neither crosses (no error to double): nothing to compare; only one crosses: a miss (inf)
+    m = m[measured | predicted].copy()
+    both = np.isfinite(m["crossing"]) & np.isfinite(m["crossing_pred"])
+    m["deviation_log10"] = np.where(both, np.abs(np.log10(m["crossing"] / m["crossing_pred"])), np.inf)
+    m["allowance_log10"] = grid_step_log10 / 2 + z * m["model_scatter_log10"].fillna(0.0)
+    return m
+
+
+def failure_probability_tex(p: float = verdict.FAILURE_PROBABILITY) -> str:
+    """p as LaTeX math: `10^{-6}` for a power of ten, else a x 10^{b}."""
+    from keybias.build.recorder import format_number
+
+    e = math.log10(p)
+    return f"10^{{{round(e)}}}" if abs(e - round(e)) < 1e-12 else format_number(p)
+
+
+def unit_roundoff_span_log2(dtypes) -> float:
+    """log2(max u / min u) over the given dtypes (u from keybias.verdict.UNIT_ROUNDOFF)."""
+    us = [verdict.unit_roundoff(d) for d in dtypes]
+    if not us:
+        return math.nan
+    return math.log2(max(us) / min(us))
+
+
+def _span_tex(dtypes) -> str:
+    span = unit_roundoff_span_log2(dtypes)
+    return f"2^{round(span)}" if math.isfinite(span) else "an undefined range"
+
+
+def _ratio_max(num, den, what: str) -> float:
+    """max(num / den) over the selection; NaN if empty or not finite (the claim then fails)."""
+    return finite_max(np.asarray(num, dtype=float) / np.asarray(den, dtype=float), what)
+
+
+def powered_outputs(errors: pd.DataFrame) -> pd.DataFrame:
+    """The measured rows (dtype, path, magnitude) whose rounding tolerance is below the RMS
+    output: there a break that moves the output by its own size would exceed the tolerance.
+    At large |b_k| in half precision the worst-case tolerance exceeds the output itself, and
+    "within tolerance" says nothing; those magnitudes are judged by the rounding-model claim."""
+    ok = errors[errors["status"].eq("ok")]
+    return ok[ok["tolerance"] < ok["ref_rms"]]
+
+
+def powered_gradients(gsum: pd.DataFrame) -> pd.DataFrame:
+    """The (dtype, path) rows where the b_q gradient, the positive control, exceeds the
+    rounding tolerance in every batch: only there could the tolerance see a gradient of the
+    size a real bias has, so only there does "within tolerance" say anything."""
+    ok = gsum[gsum["status"].eq("ok")] if "status" in gsum else gsum.iloc[0:0]
+    return ok[ok["control_over_tol_min"] > 1]
+
+
+def precision_claims(law, pooled, errors, checks, gsum, grads, seq_len) -> list[dict]:
+    """The findings of notebook 03 as claims (keyword dicts for `Recorder.claim`), each with
+    its kind, the origin of its bound and, for "no effect" claims, the smallest effect it
+    would have seen. Pure: tests hand it doctored data or a mutated model's measurements.
+    Every reduction is over an explicit selection; an empty one gives NaN, which fails.
+
+    law, pooled: `fit_law` / `pooled_slope` of the main run; checks: `crossing_check` of the
+    main run's crossings against the model calibrated on the held-out seed; gsum, grads:
+    `gradient_summary` and the per-batch rows of `gradient_sweep`.
+    """
+    ok_err = errors[errors["status"].eq("ok")]
+    judged = powered_outputs(errors)
+    ok_g = gsum[gsum["status"].eq("ok")] if "status" in gsum else gsum.iloc[0:0]
+    ok_b = grads[grads["status"].eq("ok")] if "status" in grads else grads.iloc[0:0]
+    powered = powered_gradients(gsum)
+    p_tex = f"{verdict.FAILURE_PROBABILITY:g}"
+    run_dtypes = list(dict.fromkeys(ok_err["dtype"]))
+    # every dtype that ran must have a pooled slope: a dtype without a fit fails the claim
+    slope_dev = pd.Series({d: math.nan for d in run_dtypes}, dtype=float)
+    detectable = slope_dev.copy()
+    for _, row in pooled.iterrows():
+        slope_dev[row["dtype"]] = row["slope_dev"]
+        detectable[row["dtype"]] = row["detectable_dev"]
+    # every (dtype, path) that ran must have a model constant
+    ran = ok_err[["dtype", "path"]].drop_duplicates()
+    covered = ran.merge(law[["dtype", "path", "model_constant"]], on=["dtype", "path"], how="left") if len(law) else ran.assign(model_constant=math.nan)
+    lam_sqrt_n = verdict.LAMBDA * math.sqrt(seq_len)
+    claims = [
+        dict(claim_id="precision-output-change-within-tolerance", kind="test",
+             bound_origin="verdict rule's rounding bound for each magnitude's own scores and values (theory)",
+             min_detectable=_ratio_max(judged["tolerance"], judged["ref_rms"], "tolerance over output RMS"),
+             statement="For every dtype, code path and key-bias magnitude whose rounding tolerance lies below the RMS output, the largest output change that b_k causes stays within the tolerance for that magnitude; the smallest detectable change, relative to the RMS output, is given for the worst judged magnitude.",
+             value=_ratio_max(judged["delta_max"], judged["tolerance"], "output change over tolerance"),
+             bound=1.0, comparison="<="),
+        dict(claim_id="precision-law-slope-one", kind="test",
+             bound_origin="fixed margin: the first-order model's validity limit VALIDITY, set before the run",
+             min_detectable=finite_max(detectable, "detectable slope deviation per dtype"),
+             statement=f"For every dtype, the pooled log-log slope of the b_k-induced output change against |b_k|/|k| is within the fixed margin of 1 that the first-order model allows; a true slope farther from 1 than the margin plus z standard errors (z for p = {p_tex}), the smallest detectable deviation, would have failed it.",
+             value=finite_max(slope_dev, "slope deviation per dtype") / SLOPE_MARGIN, bound=1.0, comparison="<="),
+        dict(claim_id="precision-rounding-model-constant", kind="test",
+             bound_origin="probabilistic rounding constant lambda of Higham and Mary (theory)",
+             statement="Across dtypes and code paths, the first-order rounding model predicts the measured change within a factor lambda (the probabilistic rounding constant of Higham & Mary).",
+             value=finite_max(np.abs(np.log10(covered["model_constant"].to_numpy(dtype=float))), "model constants (log10)"),
+             bound=math.log10(verdict.LAMBDA), comparison="<="),
+        dict(claim_id="precision-accuracy-crossing-law", kind="test",
+             bound_origin="half a grid step plus z times the scatter of the model constant calibrated on a held-out seed",
+             statement="The magnitude |b_k|/|k| at which the error against float64 doubles agrees with the prediction of the rounding model calibrated on a held-out seed, within half a grid step plus z times the scatter of that calibration.",
+             value=_ratio_max(checks["deviation_log10"], checks["allowance_log10"], "crossing deviation over allowance")
+             if len(checks) else math.nan,
+             bound=1.0, comparison="<="),
+        dict(claim_id="precision-bk-gradient-within-tolerance", kind="test",
+             bound_origin="verdict rule's rounding bound from the measured query, value and upstream-gradient magnitudes (theory)",
+             min_detectable=_ratio_max(1.0 / powered["control_over_tol_min"].to_numpy(dtype=float),
+                                       np.ones(len(powered)), "tolerance over control"),
+             statement="In every dtype and code path where the b_q gradient (positive control) exceeds the rounding tolerance, every entry of the b_k gradient stays within it; the smallest b_k gradient it would have seen, as a fraction of the b_q gradient, is given for the worst case.",
+             value=finite_max(powered["grad_over_tol_max"], "b_k gradient over tolerance (powered rows)"),
+             bound=1.0, comparison="<="),
+        dict(claim_id="precision-bk-gradient-noise-scale", kind="test",
+             bound_origin="rounding of n-term row sums: lambda sqrt(n) u times the measured b_q gradient (theory)",
+             min_detectable=finite_max(lam_sqrt_n * ok_b["unit_roundoff"], "largest noise bound"),
+             statement="In every dtype, code path and batch, |grad b_k| / |grad b_q| stays below lambda sqrt(n) u, the size of rounding noise in row sums of n terms: the b_k gradient is no larger than rounding noise at the scale of the measured gradients.",
+             value=_ratio_max(ok_b["ratio"], lam_sqrt_n * ok_b["unit_roundoff"], "gradient ratio over noise bound"),
+             bound=1.0, comparison="<="),
+    ]
+    g_dtypes = list(dict.fromkeys(ok_g["dtype"])) if len(ok_g) else []
+    if len(g_dtypes) >= 2:
+        claims.append(dict(
+            claim_id="precision-bk-gradient-scales-with-u", kind="test",
+            bound_origin="lambda sqrt(n), the spread rounding noise allows (theory)",
+            statement=f"The ratio |grad b_k| / |grad b_q| divided by the unit roundoff varies across dtypes and paths by less than lambda sqrt(n), while u itself spans {_span_tex(g_dtypes)}.",
+            value=finite_max(ok_g["ratio_over_u"], "ratio over u") / finite_min(ok_g["ratio_over_u"], "ratio over u"),
+            bound=lam_sqrt_n, comparison="<="))
+    # a consistent component of relative size a (to the noise) gives mean cosine a^2 / (1 + a^2)
+    cos_bound = ok_g["cos_bound"].to_numpy(dtype=float) if len(ok_g) else np.array([])
+    claims += [
+        dict(claim_id="precision-bk-gradient-no-direction", kind="test",
+             bound_origin=f"isotropic-noise bound on the mean pairwise cosine at p = {p_tex} (theory)",
+             min_detectable=finite_max(np.sqrt(cos_bound / np.clip(1 - cos_bound, 1e-12, None)), "detectable consistent component"),
+             statement=f"The b_k gradients of independent batches point in unrelated directions: their mean pairwise cosine stays within what isotropic noise reaches (p = {p_tex}); a consistent component of the size given, relative to the noise, would have exceeded it.",
+             value=finite_max(ok_g["bk_mean_cos"].abs().to_numpy(dtype=float) / cos_bound, "b_k cosine over bound"),
+             bound=1.0, comparison="<="),
+        dict(claim_id="precision-bq-gradient-consistent", kind="test",
+             bound_origin=f"isotropic-noise bound on the mean pairwise cosine at p = {p_tex} (theory)",
+             statement=f"Positive control: the b_q gradients of the same batches share a direction, their mean pairwise cosine exceeding what isotropic noise reaches (p = {p_tex}).",
+             value=finite_min(ok_g["bq_mean_cos"].to_numpy(dtype=float) / cos_bound, "b_q cosine over bound"),
+             bound=1.0, comparison=">"),
+    ]
+    return claims
+
+
+# ----------------------------------------------------------------------------- macros
+def run_macros(*, head_dim, num_heads, seq_len, batch, grad_batches, ratio_points,
+               ratio_log10_min, ratio_log10_max) -> dict[str, tuple]:
+    """Macros for the parameters and method constants of the run: name -> (value, digits)."""
+    return {
+        "PrecHeadDim": (int(head_dim), 3), "PrecNumHeads": (int(num_heads), 3),
+        "PrecSeqLen": (int(seq_len), 3), "PrecBatch": (int(batch), 3),
+        "PrecGradBatches": (int(grad_batches), 3), "PrecRatioPoints": (int(ratio_points), 3),
+        "PrecRatioMin": (10.0**ratio_log10_min, 3), "PrecRatioMax": (10.0**ratio_log10_max, 3),
+        "PrecLambda": (verdict.LAMBDA, 2), "PrecZ": (normal_quantile(), 2), "PrecRho": (RHO, 2),
+        "PrecDominance": (int(DOMINANCE) if float(DOMINANCE).is_integer() else DOMINANCE, 2),
+        "PrecValidity": (VALIDITY, 2),
+        "PrecFailureProbability": (failure_probability_tex(), 3),
+        "PrecInvSqrtTwo": (1 / math.sqrt(2), 2),
+        "PrecSqrtBatchesInv": (1 / math.sqrt(grad_batches), 2),
+    }
+
+
+def law_macros(errors: pd.DataFrame, law: pd.DataFrame, pooled: pd.DataFrame) -> dict[str, tuple]:
+    """Macros of the law fit: pooled slope per dtype (with SE, detectable deviation, fit points and the
+    second-order size), model constants by kernel family (wide dtypes; SDPA in half
+    precision; other paths in half precision), extremes. name -> (value, digits)."""
+    out: dict[str, tuple] = {}
+    for _, p in pooled.iterrows():
+        if p["dtype"] not in DTYPE_MACRO or not np.isfinite(p["slope"]):
+            continue
+        name = DTYPE_MACRO[p["dtype"]]
+        out["PrecSlope" + name] = (float(p["slope"]), 4)
+        out["PrecFitPoints" + name] = (int(p["points"]), 3)
+        out["PrecSlopeSe" + name] = (float(p["slope_se"]), 2)
+        out["PrecSlopeDetectable" + name] = (float(p["detectable_dev"]), 2)
+        out["PrecSecondOrder" + name] = (float(p["second_order"]), 2)
+    if len(law):
+        half = law["dtype"].isin(["bfloat16", "float16"])
+        sdpa = law["path"].str.startswith("sdpa")
+        for name, sel in [("Wide", ~half), ("SdpaHalf", half & sdpa), ("OtherHalf", half & ~sdpa)]:
+            if sel.any():
+                out["PrecModelConst" + name] = (float(law.loc[sel, "model_constant"].mean()), 2)
+        out["PrecModelConstMin"] = (float(law["model_constant"].min()), 2)
+        out["PrecModelConstMax"] = (float(law["model_constant"].max()), 2)
+        out["PrecLawResidMax"] = (float(law["resid_log10"].max()), 2)
+    ok = errors[errors["status"].eq("ok")]
+    judged = powered_outputs(errors)
+    out["PrecOutputTolMax"] = (_ratio_max(judged["delta_max"], judged["tolerance"], "output change over tolerance"), 2)
+    out["PrecOutputMinDetectable"] = (_ratio_max(judged["tolerance"], judged["ref_rms"], "tolerance over output RMS"), 2)
+    out["PrecOutputJudgedCount"] = (len(judged), 3)
+    out["PrecOutputRowCount"] = (len(ok), 3)
+    out["PrecOutputJudgedDtypes"] = (", ".join(dict.fromkeys(judged["dtype"])) or "none", 3)
+    out["PrecSlopeMargin"] = (SLOPE_MARGIN, 2)
+    return out
+
+
+def crossing_macros(errors: pd.DataFrame, crossing: pd.DataFrame, checks: pd.DataFrame) -> dict[str, tuple]:
+    """Macros of the accuracy crossing: range per dtype and overall, the largest deviation
+    from the prediction, the largest relative error per half dtype. name -> (value, digits)."""
+    out: dict[str, tuple] = {}
+    for dtype, c in crossing.groupby("dtype", sort=False):
+        c = c["crossing"].dropna()
+        if len(c) and dtype in DTYPE_MACRO:
+            out["PrecCrossMin" + DTYPE_MACRO[dtype]] = (float(c.min()), 2)
+            out["PrecCrossMax" + DTYPE_MACRO[dtype]] = (float(c.max()), 2)
+    ok = errors[errors["status"].eq("ok")]
+    for dtype in ("bfloat16", "float16"):
+        e = ok[ok["dtype"] == dtype]
+        if len(e):
+            out["PrecErrMax" + DTYPE_MACRO[dtype]] = (float(e["err_rms"].max()), 2)
+    fin = crossing["crossing"].dropna() if len(crossing) else pd.Series(dtype=float)
+    out["PrecCrossMin"] = (finite_min(fin, "crossings"), 2)
+    out["PrecCrossMax"] = (finite_max(fin, "crossings"), 2)
+    out["PrecCrossDevMax"] = (finite_max(checks["deviation_log10"], "crossing deviations"), 2)
+    return out
+
+
+def gradient_macros(gsum: pd.DataFrame, grads: pd.DataFrame, seq_len: int) -> dict[str, tuple]:
+    """Macros of the gradient summary (ok rows only), including log2 of the span of u over
+    the dtypes whose gradients were measured, the powered cases of the tolerance claim and
+    what the gradient claims could have detected. name -> (value, digits)."""
+    okg = gsum[gsum["status"].eq("ok")]
+    okb = grads[grads["status"].eq("ok")]
+    span = unit_roundoff_span_log2(list(dict.fromkeys(okg["dtype"])))
+    powered = powered_gradients(gsum)
+    lam_sqrt_n = verdict.LAMBDA * math.sqrt(seq_len)
+    cos_bound = okg["cos_bound"].to_numpy(dtype=float)
+    return {
+        "PrecGradPoweredCount": (len(powered), 3),
+        "PrecGradPoweredDtypes": (", ".join(dict.fromkeys(powered["dtype"])) or "none", 3),
+        "PrecGradMinDetectable": (finite_max(1.0 / powered["control_over_tol_min"].to_numpy(dtype=float),
+                                             "tolerance over control"), 2),
+        "PrecGradNoiseBoundFactor": (lam_sqrt_n, 2),
+        "PrecGradNoiseScaleMax": (_ratio_max(okb["ratio"], lam_sqrt_n * okb["unit_roundoff"], "ratio over bound"), 2),
+        "PrecBkCosMinDetectable": (finite_max(np.sqrt(cos_bound / np.clip(1 - cos_bound, 1e-12, None)),
+                                              "detectable consistent component"), 2),
+        "PrecUnitRoundoffSpanLog": (int(round(span)) if math.isfinite(span) else span, 3),
+        "PrecRatioOverUMin": (finite_min(okg["ratio_over_u"], "gradient summary"), 2),
+        "PrecRatioOverUMax": (finite_max(okg["ratio_over_u"], "gradient summary"), 2),
+        "PrecBkCosMax": (finite_max(okg["bk_mean_cos"].abs(), "gradient summary"), 2),
+        "PrecBqCosMin": (finite_min(okg["bq_mean_cos"], "gradient summary"), 2),
+        "PrecCosBoundMin": (finite_min(okg["cos_bound"], "gradient summary"), 2),
+        "PrecBkConsistencyMax": (finite_max(okg["bk_consistency"], "gradient summary"), 2),
+        "PrecBqConsistencyMin": (finite_min(okg["bq_consistency"], "gradient summary"), 2),
+        "PrecGradTolMax": (finite_max(powered["grad_over_tol_max"], "b_k gradient over tolerance (powered rows)"), 2),
+        "PrecGradRedundantCount": (int(okg["verdict"].eq(verdict.REDUNDANT).sum()), 3),
+        "PrecGradInvalidCount": (int(okg["verdict"].eq(verdict.INVALID).sum()), 3),
+        "PrecGradCaseCount": (len(okg), 3),
+    }

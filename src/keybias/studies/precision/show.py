@@ -1,0 +1,158 @@
+"""Notebook 03, shown: its figures (keybias.studies.style, full width) and LaTeX tables."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+from keybias.studies.precision.judge import CROSSING_FACTOR
+from keybias.studies.precision.measure import PATHS
+
+
+def _path_colors() -> dict[str, str]:
+    """One Okabe-Ito colour per code path, the same in every panel and figure."""
+    from keybias.studies.style import OKABE_ITO
+
+    return {path: OKABE_ITO[i] for i, path in enumerate(PATHS)}
+
+
+def plot_error_vs_bias(errors: pd.DataFrame, law: pd.DataFrame, dtypes):
+    """One panel per dtype: RMS change y(b_k) - y(0) per path (markers), the fitted law over
+    its fitted range (dashed), the rounding model (thin black) and each path's verdict
+    tolerance for the largest entry at each magnitude (dotted). Returns the figure, made at
+    the paper's full width with the keybias style (call `keybias.studies.style.apply()` first)."""
+    import matplotlib.pyplot as plt
+
+    from keybias.studies import style
+
+    colors = _path_colors()
+    ok = errors[errors["status"].eq("ok")]
+    rows = math.ceil(len(dtypes) / 2)
+    fig, axes = plt.subplots(rows, 2, figsize=(style.FULL_WIDTH, 2.3 * rows), sharex=True, squeeze=False)
+    for ax, dtype in zip(axes.flat, dtypes, strict=False):
+        model_drawn = set()
+        for path, g in ok[ok["dtype"].eq(dtype)].groupby("path", sort=False):
+            color = colors[path]
+            ax.loglog(g["ratio"], g["delta_rms"], "o", ms=3, color=color, label=path)
+            ax.loglog(g["ratio"], g["tolerance"], ":", color=color, lw=0.8)
+            f = law[(law["dtype"] == dtype) & (law["path"] == path)] if len(law) else law
+            if len(f) and np.isfinite(f["slope"].iloc[0]):
+                r = np.geomspace(f["ratio_min"].iloc[0], f["ratio_max"].iloc[0], 20)
+                ax.loglog(r, f["const"].iloc[0] * r ** f["slope"].iloc[0], "--", color=color, lw=1)
+            family = "mha" if path == "mha" else "core"  # the model differs only between these
+            if family not in model_drawn:
+                model_drawn.add(family)
+                ax.loglog(g["ratio"], g["pred_rms"], "-", color=style.OKABE_ITO[7], lw=0.6)
+        ax.set_title(dtype)
+        ax.set_ylabel("RMS output change")
+    for ax in axes.flat[len(dtypes):]:
+        ax.set_visible(False)
+    for ax in axes[-1]:
+        ax.set_xlabel(r"$\|b_k\| / \|k\|$")
+    handles = [plt.Line2D([], [], color=colors[p], marker="o", ls="", ms=3, label=p)
+               for p in PATHS if p in set(ok["path"])]
+    handles += [plt.Line2D([], [], color="0", ls="--", lw=1, label="fitted law"),
+                plt.Line2D([], [], color=style.OKABE_ITO[7], lw=0.6, label="rounding model"),
+                plt.Line2D([], [], color="0", ls=":", lw=0.8, label="tolerance")]
+    fig.tight_layout()
+    style.legend_outside(fig, handles=handles, ncol=4)
+    return fig
+
+
+def plot_accuracy(errors: pd.DataFrame, crossing: pd.DataFrame, dtypes, factor: float = CROSSING_FACTOR):
+    """One panel per dtype below float64: error against float64 with b_k over the error
+    without it, per path, at each magnitude, with the level `factor` (dashed) and the
+    measured crossings (dotted). Returns the figure (None if only float64 ran)."""
+    import matplotlib.pyplot as plt
+
+    from keybias.studies import style
+
+    colors = _path_colors()
+    ok = errors[errors["status"].eq("ok")]
+    low = [d for d in dtypes if d != "float64"]
+    if not low:
+        return None
+    fig, axes = plt.subplots(1, len(low), figsize=(style.FULL_WIDTH, 2.4), sharey=True, squeeze=False)
+    for ax, dtype in zip(axes[0], low, strict=True):
+        for path, g in ok[ok["dtype"].eq(dtype)].groupby("path", sort=False):
+            ax.loglog(g["ratio"], g["err_rms"] / g["err0_rms"], "o-", ms=2.5, lw=0.8, color=colors[path], label=path)
+            c = crossing[(crossing["dtype"] == dtype) & (crossing["path"] == path)]["crossing"]
+            if len(c) and np.isfinite(c.iloc[0]):
+                ax.axvline(c.iloc[0], color=colors[path], lw=0.6, ls=":")
+        ax.axhline(factor, color="0", lw=0.8, ls="--")
+        ax.set_title(dtype)
+        ax.set_xlabel(r"$\|b_k\| / \|k\|$")
+    axes[0][0].set_ylabel("error with $b_k$ / without")
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.tight_layout()
+    style.legend_outside(fig, handles=handles, labels=labels, ncol=len(labels))
+    return fig
+
+
+def plot_gradient(gsum: pd.DataFrame):
+    """Left: |g_bk|/|g_bq| against u per path, with the line u. Right: mean pairwise cosine
+    across batches of the b_k and b_q gradients with the isotropic-noise bound. Returns the
+    figure."""
+    import matplotlib.pyplot as plt
+
+    from keybias.studies import style
+
+    colors = _path_colors()
+    okg = gsum[gsum["status"].eq("ok")]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(style.FULL_WIDTH, 3.0), width_ratios=(1, 1.6))
+    for path, g in okg.groupby("path", sort=False):
+        ax1.loglog(g["unit_roundoff"], g["ratio_median"], "o", ms=3.5, color=colors[path], label=path)
+    u = np.array(sorted(okg["unit_roundoff"].unique()))
+    ax1.loglog(u, u, "--", color="0", lw=0.8, label="$u$")
+    ax1.set_xlabel("unit roundoff $u$")
+    ax1.set_ylabel(r"$\|g_{b_k}\| / \|g_{b_q}\|$")
+    labels = [f"{d} {p}" for d, p in zip(okg["dtype"], okg["path"], strict=True)]
+    x = np.arange(len(okg))
+    ax2.bar(x - 0.2, okg["bk_mean_cos"], 0.4, color=style.OKABE_ITO[3], label="$b_k$ cosine")
+    ax2.bar(x + 0.2, okg["bq_mean_cos"], 0.4, color=style.OKABE_ITO[5], label="$b_q$ cosine")
+    ax2.plot(x, okg["cos_bound"], "_", color="0", ms=8, label="noise bound")
+    ax2.plot(x, -okg["cos_bound"], "_", color="0", ms=8)
+    ax2.set_xticks(x, labels, rotation=90)
+    ax2.set_ylabel("mean pairwise cosine")
+    h1, l1 = ax1.get_legend_handles_labels()
+    h2, l2 = ax2.get_legend_handles_labels()
+    fig.tight_layout()
+    style.legend_outside(fig, handles=h1 + h2, labels=l1 + l2, ncol=5)
+    return fig
+
+
+def gradient_table_with_devices(gsum: pd.DataFrame, absent: pd.DataFrame) -> str:
+    """`gradient_table` of the measured rows plus one not-run row per absent device."""
+    return gradient_table(pd.concat([gsum, absent.assign(dtype="all", path="all")], ignore_index=True))
+
+
+def law_table(law: pd.DataFrame) -> str:
+    """The fitted law per dtype and path as a LaTeX tabular body (booktabs)."""
+    frame = pd.DataFrame({
+        "dtype": law["dtype"], "path": law["path"].str.replace("_", r"\_"), "points": law["points"],
+        "slope": [f"${s:.3f} \\pm {e:.3f}$" for s, e in zip(law["slope"], law["slope_se"], strict=True)],
+        "$A/u$": [f"{c:.3g}" for c in law["const_over_u"]],
+        "$C$ (model)": [f"{c:.2f}" for c in law["model_constant"]],
+        "resid. (dex)": [f"{r:.3f}" for r in law["resid_log10"]],
+    })
+    return frame.to_latex(index=False, escape=False)
+
+
+def gradient_table(gsum: pd.DataFrame) -> str:
+    """Gradient summary per dtype and path as a LaTeX tabular body; not-run rows keep their
+    reason."""
+    rows = []
+    for _, r in gsum.iterrows():
+        base = {"device": r["device"], "dtype": r["dtype"], "path": str(r["path"]).replace("_", r"\_")}
+        if r["status"] != "ok":
+            reason = str(r["reason"]).replace("_", r"\_").replace("%", r"\%")
+            rows.append({**base, "ratio": "not run", "cos_k": "", "cos_q": "", "bound": reason[:48]})
+            continue
+        rows.append({**base, "ratio": f"{r['ratio_over_u']:.3f}", "cos_k": f"{r['bk_mean_cos']:+.3f}",
+                     "cos_q": f"{r['bq_mean_cos']:.3f}", "bound": f"{r['cos_bound']:.3f}"})
+    frame = pd.DataFrame(rows).rename(columns={
+        "ratio": r"$\|g_{b_k}\|/(u\|g_{b_q}\|)$", "cos_k": r"$\cos b_k$", "cos_q": r"$\cos b_q$",
+        "bound": "noise bound / reason"})
+    return frame.to_latex(index=False, escape=False)

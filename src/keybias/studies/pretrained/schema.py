@@ -1,0 +1,30 @@
+"""Columns of the pretrained study's data tables and the output class of each.
+
+Every column of every `results/data/*.csv` this study writes is declared here once: `exact`,
+`machine`, or the name of a tolerance in `keybias.build.outputs.TOLERANCES`. `make verify` and
+the column test read these declarations; a column written but not declared fails a test.
+"""
+
+from keybias.studies.columns import cols
+
+# data/<file>.csv -> column -> class
+TABLES: dict[str, dict[str, str]] = {
+    "data/pretrained_families.csv": cols(
+        exact="family model expected strip fold reason key_bias_removed value_bias_folded not_handled",
+        f64="bound",
+        noise="forced_change whole_change certified_max_ratio",
+    ),
+    "data/pretrained_bias_norms.csv": cols(
+        exact="layer",
+        f32="bq_norm bk_norm bv_norm wk_fro_over_sqrt_din key_norm_median bk_over_key_norm",
+    ),
+    "data/pretrained_embedding_changes.csv": cols(
+        exact="dtype variant parameters_saved tolerance_kind verdict device num_threads",
+        noise="max_abs_diff noise_floor over_noise_floor tolerance",
+        f32="min_cosine analytic_tolerance",
+    ),
+    "data/pretrained_parameters_saved.csv": cols(
+        exact="model layers hidden_size total_parameters key_bias_parameters "
+        "value_bias_parameters config_count fraction_key_bias counted_by",
+    ),
+}

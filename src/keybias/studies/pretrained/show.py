@@ -1,0 +1,62 @@
+"""Notebook 05, show layer: the figure and the LaTeX tables (no measuring, no judging)."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+
+def bias_norms_figure(norms: pd.DataFrame):
+    """Norms of b_q, b_k, b_v by layer (log scale), at half the paper's width."""
+    import matplotlib.pyplot as plt
+
+    from keybias.studies import style
+
+    style.apply()
+    fig, ax = plt.subplots(figsize=(style.HALF_WIDTH, 2.3))
+    for (col, label), colour, marker in zip(
+            (("bq_norm", "$b_q$"), ("bk_norm", "$b_k$"), ("bv_norm", "$b_v$")),
+            style.OKABE_ITO, ("o", "s", "^"), strict=False):
+        ax.plot(norms["layer"], norms[col], marker=marker, color=colour, label=label)
+    ax.set_yscale("log")
+    ax.set_xlabel("layer")
+    ax.set_ylabel("Euclidean norm")
+    style.legend_outside(ax)
+    return fig
+
+
+def bias_norms_latex(norms: pd.DataFrame) -> str:
+    """The per-layer bias table for the paper (a tabular body)."""
+    table = norms.rename(columns={
+        "bq_norm": r"$\|b_q\|$", "bk_norm": r"$\|b_k\|$", "bv_norm": r"$\|b_v\|$",
+        "wk_fro_over_sqrt_din": r"$\|W_k\|_F/\sqrt{d}$", "key_norm_median": "$m_k$",
+        "bk_over_key_norm": r"$\|b_k\|/m_k$"})
+    return table.to_latex(index=False, escape=False, float_format="%.3g")
+
+
+def parameters_saved_latex(savings: pd.DataFrame) -> str:
+    shown = savings[["model", "layers", "hidden_size", "total_parameters", "key_bias_parameters",
+                     "value_bias_parameters", "fraction_key_bias"]].copy()
+    shown["fraction_key_bias"] = 100 * shown["fraction_key_bias"]
+    return shown.rename(columns={
+        "hidden_size": "hidden", "total_parameters": "parameters", "key_bias_parameters": "$b_k$ removed",
+        "value_bias_parameters": "$b_v$ folded", "fraction_key_bias": r"$b_k$ share (\%)",
+    }).to_latex(index=False, escape=False, float_format="%.4f")
+
+
+def changes_table(changes: pd.DataFrame) -> pd.DataFrame:
+    """The embedding-change table as shown in the paper (1 - min cosine instead of min cosine)."""
+    shown = changes[["dtype", "variant", "max_abs_diff", "min_cosine", "over_noise_floor", "tolerance",
+                     "tolerance_kind", "verdict"]].copy()
+    shown["min_cosine"] = 1 - shown["min_cosine"]
+    return shown.rename(columns={"max_abs_diff": "max abs diff", "min_cosine": "1 - min cosine",
+                                 "over_noise_floor": "/ noise floor", "tolerance_kind": "tolerance from"})
+
+
+def family_table_latex(table: pd.DataFrame) -> str:
+    shown = table[["family", "strip", "fold", "key_bias_removed", "value_bias_folded", "certified_max_ratio",
+                   "whole_change", "forced_change", "bound"]].copy()
+    shown["family"] = shown["family"].str.replace("_", r"\_", regex=False)
+    shown = shown.rename(columns={"key_bias_removed": "$b_k$ removed", "value_bias_folded": "$b_v$ folded",
+                                  "certified_max_ratio": "certified/tol.", "whole_change": "change",
+                                  "forced_change": "by hand", "bound": "bound"})
+    return shown.to_latex(index=False, escape=False, float_format="%.2g", na_rep="--")

@@ -1,0 +1,371 @@
+"""Training dynamics of the key bias: judge (claims, macros and tables from `keybias.studies.training.measure`'s frames).
+
+Pure functions: DataFrames in, claims (dicts for `Recorder.claims_from`) and macros out, so a test can
+hand them doctored data or the output of a mutated model and check that the claim then fails. Every
+bound is fixed here, before any run, and each claim says where its bound comes from.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+from keybias import verdict
+from keybias.studies.params import check_choice
+from keybias.studies.training.measure import DEFAULT_EPS, OPTIMIZERS, TRAIN_DTYPES
+
+_NUMBER_WORDS = ("Zero", "One", "Two", "Three", "Four", "Five", "Six", "Seven", "Eight", "Nine", "Ten",
+                 "Eleven", "Twelve", "Thirteen", "Fourteen", "Fifteen", "Sixteen")
+
+
+def setting_macro_name(optimizer: str, eps: float, dtype: str) -> str:
+    """A letters-only LaTeX macro stem for one bias-study setting, e.g. AdamEpsTwelve,
+    SgdBfloatSixteen, AdamWBiasDecay."""
+    check_choice("optimizer", optimizer, OPTIMIZERS)
+    check_choice("dtype", dtype, TRAIN_DTYPES)
+    name = {"sgd": "Sgd", "sgd_momentum": "SgdMomentum", "adam": "Adam", "adamw": "AdamW",
+            "adamw_bias_decay": "AdamWBiasDecay"}[optimizer]
+    if optimizer == "adam":
+        exponent = -int(round(math.log10(eps)))
+        word = _NUMBER_WORDS[exponent] if 0 <= exponent < len(_NUMBER_WORDS) else "Other"
+        mantissa = eps / 10.0**-exponent
+        if abs(mantissa - 1) > 1e-9:
+            word += "Scaled"
+        name += f"Eps{word}"
+    if dtype == "bfloat16":
+        name += "BfloatSixteen"
+    return name
+
+
+# ----------------------------------------------------------------------------- claims, macros, tables
+#
+# The bounds of the claims. Each is also written as a macro (Train...Bound) so that the paper
+# states exactly the number the claim checks.
+
+ACC_Z_BOUND = 1.96  # |McNemar z| of the paired kept-vs-removed test images: two-sided 5% level
+DIVERGENCE_RATIO_BOUND = 10  # kept-vs-removed divergence / one-ulp-control divergence (same order)
+GRAD_RATIO_BOUND = 1  # |g_bk| / rounding tolerance of the verdict rule
+SGD_WALK_BOUND = 3  # SGD drift / random walk of tolerance-sized noise (a tail factor of an n-entry walk)
+ADAM_FACTOR_BOUND = 2  # measured / predicted Adam drift within this factor either way
+DECAY_DEV_BOUND = 2  # |norm - decayed norm| / predicted walk, with weight decay on biases
+
+# Optimizers whose drift the noise model of `predicted_adam_drift` describes: Adam-family runs
+# WITHOUT weight decay on b_k. With decay on biases (adamw_bias_decay) the drift is dominated
+# by the deterministic shrinkage (1 - lr wd)^T, checked by its own claim instead.
+ADAM_NOISE_OPTIMIZERS = ("adam", "adamw")
+
+_OPTIMIZER_MACRO = {"sgd": "Sgd", "sgd_momentum": "SgdMomentum", "adam": "Adam", "adamw": "AdamW",
+                    "adamw_bias_decay": "AdamWBiasDecay"}
+
+
+def _strict_max(values) -> float:
+    """Max that propagates NaN (pandas' max skips it) and is NaN on no data, so a claim built on it
+    fails rather than passes when a value is missing."""
+    arr = np.asarray(values, dtype=float)
+    return float(np.max(arr)) if arr.size else math.nan
+
+
+def _require_columns(frame: pd.DataFrame, name: str, columns) -> None:
+    missing = [c for c in columns if c not in frame.columns]
+    if missing:
+        raise ValueError(f"{name} lacks columns {missing}")
+
+
+def bound_macros() -> dict[str, object]:
+    """The claim bounds as macros (the same constants the claims compare against)."""
+    return {
+        "TrainAccZBound": ACC_Z_BOUND,
+        "TrainDivergenceBound": DIVERGENCE_RATIO_BOUND,
+        "TrainGradRatioBound": GRAD_RATIO_BOUND,
+        "TrainSgdWalkBound": SGD_WALK_BOUND,
+        "TrainAdamFactorBound": ADAM_FACTOR_BOUND,
+        "TrainDecayDevBound": DECAY_DEV_BOUND,
+    }
+
+
+def config_macros(*, n_train: int, n_test: int, n_params: int, n_settings: int, seeds: list[int],
+                  bias_seeds: list[int], steps: int, batch_size: int, embed_dim: int, num_heads: int,
+                  num_layers: int, patch: int, lr_sgd: float, lr_adam: float, momentum: float,
+                  weight_decay: float, key_bias_init: float, **_ignored) -> dict[str, object]:
+    """Macros for the setup of the runs (data sizes, model, optimizer settings, counts)."""
+    from keybias.build.recorder import format_number
+
+    def one(x):  # one significant digit for parameters such as 0.003
+        return format_number(float(x), 1)
+
+    return {
+        "TrainNTrain": int(n_train), "TrainNTest": int(n_test), "TrainNParams": int(n_params),
+        "TrainEmbedDim": int(embed_dim), "TrainHeads": int(num_heads), "TrainLayers": int(num_layers),
+        "TrainTokens": (8 // patch) ** 2, "TrainSteps": int(steps), "TrainBatch": int(batch_size),
+        "TrainSeeds": len(seeds), "TrainBiasSeeds": len(bias_seeds),
+        "TrainLrSgd": one(lr_sgd), "TrainLrAdam": one(lr_adam), "TrainMomentum": one(momentum),
+        "TrainWeightDecay": one(weight_decay), "TrainKeyBiasInit": one(key_bias_init),
+        "TrainEpsDefault": one(DEFAULT_EPS), "TrainBiasSettings": int(n_settings),
+    }
+
+
+def mcnemar_z(kept_only: int, removed_only: int) -> float:
+    """McNemar's paired statistic (b - c) / sqrt(b + c) over the test images on which exactly one of two
+    models is right (b: only the kept model, c: only the removed one); 0 when no image is discordant."""
+    b, c = int(kept_only), int(removed_only)
+    if b < 0 or c < 0:
+        raise ValueError(f"discordant counts must be non-negative, got {b}, {c}")
+    return (b - c) / math.sqrt(b + c) if b + c else 0.0
+
+
+def pair_results(pairs: pd.DataFrame) -> tuple[list[dict], dict[str, object]]:
+    """Claims and macros of the kept-vs-removed comparison (`pair_summary` output).
+
+    Macros per optimizer (Sgd, Adam, ...): fewest bit-identical steps over seeds, mean final
+    accuracy removed/kept over seeds, and the max over seeds of the accuracy difference, the
+    step-by-step relative loss difference (kept and control) and the final divergence (kept and
+    control). Claims:
+    - train-accuracy-agrees-kept-removed: the runs are paired (same seed, batches, test images), so
+      the test is McNemar's on the discordant test images, pooled over optimizers and seeds;
+    - train-divergence-within-rounding-control: max divergence ratio kept / one-ulp control."""
+    _require_columns(pairs, "pairs", ["optimizer", "identical_steps", "test_acc_removed", "test_acc_kept",
+                                      "acc_diff", "max_loss_rel_diff", "max_loss_rel_diff_control",
+                                      "final_divergence_kept", "final_divergence_control", "kept_only_correct",
+                                      "removed_only_correct", "n_test"])
+    if pairs.empty:
+        raise ValueError("pairs is empty: no kept-vs-removed run to summarize")
+    macros: dict[str, object] = {}
+    for opt, g in pairs.groupby("optimizer", sort=False):
+        key = _OPTIMIZER_MACRO[opt]
+        macros[f"TrainIdenticalSteps{key}"] = int(g["identical_steps"].min())
+        macros[f"TrainAccRemoved{key}"] = float(g["test_acc_removed"].mean())
+        macros[f"TrainAccKept{key}"] = float(g["test_acc_kept"].mean())
+        macros[f"TrainMaxAccDiff{key}"] = _strict_max(g["acc_diff"])
+        macros[f"TrainLossRelDiff{key}"] = _strict_max(g["max_loss_rel_diff"])
+        macros[f"TrainLossRelDiffControl{key}"] = _strict_max(g["max_loss_rel_diff_control"])
+        macros[f"TrainDivergence{key}"] = _strict_max(g["final_divergence_kept"])
+        macros[f"TrainDivergenceControl{key}"] = _strict_max(g["final_divergence_control"])
+    kept_only, removed_only = int(pairs["kept_only_correct"].sum()), int(pairs["removed_only_correct"].sum())
+    n_images = int(pairs["n_test"].sum())
+    z = mcnemar_z(kept_only, removed_only)
+    discordant = kept_only + removed_only
+    # the smallest accuracy difference the test would flag: |b - c| above ACC_Z_BOUND sqrt(b + c), where
+    # b + c is at least the difference itself
+    detectable = max(ACC_Z_BOUND * math.sqrt(discordant), ACC_Z_BOUND**2) / n_images
+    div_ratio = _strict_max(pairs["final_divergence_kept"] / pairs["final_divergence_control"])
+    macros.update({"TrainAccZ": abs(z), "TrainAccDiscordant": discordant, "TrainAccPairedImages": n_images,
+                   "TrainAccDetectable": detectable, "TrainDivergenceRatio": div_ratio})
+    claims = [
+        dict(claim_id="train-accuracy-agrees-kept-removed",
+             statement=("Kept and removed b_k classify the same test images equally well: McNemar's paired test on "
+                        "the images that exactly one of the two models gets right, pooled over optimizers and seeds, "
+                        f"stays within |z| <= {ACC_Z_BOUND}."),
+             value=abs(z), bound=ACC_Z_BOUND, comparison="<=", kind="test",
+             bound_origin="two-sided 5% level of McNemar's test", min_detectable=detectable),
+        dict(claim_id="train-divergence-within-rounding-control",
+             statement=("The kept-b_k run ends within the same order of magnitude (at most "
+                        f"{DIVERGENCE_RATIO_BOUND} times) of the removed-b_k run as a run whose initial weights "
+                        "differ by one unit in the last place, in relative parameter distance (max ratio over "
+                        "optimizers and seeds)."),
+             value=div_ratio, bound=DIVERGENCE_RATIO_BOUND, comparison="<=", kind="test",
+             bound_origin="one decade around the one-ulp control, fixed before the runs"),
+    ]
+    return claims, macros
+
+
+def bias_results(bias: pd.DataFrame) -> tuple[list[dict], dict[str, object]]:
+    """Claims and macros of the bias study (`bias_summary` output).
+
+    - train-bk-gradient-within-rounding: over the powered steps only (b_q's gradient above the
+      tolerance, see `training.bias_summary`), max |g_bk| / tolerance <= GRAD_RATIO_BOUND; NaN, so
+      failing, when no step of any run is powered;
+    - train-sgd-bk-stays-put (only if the profile has SGD runs): max drift / random walk of the
+      measured noise <= SGD_WALK_BOUND;
+    - train-adam-drift-matches-noise-prediction (Adam, or AdamW without decay on biases):
+      max |log2(measured / predicted)| <= log2(ADAM_FACTOR_BOUND);
+    - train-adamw-bias-decay-shrinks-bk (adamw_bias_decay runs): max |norm - decayed norm| /
+      predicted walk <= DECAY_DEV_BOUND.
+    A claim whose runs are absent from the profile is not produced (the profile's claim manifest
+    names the claims it must produce); a NaN value makes a claim fail. Per-setting macros
+    TrainDrift<S>, TrainPred<S>, TrainAcc<S> are means over seeds."""
+    _require_columns(bias, "bias", ["setting", "optimizer", "eps", "dtype", "seed", "drift_b_k",
+                                    "predicted_drift", "sgd_walk", "sgd_walk_ratio", "sgd_walk_ratio_b_q",
+                                    "decayed_norm", "norm_b_k", "test_acc", "grad_rms_b_k", "grad_rms_b_q",
+                                    "powered_steps", "max_grad_over_tolerance_powered",
+                                    "detectable_gradient_fraction"])
+    if bias.empty:
+        raise ValueError("bias is empty: no bias-study run to summarize")
+    claims: list[dict] = []
+    macros: dict[str, object] = {}
+    powered = bias[bias["powered_steps"] > 0]
+    grad_ratio = _strict_max(powered["max_grad_over_tolerance_powered"])
+    detectable = float(np.median(powered["detectable_gradient_fraction"])) if len(powered) else math.nan
+    macros["TrainGradRatio"] = grad_ratio
+    macros["TrainGradDetectable"] = detectable
+    macros["TrainGradPoweredRuns"] = len(powered)
+    macros["TrainGradRuns"] = len(bias)
+    for dtype, word in (("float32", "FloatThirtyTwo"), ("bfloat16", "BfloatSixteen")):
+        d = bias[bias["dtype"] == dtype]
+        if len(d):
+            macros[f"TrainGradPoweredRuns{word}"] = int((d["powered_steps"] > 0).sum())
+            macros[f"TrainGradRuns{word}"] = len(d)
+    tested = ", ".join(sorted(powered["dtype"].unique())) or "none"
+    claims.append(dict(
+        claim_id="train-bk-gradient-within-rounding",
+        statement=("At every step where the b_q gradient exceeds the rounding tolerance (so a real gradient of "
+                   f"that size would show; dtypes tested: {tested}), the b_k gradient of every layer lies within "
+                   "the tolerance of the verdict rule (max |g_bk| / tolerance)."),
+        value=grad_ratio, bound=GRAD_RATIO_BOUND, comparison="<=", kind="test",
+        bound_origin="verdict.gradient_tolerance from each step's measured query, value and upstream maxima",
+        min_detectable=detectable))
+    sgd = bias[bias["optimizer"].str.startswith("sgd")]
+    if len(sgd):
+        # powered: b_q, whose gradient is real, moved farther than the bound allows b_k to move, so a b_k
+        # gradient as real as b_q's would have failed the claim
+        sgd_powered = sgd[sgd["sgd_walk_ratio_b_q"] > SGD_WALK_BOUND]
+        sgd_ratio = _strict_max(sgd_powered["sgd_walk_ratio"])
+        macros["TrainSgdWalkRatio"] = sgd_ratio
+        macros["TrainSgdPoweredRuns"] = len(sgd_powered)
+        macros["TrainSgdRuns"] = len(sgd)
+        macros["TrainSgdDriftMax"] = _strict_max(sgd["drift_b_k"])
+        sgd_tested = ", ".join(sorted(sgd_powered["dtype"].unique())) or "none"
+        claims.append(dict(
+            claim_id="train-sgd-bk-stays-put",
+            statement=("Under SGD and SGD with momentum, in every run where b_q moved farther than the bound "
+                       f"(dtypes tested: {sgd_tested}), b_k moves no farther than {SGD_WALK_BOUND} times the "
+                       "random walk a tolerance-sized noise gradient would make, lr/(1-mu) (n sum_t tol_t^2)^(1/2) "
+                       "(max drift / walk)."),
+            value=sgd_ratio, bound=SGD_WALK_BOUND, comparison="<=", kind="test",
+            bound_origin="tail of an n-entry random walk of the verdict rule's per-step tolerances (theory)",
+            min_detectable=float(1.0 / sgd_powered["sgd_walk_ratio_b_q"].max()) if len(sgd_powered) else None))
+    noise = bias[bias["optimizer"].isin(ADAM_NOISE_OPTIMIZERS)]
+    if len(noise):
+        log_err = _strict_max(np.abs(np.log2(noise["drift_b_k"] / noise["predicted_drift"])))
+        macros["TrainAdamLogErr"] = log_err
+        macros["TrainAdamFactor"] = 2.0**log_err
+        claims.append(dict(
+            claim_id="train-adam-drift-matches-noise-prediction",
+            statement=("Under Adam (every eps and dtype) and AdamW without weight decay on biases, the measured "
+                       "drift of b_k agrees with the random-walk prediction from the measured gradient noise and "
+                       f"eps within a factor of {ADAM_FACTOR_BOUND} (max |log2(measured/predicted)|)."),
+            value=log_err, bound=math.log2(ADAM_FACTOR_BOUND), comparison="<=", kind="test",
+            bound_origin="a factor of two, fixed before the runs (a consistent gradient drifts sqrt(T) farther)"))
+    decay = bias[bias["optimizer"] == "adamw_bias_decay"]
+    if len(decay):
+        decay_dev = _strict_max((decay["norm_b_k"] - decay["decayed_norm"]).abs() / decay["predicted_drift"])
+        macros["TrainDecayDev"] = decay_dev
+        claims.append(dict(
+            claim_id="train-adamw-bias-decay-shrinks-bk",
+            statement=("With weight decay on biases, ||b_k|| follows (1 - lr wd)^T ||b_k(0)|| within "
+                       f"{DECAY_DEV_BOUND} times the predicted Adam random walk (max deviation / predicted walk)."),
+            value=decay_dev, bound=DECAY_DEV_BOUND, comparison="<=", kind="test",
+            bound_origin="the noise law's factor-of-two tolerance, fixed before the runs"))
+    adam_family = bias[bias["optimizer"].str.startswith("adam")]
+    if len(adam_family):
+        macros["TrainDriftAdamMax"] = _strict_max(adam_family["drift_b_k"])
+    for (opt, eps, dtype), g in bias.groupby(["optimizer", "eps", "dtype"], sort=False):
+        name = setting_macro_name(opt, float(eps), dtype)
+        macros[f"TrainDrift{name}"] = float(g["drift_b_k"].mean())
+        if g["predicted_drift"].notna().all():
+            macros[f"TrainPred{name}"] = float(g["predicted_drift"].mean())
+        macros[f"TrainAcc{name}"] = float(g["test_acc"].mean())
+    for dtype, word in (("float32", "FloatThirtyTwo"), ("bfloat16", "BfloatSixteen")):
+        d = bias[bias["dtype"] == dtype]
+        if len(d):
+            macros[f"TrainGradRmsKey{word}"] = float(d["grad_rms_b_k"].median())
+            macros[f"TrainGradRmsQuery{word}"] = float(d["grad_rms_b_q"].median())
+    return claims, macros
+
+
+def _fmt(value) -> str:
+    from keybias.build.recorder import format_number
+
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "--"
+    return "$" + format_number(float(value), 2) + "$"
+
+
+def _latex_text(text: str) -> str:
+    return str(text).replace("_", r"\_").replace("%", r"\%").replace("&", r"\&")
+
+
+def _tabular(header: list[str], rows: list[list[str]]) -> str:
+    body = [r"\begin{tabular}{l" + "r" * (len(header) - 1) + "}", r"\toprule", " & ".join(header) + r" \\",
+            r"\midrule"]
+    body += [" & ".join(r) + r" \\" for r in rows]
+    body += [r"\bottomrule", r"\end{tabular}"]
+    return "\n".join(body)
+
+
+def bias_table(bias: pd.DataFrame) -> pd.DataFrame:
+    """Per setting, means over seeds: test accuracy, final ||b_q||, ||b_v||, drift of b_k, predicted
+    drift (Adam family; NaN otherwise) and the RMS of the b_k gradient."""
+    return bias.groupby("setting", sort=False).agg(
+        acc=("test_acc", "mean"), norm_q=("norm_b_q", "mean"), norm_v=("norm_b_v", "mean"),
+        drift=("drift_b_k", "mean"), predicted=("predicted_drift", "mean"),
+        grad_k=("grad_rms_b_k", "mean")).reset_index()
+
+
+def bias_table_latex(table: pd.DataFrame) -> str:
+    """The `bias_table` as a booktabs tabular ("--" where there is no prediction)."""
+    header = ["setting", "test acc.", r"$\|b_q\|$", r"$\|b_v\|$", r"drift of $b_k$", "predicted", r"RMS $g_{b_k}$"]
+    rows = [[_latex_text(r["setting"])] + [_fmt(r[c]) for c in ("acc", "norm_q", "norm_v", "drift", "predicted",
+                                                                  "grad_k")]
+            for _, r in table.iterrows()]
+    return _tabular(header, rows)
+
+
+def verdict_table(verdicts: pd.DataFrame) -> pd.DataFrame:
+    """Per setting, over seeds and layers: counts of each verdict and the largest output change,
+    tolerance and logit change."""
+    return verdicts.groupby("setting", sort=False).agg(
+        layers=("verdict", "size"),
+        redundant=("verdict", lambda v: int((v == verdict.REDUNDANT).sum())),
+        invalid=("verdict", lambda v: int((v == verdict.INVALID).sum())),
+        not_redundant=("verdict", lambda v: int((v == verdict.NOT_REDUNDANT).sum())),
+        max_delta=("delta", "max"), max_tolerance=("tolerance", "max"),
+        max_logit_delta=("logit_delta", "max")).reset_index()
+
+
+def verdict_table_latex(table: pd.DataFrame) -> str:
+    header = ["setting", "layers", "redundant", "invalid", "not red.", r"max $\Delta$", "tolerance",
+              r"max $\Delta$logit"]
+    rows = [[_latex_text(r["setting"]), str(int(r["layers"])), str(int(r["redundant"])), str(int(r["invalid"])),
+             str(int(r["not_redundant"]))] + [_fmt(r[c]) for c in ("max_delta", "max_tolerance", "max_logit_delta")]
+            for _, r in table.iterrows()]
+    return _tabular(header, rows)
+
+
+def verdict_results(verdicts: pd.DataFrame) -> tuple[list[dict], dict[str, object]]:
+    """Claims and macros of the end-of-training verdicts (`run_bias_study`'s second output).
+
+    - train-drifted-bk-never-changes-function: number of not_redundant verdicts <= 0;
+    - train-drift-verdict-has-power (only if the profile has Adam-family runs): min over those
+      runs of the number of redundant (powered) layers >= 1."""
+    _require_columns(verdicts, "verdicts", ["setting", "seed", "optimizer", "verdict", "logit_delta",
+                                            "prediction_changes"])
+    if verdicts.empty:
+        raise ValueError("verdicts is empty: no trained model to test")
+    counts = verdicts["verdict"].value_counts()
+    n_not = int(counts.get(verdict.NOT_REDUNDANT, 0))
+    macros: dict[str, object] = {
+        "TrainVerdictRedundant": int(counts.get(verdict.REDUNDANT, 0)),
+        "TrainVerdictNotRedundant": n_not,
+        "TrainVerdictInvalid": int(counts.get(verdict.INVALID, 0)),
+        "TrainVerdictTotal": len(verdicts),
+        "TrainMaxLogitDelta": _strict_max(verdicts["logit_delta"]),
+        "TrainPredictionChanges": int(verdicts.groupby(["setting", "seed"])["prediction_changes"].first().sum()),
+    }
+    claims: list[dict] = [dict(
+        claim_id="train-drifted-bk-never-changes-function",
+        statement=("No trained key bias, under any optimizer, eps or dtype, changes an attention output beyond "
+                   "rounding (number of not_redundant verdicts)."),
+        value=n_not, bound=0, comparison="<=", kind="test",
+        bound_origin="verdict.output_tolerance from the measured score and value maxima")]
+    adam = verdicts[verdicts["optimizer"].str.startswith("adam")]
+    if len(adam):
+        powered = adam.groupby(["setting", "seed"])["verdict"].apply(lambda v: int((v == verdict.REDUNDANT).sum()))
+        claims.append(dict(
+            claim_id="train-drift-verdict-has-power",
+            statement=("The verdict could see a change of the drifted size in at least one layer of every "
+                       "Adam-family run (min over those runs of the number of redundant, that is powered, layers)."),
+            value=int(powered.min()), bound=1, comparison=">=", kind="test",
+            bound_origin="at least one powered layer per run, the verdict rule's definition of a usable test"))
+    return claims, macros
