@@ -1,3 +1,4 @@
+import json
 import os
 import sys
 from pathlib import Path
@@ -15,6 +16,38 @@ def pytest_configure(config):
         "claim_mutation(*claim_ids): the test feeds the named test claims' own code data or a model "
         "that violates the claimed property and asserts the claim then fails",
     )
+
+
+@pytest.fixture
+def record_mutation(request):
+    """`record_mutation(*claims)`: assert that each judged claim of a mutation fails, and log how
+    far its value lies beyond the bound.
+
+    Each argument is a `Claim`, a claim dict or a record from `keybias.build.claims.evaluate`
+    (a Recorder record). The claim's id must be one the test's `claim_mutation` marker names.
+    When `python -m keybias.build.claims mutations` runs the marked tests it names a file in
+    `KEYBIAS_MUTATION_LOG`; each call appends one JSON line per claim there, and the command
+    prints the distance from the bound per test claim. Without that variable nothing is written.
+    """
+    from keybias.build.claims import MUTATION_LOG_ENV
+    from keybias.build.recorder import Claim
+
+    marked = {cid for mark in request.node.iter_markers("claim_mutation") for cid in mark.args}
+
+    def record(*claims):
+        for given in claims:
+            claim = Claim.from_any(given)
+            assert claim.id in marked, f"{claim.id!r} is not named by the test's claim_mutation marker {sorted(marked)}"
+            assert not claim.holds, (
+                f"mutation of {claim.id!r} still holds: {claim.value!r} {claim.comparison} {claim.bound!r}")
+            path = os.environ.get(MUTATION_LOG_ENV)
+            if path:
+                entry = {"node": request.node.nodeid, "id": claim.id, "value": claim.value,
+                         "bound": claim.bound, "comparison": claim.comparison, "holds": claim.holds}
+                with open(path, "a", encoding="utf-8") as log:
+                    log.write(json.dumps(entry) + "\n")
+
+    return record
 
 
 @pytest.fixture(scope="session")

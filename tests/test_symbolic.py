@@ -87,8 +87,17 @@ def mha_holds():
 
 def test_every_claim_holds_for_multihead_attention(mha_holds):
     assert all(mha_holds.values()), mha_holds
-    kinds = {c["claim_id"]: c["kind"] for c in symbolic.symbolic_claims(**_results(ns=(2,), heads=(1,)))}
+    kinds = {c.id: c.kind for c in symbolic.symbolic_claims(**_results(ns=(2,), heads=(1,)))}
     assert kinds["symbolic-jacobian-ones-grid"] == kinds["symbolic-value-bias-fold-grid"] == "consistency"
+    assert {k for cid, k in kinds.items() if "grid" not in cid or "zero-deriv" in cid or "control" in cid} == {"proof"}
+
+
+def test_exact_derivations_are_proof_checks_that_name_their_identity():
+    """SymPy checks identities: no claim of notebook 01 is an empirical test."""
+    made = symbolic.symbolic_claims(**_results(ns=(2,), heads=(1,)))
+    assert not [c.id for c in made if c.kind == "test"]
+    for c in made:
+        assert (c.kind == "proof") == bool(c.identity), c.id
 
 
 @pytest.mark.claim_mutation("symbolic-score-split")

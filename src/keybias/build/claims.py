@@ -73,15 +73,27 @@ import math
 import sys
 from pathlib import Path
 
-from keybias.build.recorder import CLAIM_KINDS, atomic_write_text, format_number
+import pandas as pd
+
+from keybias.build.recorder import (
+    CLAIM_KINDS,
+    Claim,
+    atomic_write_text,
+    format_number,
+    latex_escape,
+    margin_ratio,
+)
+from keybias.studies.params import DTYPE_MACRO
 from keybias.studies.reduce import (  # noqa: F401  (re-exported: judges and tests use them)
     EmptySelection,
+    Exclusion,
     NonFiniteValues,
     finite_max,
     finite_mean,
     finite_median,
     finite_min,
     finite_reduce,
+    finite_sum,
     finite_values,
 )
 
@@ -89,27 +101,27 @@ ROOT = Path(__file__).resolve().parents[3]
 MANIFEST_DIR = Path("params") / "claims"
 VERDICT_TABLE = Path("data") / "invariance.csv"
 MEASURED_VERDICTS = ("redundant", "not_redundant")
-DTYPE_MACRO = {
-    "float64": "FloatSixtyFour",
-    "float32": "FloatThirtyTwo",
-    "float16": "FloatSixteen",
-    "bfloat16": "BfloatSixteen",
-}
+# Where a mutation test's `record_mutation` fixture writes one JSON line per judged mutation
+# (tests/conftest.py); `mutations` sets it while it runs the marked tests.
+MUTATION_LOG_ENV = "KEYBIAS_MUTATION_LOG"
 KIND_TITLES = {
     "test": "Tests: measurements that plausible data could contradict",
+    "proof": "Proof checks: exact symbolic identities, checked by SymPy (not empirical tests)",
     "consistency": "Consistency checks: bookkeeping cross-checks",
     "implied": "Implied: these follow from the claims they name and are not counted as evidence",
 }
 
 
-def evaluate(claims: list[dict]) -> dict[str, dict]:
-    """{claim id: record} for claim dicts (keywords of `Recorder.claim`), judged exactly as a
-    notebook's Recorder judges them; nothing is written. For tests that feed a judge function
-    mutated data and assert `holds` is False."""
-    from keybias.build.recorder import Recorder
-
-    rec = Recorder("00_evaluate", Path("."), profile="test", device="cpu")
-    return {r["id"]: r for r in rec.claims_from(claims)}
+def evaluate(claims: list[Claim | dict]) -> dict[str, dict]:
+    """{claim id: record} for `Claim`s or claim dicts (keywords of `Recorder.claim`), judged
+    exactly as a notebook's Recorder judges them; nothing is written. For tests that feed a judge
+    function mutated data and assert `holds` is False."""
+    records = [Claim.from_any(c).record("00_evaluate", "cpu", "test") for c in claims]
+    ids = [r["id"] for r in records]
+    twice = sorted({i for i in ids if ids.count(i) > 1})
+    if twice:
+        raise ValueError(f"claim(s) {twice} given twice")
+    return {r["id"]: r for r in records}
 
 
 # -- manifest ---------------------------------------------------------------------------------
@@ -194,6 +206,10 @@ def contract_errors(claims: list[dict], profile: str, root: Path) -> list[str]:
             errors.append(f"claim {cid!r} has implied_by but kind {kind!r}; only implied claims name others")
         if not str(c.get("bound_origin") or "").strip():
             errors.append(f"claim {cid!r} does not state its bound's origin (bound_origin)")
+        if kind == "proof" and not str(c.get("identity") or "").strip():
+            errors.append(f"claim {cid!r} is a proof check but does not name the identity it checks (identity)")
+        if kind != "proof" and c.get("identity"):
+            errors.append(f"claim {cid!r} names an identity but has kind {kind!r}; only proof checks name one")
     manifest = load_manifest(profile, root)
     rel = MANIFEST_DIR / profile
     fix = f"`python -m keybias.build.claims manifest --profile {profile} --results DIR --write`, then commit {rel}/"
@@ -214,10 +230,20 @@ def contract_errors(claims: list[dict], profile: str, root: Path) -> list[str]:
 
 
 # -- mutation register ------------------------------------------------------------------------
+def _run_pytest(args: list[str], plugins: list, what: str, ok=(0, 5)) -> int:
+    """pytest.main with its output captured; raise with the output's tail on a bad exit code."""
+    import pytest  # deferred: pytest is a development dependency; the build imports this module
+
+    log = io.StringIO()
+    with contextlib.redirect_stdout(log):
+        code = int(pytest.main(args, plugins=plugins))
+    if code not in ok:
+        raise RuntimeError(f"{what} failed (pytest exit {code}):\n{log.getvalue()[-4000:]}")
+    return code
+
+
 def collect_mutations(root: Path = ROOT, tests: str = "tests") -> dict[str, list[str]]:
     """{claim id: [pytest node ids]} of every test marked `claim_mutation`, by collection only."""
-    import pytest
-
     found: dict[str, list[str]] = {}
 
     class Collector:
@@ -228,26 +254,65 @@ def collect_mutations(root: Path = ROOT, tests: str = "tests") -> dict[str, list
                         found.setdefault(cid, []).append(item.nodeid)
 
     args = ["--collect-only", "-q", "-p", "no:cacheprovider", "--rootdir", str(root), str(Path(root) / tests)]
-    log = io.StringIO()
-    with contextlib.redirect_stdout(log):
-        code = pytest.main(args, plugins=[Collector()])
-    if code not in (0, 5):  # 5: nothing collected
-        raise RuntimeError(f"pytest collection failed (exit {int(code)}):\n{log.getvalue()[-4000:]}")
+    _run_pytest(args, [Collector()], "pytest collection")
     return {cid: sorted(set(nodes)) for cid, nodes in sorted(found.items())}
 
 
+def run_mutations(root: Path = ROOT, tests: str = "tests", log_path: Path | None = None) -> list[dict]:
+    """Run every test marked `claim_mutation` and return what their `record_mutation` calls logged:
+    one dict per judged mutation (node, id, value, bound, comparison, holds).
+
+    The fixture (tests/conftest.py) appends JSON lines to the file named by `MUTATION_LOG_ENV`;
+    a failing mutation test is an error here, since its distance would mean nothing."""
+    import os
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as scratch:
+        path = Path(log_path) if log_path else Path(scratch) / "mutations.jsonl"
+        path.unlink(missing_ok=True)
+        before = os.environ.get(MUTATION_LOG_ENV)
+        os.environ[MUTATION_LOG_ENV] = str(path)
+        try:
+            args = ["-q", "-m", "claim_mutation", "-p", "no:cacheprovider", "--rootdir", str(root),
+                    str(Path(root) / tests)]
+            _run_pytest(args, [], "the mutation tests", ok=(0,))
+        finally:
+            if before is None:
+                os.environ.pop(MUTATION_LOG_ENV, None)
+            else:
+                os.environ[MUTATION_LOG_ENV] = before
+        lines = path.read_text().splitlines() if path.exists() else []
+    return [json.loads(line) for line in lines if line.strip()]
+
+
+def mutation_distance(entry: dict) -> float:
+    """How far a mutation's value lies beyond the claim's bound, as a ratio: value/bound for an
+    upper bound, bound/value for a lower one (1.05: 5% beyond the bound; the smallest
+    violation the claim exists to catch sits just above 1). NaN for `==` claims and NaN values."""
+    if entry.get("comparison") == "==":
+        return math.nan
+    margin = margin_ratio(entry["value"], entry["bound"], entry["comparison"])
+    if margin == 0:
+        return math.inf
+    return 1.0 / margin if math.isfinite(margin) else math.nan
+
+
 def mutation_report(manifest: dict[str, dict[str, str]], mutations: dict[str, list[str]]) -> dict:
-    """Test claims with and without mutation tests, the score, and markers naming no claim."""
-    test_claims = sorted(cid for entries in manifest.values() for cid, k in entries.items() if k == "test")
+    """Test claims with and without mutation tests, the score, and markers naming no claim.
+
+    Proof checks may carry mutation tests (a mutated model the identity must fail on); they are
+    listed apart and never required."""
+    kinds = {cid: k for entries in manifest.values() for cid, k in entries.items()}
+    test_claims = sorted(cid for cid, k in kinds.items() if k == "test")
     covered = {cid: mutations.get(cid, []) for cid in test_claims}
     missing = [cid for cid, nodes in covered.items() if not nodes]
-    every_claim = {cid for entries in manifest.values() for cid in entries}
     return {
         "covered": covered,
         "missing": missing,
         "score": (len(test_claims) - len(missing)) / len(test_claims) if test_claims else math.nan,
-        "unknown_markers": sorted(set(mutations) - every_claim),
-        "not_test_markers": sorted((set(mutations) & every_claim) - set(test_claims)),
+        "proof": {cid: nodes for cid, nodes in sorted(mutations.items()) if kinds.get(cid) == "proof"},
+        "unknown_markers": sorted(set(mutations) - set(kinds)),
+        "not_test_markers": sorted(cid for cid in mutations if kinds.get(cid) in ("consistency", "implied")),
     }
 
 
@@ -261,10 +326,11 @@ def headline_counts(claims: list[dict], verdicts=None) -> dict[str, int]:
     Without an `independent` column every such verdict counts as independent: notebook 02
     judges each one against a rounding null calibrated in its own dtype.
     """
+    # no total over kinds: only test claims count as evidence, so they are never summed with the rest
     counts = {
-        "ClaimsTotal": len(claims),
         "ClaimsTest": sum(c.get("kind") == "test" for c in claims),
         "ClaimsTestHolding": sum(c.get("kind") == "test" and bool(c.get("holds")) for c in claims),
+        "ClaimsProof": sum(c.get("kind") == "proof" for c in claims),
         "ClaimsConsistency": sum(c.get("kind") == "consistency" for c in claims),
         "ClaimsImplied": sum(c.get("kind") == "implied" for c in claims),
     }
@@ -294,6 +360,47 @@ def headline_counts(claims: list[dict], verdicts=None) -> dict[str, int]:
     return counts
 
 
+KIND_NOUNS = {  # singular, plural: how a sentence names claims of each kind
+    "test": ("test claim", "test claims"),
+    "proof": ("proof check", "proof checks"),
+    "consistency": ("consistency check", "consistency checks"),
+    "implied": ("implied claim", "implied claims"),
+}
+
+
+def _count_noun(n: int, kind: str) -> str:
+    one, many = KIND_NOUNS[kind]
+    return f"one {one}" if n == 1 else f"{n} {many}"
+
+
+def kind_summary(claims: list[dict]) -> str:
+    """One or two sentences for readers: how the test claims fared, then the other kinds apart
+    (never summed with the tests). No degenerate counts: "all 12 hold", "the one ... holds"."""
+    by_kind = {k: [c for c in claims if c.get("kind") == k] for k in CLAIM_KINDS}
+    tests = by_kind["test"]
+    held = sum(bool(c.get("holds")) for c in tests)
+    if not tests:
+        first = "The run makes no test claims."
+    elif len(tests) == 1:
+        first = f"The one test claim {'holds' if held else 'fails'}."
+    elif held == len(tests):
+        first = f"All {len(tests)} test claims hold."
+    elif held == 0:
+        first = f"None of the {len(tests)} test claims holds."
+    else:
+        first = f"{held} of {len(tests)} test claims hold; {len(tests) - held} fail."
+    others = [(k, by_kind[k]) for k in ("proof", "consistency", "implied") if by_kind[k]]
+    if not others:
+        return first
+    parts = [_count_noun(len(group), k) for k, group in others]
+    listed = parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
+    failing = sum(not c.get("holds") for _, group in others for c in group)
+    tail = "all of them hold" if not failing else f"{failing} of them fail"
+    if sum(len(group) for _, group in others) == 1:
+        tail = "it holds" if not failing else "it fails"
+    return f"{first} Apart from them, and not counted as evidence: {listed}; {tail}."
+
+
 def headline_macros(counts: dict[str, int], mutation_covered: int | None = None) -> str:
     lines = ["% generated by keybias.build.claims.headline_macros: counts of claims by kind and of independent tests"]
     values = dict(counts)
@@ -319,15 +426,6 @@ def write_headline_macros(results: Path, claims: list[dict]) -> Path:
 
 
 # -- appendix table ---------------------------------------------------------------------------
-def latex_escape(text: str) -> str:
-    """`text` with LaTeX's special characters escaped, for plain prose in a table cell."""
-    text = text.replace("\\", "\x00")
-    for char, repl in (("&", r"\&"), ("%", r"\%"), ("$", r"\$"), ("#", r"\#"), ("_", r"\_"),
-                       ("{", r"\{"), ("}", r"\}"), ("~", r"\~{}"), ("^", r"\^{}")):
-        text = text.replace(char, repl)
-    return text.replace("\x00", r"\textbackslash{}")
-
-
 def _tt_id(cid: str) -> str:
     return r"\texttt{\footnotesize " + cid.replace("_", r"\_").replace("-", "-{}\\allowbreak{}") + "}"
 
@@ -394,6 +492,17 @@ def _cmd_manifest(args) -> int:
     return 0 if args.write or not changed else 1
 
 
+def _distance_text(entry: dict) -> str:
+    value, bound, comparison = entry["value"], entry["bound"], entry["comparison"]
+    where = f"value {value:.4g} {comparison} bound {bound:.4g} is false"
+    distance = mutation_distance(entry)
+    if comparison == "==":
+        return f"{where} (an exact claim: any difference fails)"
+    if math.isnan(distance):
+        return f"{where} (no ratio: NaN or a zero the ratio cannot place)"
+    return f"{where}: {distance:.3g}x the bound" if comparison in ("<=", "<") else f"{where}: the bound is {distance:.3g}x the value"
+
+
 def _cmd_mutations(args) -> int:
     root = Path(args.root)
     manifest = load_manifest(args.profile, root)
@@ -401,10 +510,28 @@ def _cmd_mutations(args) -> int:
         print(f"no manifest under {manifest_dir(args.profile, root)}", file=sys.stderr)
         return 2
     report = mutation_report(manifest, collect_mutations(root))
-    for cid, nodes in report["covered"].items():
-        print(f"{cid}: {len(nodes)} mutation test(s)" if nodes else f"{cid}: NO MUTATION TEST")
+    logged: dict[tuple[str, str], list[dict]] = {}
+    if not args.collect_only:
+        for entry in run_mutations(root):
+            logged.setdefault((entry["id"], entry["node"]), []).append(entry)
+
+    def show(cid: str, nodes: list[str]) -> None:
         for node in nodes:
             print(f"    {node}")
+            entries = logged.get((cid, node), [])
+            if not args.collect_only and not entries:
+                print("        distance not recorded (the test does not call record_mutation)")
+            for entry in entries:
+                print(f"        {_distance_text(entry)}")
+
+    for cid, nodes in report["covered"].items():
+        print(f"{cid}: {len(nodes)} mutation test(s)" if nodes else f"{cid}: NO MUTATION TEST")
+        show(cid, nodes)
+    if report["proof"]:
+        print("proof checks with mutated models (not required; a proof is not an empirical test):")
+        for cid, nodes in report["proof"].items():
+            print(f"  {cid}: {len(nodes)} mutation test(s)")
+            show(cid, nodes)
     for cid in report["unknown_markers"]:
         print(f"warning: claim_mutation marker names {cid!r}, which is not in the {args.profile} manifest")
     for cid in report["not_test_markers"]:
@@ -412,6 +539,9 @@ def _cmd_mutations(args) -> int:
     n = len(report["covered"])
     print(f"mutation score: {n - len(report['missing'])}/{n} test claims have a mutation test "
           f"({100 * report['score']:.0f}%)" if n else "mutation score: no test claims in the manifest")
+    if not args.collect_only:
+        measured = sum(any(logged.get((cid, node)) for node in nodes) for cid, nodes in report["covered"].items())
+        print(f"mutation distances: recorded for {measured} of {n} test claims")
     if report["missing"]:
         print(f"test claims without a mutation test: {', '.join(report['missing'])}", file=sys.stderr)
         return 1
@@ -427,8 +557,11 @@ def main(argv: list[str] | None = None) -> int:
     man.add_argument("--results", default=str(ROOT / "results"))
     man.add_argument("--write", action="store_true", help="write the run's notebooks into the manifest")
     man.add_argument("--only", nargs="+", help="only these notebooks of the run")
-    mut = sub.add_parser("mutations", help="list every test claim with its mutation tests")
+    mut = sub.add_parser("mutations", help="run the mutation tests; list every test claim with its mutations "
+                                           "and their distance from the bound")
     mut.add_argument("--profile", default="paper")
+    mut.add_argument("--collect-only", action="store_true",
+                     help="only list the tests (no run, so no distances from the bound)")
     args = parser.parse_args(argv)
     return _cmd_manifest(args) if args.command == "manifest" else _cmd_mutations(args)
 

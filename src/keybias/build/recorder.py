@@ -18,6 +18,8 @@ import operator
 import os
 import re
 import tempfile
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +32,10 @@ _COMPARISONS = {
     ">": operator.gt,
     "==": operator.eq,
 }
-CLAIM_KINDS = ("test", "consistency", "implied")
+# test: plausible data could contradict it; proof: an exact symbolic identity (SymPy), a proof
+# check rather than an empirical test; consistency: a bookkeeping cross-check; implied: follows
+# from the claims it names.
+CLAIM_KINDS = ("test", "proof", "consistency", "implied")
 _UMASK = os.umask(0o022)
 os.umask(_UMASK)
 _MACRO_NAME = re.compile(r"^[A-Za-z]+$")
@@ -76,6 +81,122 @@ def _check_file_name(name: str) -> str:
     if not _FILE_NAME.match(name):
         raise ValueError(f"output name {name!r} must use letters, digits, '_' and '-' only")
     return name
+
+
+@dataclass(frozen=True)
+class Claim:
+    """One claim as a judge states it; `holds` is computed from value, comparison and bound.
+
+    `kind` is one of `CLAIM_KINDS`. `bound_origin` says in one phrase where the bound comes from
+    (theory, a held-out calibration, the issue). `implied_by` names the claims an `implied` claim
+    follows from; `identity` names the identity a `proof` claim checks; `min_detectable` is, for a
+    "no effect" claim, the smallest effect its positive control shows it would have seen;
+    `exclusions` lists the data a reduction left out, each with its reason
+    (`keybias.studies.reduce.Exclusion`, written as text).
+    """
+
+    id: str
+    statement: str
+    value: float
+    bound: float
+    comparison: str = "<="
+    kind: str | None = None
+    bound_origin: str | None = None
+    implied_by: tuple[str, ...] = ()
+    min_detectable: float | None = None
+    identity: str | None = None
+    exclusions: tuple[str, ...] = field(default=())
+
+    def __post_init__(self):
+        if self.comparison not in _COMPARISONS:
+            raise ValueError(f"claim {self.id!r}: comparison {self.comparison!r} not one of {sorted(_COMPARISONS)}")
+        if self.kind is not None and self.kind not in CLAIM_KINDS:
+            raise ValueError(f"claim {self.id!r}: kind {self.kind!r} not one of {CLAIM_KINDS}")
+        implied = (self.implied_by,) if isinstance(self.implied_by, str) else tuple(self.implied_by or ())
+        object.__setattr__(self, "implied_by", implied)
+        object.__setattr__(self, "exclusions", tuple(str(e) for e in self.exclusions or ()))
+        object.__setattr__(self, "value", float(self.value))
+        object.__setattr__(self, "bound", float(self.bound))
+        if self.min_detectable is not None:
+            object.__setattr__(self, "min_detectable", float(self.min_detectable))
+        if self.kind == "implied" and not self.implied_by:
+            raise ValueError(f"claim {self.id!r} is 'implied' but names no claim in implied_by")
+        if self.kind == "proof" and not str(self.identity or "").strip():
+            raise ValueError(f"claim {self.id!r} is a 'proof' but names no identity")
+
+    @property
+    def holds(self) -> bool:
+        """`value <comparison> bound`, and never for a NaN or infinite value."""
+        return bool(_COMPARISONS[self.comparison](self.value, self.bound)) and math.isfinite(self.value)
+
+    @property
+    def margin(self) -> float:
+        """How far the value sits inside its bound, as a ratio (> 1 inside, < 1 outside, NaN if
+        undefined): bound/value for an upper bound, value/bound for a lower one."""
+        return margin_ratio(self.value, self.bound, self.comparison)
+
+    @classmethod
+    def from_any(cls, claim: Claim | dict | tuple | list) -> Claim:
+        """A Claim from a Claim, a dict (keywords; `claim_id` is accepted for `id`) or a tuple
+        (the positional arguments of `Recorder.claim`)."""
+        if isinstance(claim, cls):
+            return claim
+        if isinstance(claim, dict):
+            data = dict(claim)
+            if "claim_id" in data:
+                if "id" in data:
+                    raise ValueError(f"claim {data['id']!r} gives both id and claim_id")
+                data["id"] = data.pop("claim_id")
+            for computed in ("holds", "notebook", "device", "profile"):
+                data.pop(computed, None)  # a record read back: these are recomputed or re-stamped
+            return cls(**data)
+        return cls(*claim)
+
+    def record(self, notebook: str, device: str, profile: str) -> dict[str, Any]:
+        """The JSON record of the claim in a step file (`steps/<notebook>.json`)."""
+        out: dict[str, Any] = {
+            "id": self.id, "statement": self.statement, "value": self.value, "bound": self.bound,
+            "comparison": self.comparison, "holds": self.holds, "notebook": notebook,
+            "device": device, "profile": profile, "kind": self.kind,
+        }
+        if self.implied_by:
+            out["implied_by"] = list(self.implied_by)
+        if self.bound_origin is not None:
+            out["bound_origin"] = self.bound_origin
+        if self.min_detectable is not None:
+            out["min_detectable"] = self.min_detectable
+        if self.identity is not None:
+            out["identity"] = self.identity
+        if self.exclusions:
+            out["exclusions"] = list(self.exclusions)
+        return out
+
+
+def margin_ratio(value: float, bound: float, comparison: str) -> float:
+    """Distance of `value` from `bound` as a ratio, > 1 on the side the comparison asks for:
+    bound/value for `<=`/`<`, value/bound for `>=`/`>`; for `==`, 1 when equal and 0 otherwise.
+    NaN when the ratio is undefined (a NaN value, or a zero that a ratio cannot place)."""
+    value, bound = float(value), float(bound)
+    if not (math.isfinite(value) and math.isfinite(bound)):
+        return math.nan
+    if comparison == "==":
+        return 1.0 if value == bound else 0.0
+    upper = comparison in ("<=", "<")
+    num, den = (bound, value) if upper else (value, bound)
+    if den == 0:
+        return math.inf if num > 0 else math.nan
+    return num / den
+
+
+def latex_escape(text: str) -> str:
+    """`text` with LaTeX's special characters escaped, for plain prose in a table cell or macro.
+
+    The one escaper of the project: build code and studies import it from here."""
+    text = str(text).replace("\\", "\x00")
+    for char, repl in (("&", r"\&"), ("%", r"\%"), ("$", r"\$"), ("#", r"\#"), ("_", r"\_"),
+                       ("{", r"\{"), ("}", r"\}"), ("~", r"\~{}"), ("^", r"\^{}")):
+        text = text.replace(char, repl)
+    return text.replace("\x00", r"\textbackslash{}")
 
 
 class Recorder:
@@ -163,60 +284,37 @@ class Recorder:
 
     def claim(
         self,
-        claim_id: str,
-        statement: str,
-        value: float,
-        bound: float,
+        claim_id: str | Claim,
+        statement: str | None = None,
+        value: float | None = None,
+        bound: float | None = None,
         comparison: str = "<=",
         *,
         kind: str | None = None,
         implied_by: list[str] | str | None = None,
         bound_origin: str | None = None,
         min_detectable: float | None = None,
+        identity: str | None = None,
+        exclusions: Iterable[Any] = (),
     ) -> dict[str, Any]:
-        """Record a claim: it holds when `value <comparison> bound`.
-
-        `kind` is `test` (plausible data could contradict it), `consistency` (a bookkeeping
-        cross-check) or `implied` (follows from the claims named in `implied_by`).
-        `bound_origin` says in one phrase where the bound comes from (theory, a held-out
-        calibration, the issue), and `min_detectable` is, for a "no effect" claim, the
-        smallest effect its positive control shows it would have seen.
-        """
-        if comparison not in _COMPARISONS:
-            raise ValueError(f"comparison {comparison!r} not one of {sorted(_COMPARISONS)}")
-        if kind is not None and kind not in CLAIM_KINDS:
-            raise ValueError(f"claim {claim_id!r}: kind {kind!r} not one of {CLAIM_KINDS}")
-        if kind == "implied" and not implied_by:
-            raise ValueError(f"claim {claim_id!r} is 'implied' but names no claim in implied_by")
-        if any(c["id"] == claim_id for c in self.claims):
-            raise ValueError(f"claim {claim_id!r} recorded twice")
-        value = float(value)
-        bound = float(bound)
-        holds = bool(_COMPARISONS[comparison](value, bound)) and math.isfinite(value)
-        record = {
-            "id": claim_id,
-            "statement": statement,
-            "value": value,
-            "bound": bound,
-            "comparison": comparison,
-            "holds": holds,
-            "notebook": self.notebook,
-            "device": self.device,
-            "profile": self.profile,
-            "kind": kind,
-        }
-        if implied_by:
-            record["implied_by"] = [implied_by] if isinstance(implied_by, str) else list(implied_by)
-        if bound_origin is not None:
-            record["bound_origin"] = bound_origin
-        if min_detectable is not None:
-            record["min_detectable"] = float(min_detectable)
+        """Record a claim, given as a `Claim` or as its fields: it holds when
+        `value <comparison> bound` (see `Claim` for the fields). Returns the written record."""
+        if isinstance(claim_id, Claim):
+            claim = claim_id
+        else:
+            claim = Claim(claim_id, statement, value, bound, comparison, kind=kind,
+                          bound_origin=bound_origin, implied_by=implied_by or (),
+                          min_detectable=min_detectable, identity=identity, exclusions=exclusions)
+        if any(c["id"] == claim.id for c in self.claims):
+            raise ValueError(f"claim {claim.id!r} recorded twice")
+        record = claim.record(self.notebook, self.device, self.profile)
         self.claims.append(record)
         return record
 
     def claims_from(self, claims) -> list[dict[str, Any]]:
-        """Record claims given as tuples (positional arguments of `claim`) or dicts (keywords)."""
-        return [self.claim(**c) if isinstance(c, dict) else self.claim(*c) for c in claims]
+        """Record claims given as `Claim`s, dicts (keywords; `claim_id` or `id`) or tuples
+        (positional arguments of `claim`)."""
+        return [self.claim(Claim.from_any(c)) for c in claims]
 
     def finish(self) -> dict[str, Any]:
         """Write the macros file and the step record (claims and output list)."""

@@ -16,6 +16,14 @@ from typing import Any
 import yaml
 
 DTYPES = ("float64", "float32", "bfloat16", "float16")
+# The one dtype -> macro-word map: LaTeX macro names are letters only, so `\IndepTestsFloatThirtyTwo`
+# and every per-dtype macro of the studies spell the dtype with these words.
+DTYPE_MACRO = {
+    "float64": "FloatSixtyFour",
+    "float32": "FloatThirtyTwo",
+    "float16": "FloatSixteen",
+    "bfloat16": "BfloatSixteen",
+}
 DEVICES = ("cpu", "cuda", "mps", "auto")
 # Parameters that the pipeline sets itself; a profile may not set them.
 INJECTED = ("profile", "device", "output_dir", "results_dir")

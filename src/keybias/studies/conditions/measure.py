@@ -11,7 +11,7 @@ b_v folds into the output bias.
 Three layers, as in every study module:
 - measure: `measure(...)` runs every case of `CASES` on every seed and returns one row per
   (case, seed) with the relative effect of perturbing the parameter in question;
-- judge: `judge(frame)` is pure (DataFrame in, claim dicts out), so a test can hand it
+- judge: `judge(frame)` is pure (DataFrame in, `Claim`s out), so a test can hand it
   doctored data; `summary(frame)` reduces seeds the same way for tables and macros;
 - show: `table_latex(summary)` and `effect_figure(summary)`.
 
@@ -33,7 +33,9 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
+from keybias.build.recorder import Claim, format_number
 from keybias.studies.params import Param
+from keybias.studies.reduce import finite_max, finite_min
 
 PARAMETERS = {
     "embed_dim": Param(int, positive=True, maximum=256, help="model width E of every case"),
@@ -78,6 +80,12 @@ QUANTITIES = {
 REDUNDANT, NOT_REDUNDANT = "redundant", "not_redundant"
 
 
+# A case whose effect is a term the code itself puts there (an explicit penalty, an explicit
+# decay term, weights set to zero, slots or gates that bypass b_v) cannot come out otherwise for
+# any data: its claim is a `consistency` check of the measurement, not evidence.
+BY_CONSTRUCTION = "consistency"
+
+
 @dataclass(frozen=True)
 class Case:
     condition: str  # the group the paper's table lists it under
@@ -85,17 +93,20 @@ class Case:
     quantity: str
     predicted: str
     statement: str  # the claim, as the paper states it
+    kind: str = "test"  # BY_CONSTRUCTION where the code guarantees the outcome
 
 
 CASES = [
     Case("loss", "output-only", "gradient", REDUNDANT,
          "A loss that sees b_k only through the attention output gives b_k a zero gradient."),
     Case("loss", "l2-on-bk", "gradient", NOT_REDUNDANT,
-         "An L2 regulariser on b_k gives b_k a non-zero gradient (the zero-gradient statement needs a loss that sees b_k only through the output)."),
+         "An L2 regulariser on b_k gives b_k a non-zero gradient (the zero-gradient statement needs a loss that sees b_k only through the output).",
+         BY_CONSTRUCTION),
     Case("optimizer", "adam", "adam_step", REDUNDANT,
          "Plain Adam leaves b_k in place to float64 rounding after one step (its gradient is zero)."),
     Case("optimizer", "adam-coupled-wd", "adam_step", NOT_REDUNDANT,
-         "Adam with coupled weight_decay moves b_k by about one learning rate per step, because the decay term enters the gradient."),
+         "Adam with coupled weight_decay moves b_k by about one learning rate per step, because the decay term enters the gradient.",
+         BY_CONSTRUCTION),
     Case("tied", "bq-equals-bk", "output", NOT_REDUNDANT,
          "A bias shared by the query and key projections (shared-QK attention) changes the output."),
     Case("scores", "temperature", "output", REDUNDANT,
@@ -105,13 +116,16 @@ CASES = [
     Case("fold", "plain", "fold", REDUNDANT,
          "Folding b_v into the output bias (b_o + W_o b_v) leaves the output unchanged in plain softmax attention."),
     Case("fold", "attention-dropout", "fold", NOT_REDUNDANT,
-         "With attention dropout in training the rows of weights no longer sum to one and the b_v fold changes the output."),
+         "With attention dropout in training the rows of weights no longer sum to one and the b_v fold changes the output.",
+         BY_CONSTRUCTION),
     Case("fold", "add-zero-attn", "fold", NOT_REDUNDANT,
-         "With a value slot that carries no b_v (add_zero_attn) the b_v fold changes the output."),
+         "With a value slot that carries no b_v (add_zero_attn) the b_v fold changes the output.",
+         BY_CONSTRUCTION),
     Case("fold", "output-gate", "fold", NOT_REDUNDANT,
-         "With a gate between attention and W_o the b_v fold changes the output."),
+         "With a gate between attention and W_o the b_v fold changes the output.", BY_CONSTRUCTION),
     Case("fold", "fully-masked-row", "fold", NOT_REDUNDANT,
-         "With a fully masked row whose weights are set to zero the b_v fold changes that row's output."),
+         "With a fully masked row whose weights are set to zero the b_v fold changes that row's output.",
+         BY_CONSTRUCTION),
     Case("gate", "output-gate-bk", "output", REDUNDANT,
          "A gate between attention and W_o leaves b_k redundant (only the fold of b_v needs no gate)."),
     Case("relative", "relative-key", "output", REDUNDANT,
@@ -442,13 +456,11 @@ def bounds_for(case: Case) -> tuple[float, str, str]:
     return moves, ">=", moves_origin
 
 
-def _reduce(effects: pd.Series, predicted: str) -> float:
+def _reduce(effects: pd.Series, predicted: str, what: str) -> float:
     """Worst seed for the prediction: the largest effect of a redundant case, the smallest of a
     broken one. A non-finite effect or an empty selection gives NaN, which fails the claim."""
     values = pd.to_numeric(effects, errors="coerce")
-    if values.empty or not values.map(math.isfinite).all():
-        return float("nan")
-    return float(values.max() if predicted == REDUNDANT else values.min())
+    return finite_max(values, what) if predicted == REDUNDANT else finite_min(values, what)
 
 
 def summary(frame: pd.DataFrame, cases: list[Case] = CASES) -> pd.DataFrame:
@@ -456,7 +468,7 @@ def summary(frame: pd.DataFrame, cases: list[Case] = CASES) -> pd.DataFrame:
     rows = []
     for case in cases:
         sel = frame[(frame["condition"] == case.condition) & (frame["variant"] == case.variant)]
-        value = _reduce(sel["effect"], case.predicted)
+        value = _reduce(sel["effect"], case.predicted, f"effect of {claim_id(case)} over seeds")
         bound, comparison, origin = bounds_for(case)
         still, _, moves, _, _ = QUANTITIES[case.quantity]
         if not math.isfinite(value):
@@ -474,17 +486,15 @@ def summary(frame: pd.DataFrame, cases: list[Case] = CASES) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def judge(frame: pd.DataFrame, cases: list[Case] = CASES) -> list[dict]:
-    """One `test` claim per case: its worst seed is on the predicted side of its bound."""
+def judge(frame: pd.DataFrame, cases: list[Case] = CASES) -> list[Claim]:
+    """One claim per case (kind `Case.kind`): its worst seed is on the predicted side of its bound."""
     claims = []
     for row, case in zip(summary(frame, cases).itertuples(), cases, strict=True):
         bound, comparison, origin = bounds_for(case)
-        claims.append({
-            "claim_id": claim_id(case),
-            "statement": f"{case.statement} (worst of {row.seeds} seeds, float64)",
-            "value": row.effect, "bound": bound, "comparison": comparison,
-            "kind": "test", "bound_origin": origin,
-        })
+        claims.append(Claim(
+            claim_id(case), f"{case.statement} (worst of {row.seeds} seeds, float64)",
+            value=row.effect, bound=bound, comparison=comparison, kind=case.kind, bound_origin=origin,
+        ))
     return claims
 
 
@@ -505,33 +515,33 @@ def run_quirk_script(script: Path = QUIRK_SCRIPT, seed: int = 0) -> pd.DataFrame
     return pd.DataFrame(json.loads(done.stdout))
 
 
-def judge_quirk(rows: pd.DataFrame) -> list[dict]:
+def judge_quirk(rows: pd.DataFrame) -> list[Claim]:
     """Claims on the reproducer: with appended slots, need_weights changes the output and only
     need_weights=True matches the documented mask; without them, both paths agree."""
     def value(option: str, column: str) -> float:
         sel = rows.loc[rows["option"] == option, column]
-        return float(sel.iloc[0]) if len(sel) == 1 else float("nan")
+        return float(sel.iloc[0]) if len(sel) == 1 else math.nan
 
     claims = []
     for option, slug in (("add_bias_kv", "add-bias-kv"), ("add_zero_attn", "add-zero-attn")):
-        claims.append({
-            "claim_id": f"cond-quirk-{slug}-need-weights-changes-output",
-            "statement": f"With {option} and is_causal=True, nn.MultiheadAttention's output with need_weights=False differs from need_weights=True (the appended slot is hidden by SDPA's causal mask).",
-            "value": value(option, "max_abs_diff_need_weights"), "bound": BREAK_MIN,
-            "comparison": ">=", "kind": "test", "bound_origin": BREAK_ORIGIN,
-        })
-        claims.append({
-            "claim_id": f"cond-quirk-{slug}-need-weights-true-documented",
-            "statement": f"With {option} and is_causal=True, need_weights=True gives the documented output (the given causal mask, padded for the extra slot) to float64 rounding.",
-            "value": value(option, "max_abs_diff_true_vs_reference"), "bound": REDUNDANT_MAX,
-            "comparison": "<=", "kind": "test", "bound_origin": REDUNDANT_ORIGIN,
-        })
-    claims.append({
-        "claim_id": "cond-quirk-plain-paths-agree",
-        "statement": "Without appended slots, need_weights=False and need_weights=True give the same output under is_causal=True, to float64 rounding.",
-        "value": value("plain", "max_abs_diff_need_weights"), "bound": REDUNDANT_MAX,
-        "comparison": "<=", "kind": "test", "bound_origin": REDUNDANT_ORIGIN,
-    })
+        claims.append(Claim(
+            f"cond-quirk-{slug}-need-weights-changes-output",
+            f"With {option} and is_causal=True, nn.MultiheadAttention's output with need_weights=False differs from need_weights=True (the appended slot is hidden by SDPA's causal mask).",
+            value=value(option, "max_abs_diff_need_weights"), bound=BREAK_MIN,
+            comparison=">=", kind="test", bound_origin=BREAK_ORIGIN,
+        ))
+        claims.append(Claim(
+            f"cond-quirk-{slug}-need-weights-true-documented",
+            f"With {option} and is_causal=True, need_weights=True gives the documented output (the given causal mask, padded for the extra slot) to float64 rounding.",
+            value=value(option, "max_abs_diff_true_vs_reference"), bound=REDUNDANT_MAX,
+            comparison="<=", kind="test", bound_origin=REDUNDANT_ORIGIN,
+        ))
+    claims.append(Claim(
+        "cond-quirk-plain-paths-agree",
+        "Without appended slots, need_weights=False and need_weights=True give the same output under is_causal=True, to float64 rounding.",
+        value=value("plain", "max_abs_diff_need_weights"), bound=REDUNDANT_MAX,
+        comparison="<=", kind="test", bound_origin=REDUNDANT_ORIGIN,
+    ))
     return claims
 
 
@@ -543,8 +553,6 @@ def table_latex(summary_frame: pd.DataFrame) -> str:
     """The paper's table of conditions: one row per case, with its prediction and verdict."""
     lines = [r"\begin{tabular}{llllll}", r"\toprule",
              r"condition & variant & measured & worst effect & bound & verdict \\", r"\midrule"]
-    from keybias.build.recorder import format_number
-
     for r in summary_frame.itertuples():
         effect = "NaN" if not math.isfinite(r.effect) else f"${format_number(r.effect, 2)}$"
         comparison = r"\le" if r.comparison == "<=" else r"\ge"
@@ -558,6 +566,7 @@ def table_latex(summary_frame: pd.DataFrame) -> str:
 
 def effect_figure(summary_frame: pd.DataFrame):
     """Worst effect per case on a log axis, coloured by prediction, with each case's bound."""
+    # deferred with `style`, which loads matplotlib: measuring and judging need no plotting library
     import matplotlib.pyplot as plt
 
     from keybias.studies import style

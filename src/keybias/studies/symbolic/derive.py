@@ -8,14 +8,15 @@ computed by simplification (never asserted by hand).
 
 from __future__ import annotations
 
-import math
 import time
 
 import pandas as pd
 import sympy as sp
 from sympy.simplify.simplify import factor_sum, sum_simplify
 
+from keybias.build.recorder import Claim
 from keybias.studies.params import Param
+from keybias.studies.reduce import finite_count, finite_sum
 
 PARAMETERS = {
     "grid_n": Param(int, many=True, positive=True, maximum=12, help="numbers of keys checked on the grid"),
@@ -324,50 +325,71 @@ def assumptions_table() -> pd.DataFrame:
 
 # ----------------------------------------------------------------------------- claims
 EXACT = "exact arithmetic: the proof allows no non-zero term"
+COUNTEREXAMPLE = "exact arithmetic: any change is a counterexample"
 
 
-def _count(frame: pd.DataFrame, failing: pd.Series) -> float:
-    """Rows of `frame` where `failing` is True; NaN for an empty frame (the claim then fails)."""
-    return float(failing.sum()) if len(frame) else math.nan
+def _count(frame: pd.DataFrame, failing: pd.Series, what: str) -> float:
+    """Rows of `frame` where `failing` is True; NaN for an empty frame or a missing column, so the
+    claim then fails by name (`keybias.studies.reduce`)."""
+    return finite_count(failing if len(frame) else pd.Series(dtype=float), what)
+
+
+def _column(frame: pd.DataFrame, name: str) -> pd.Series:
+    return frame[name] if name in frame else pd.Series(dtype=float)
 
 
 def symbolic_claims(split: dict, shift: dict, grad: dict, jacobian: pd.DataFrame, grid_rows: pd.DataFrame,
-                    counter: dict, fold: dict, folds: pd.DataFrame) -> list[dict]:
+                    counter: dict, fold: dict, folds: pd.DataFrame) -> list[Claim]:
     """The claims of notebook 01 from the results of the checks above (pure: a test can pass
-    the results of a mutated model, see `MODELS`, and see each test claim fail)."""
-    multi_key = grid_rows[grid_rows["n_keys"] >= 2] if len(grid_rows) else grid_rows
+    the results of a mutated model, see `MODELS`, and see each claim fail).
+
+    The exact symbolic results are `proof` checks (SymPy checks an identity; nothing is
+    measured), the grid re-checks of the general results are `consistency` checks."""
+    multi_key = grid_rows[grid_rows["n_keys"] >= 2] if "n_keys" in grid_rows else grid_rows.iloc[0:0]
     return [
-        dict(claim_id="symbolic-score-split", kind="test", bound_origin=EXACT,
-             statement="For any head dimension d, SymPy splits q.(k_j + b_k)/sqrt(d) into q.k_j/sqrt(d) plus a non-zero term in b_k that does not depend on the key index j.",
-             value=int(not split["holds"]), bound=0, comparison="=="),
-        dict(claim_id="symbolic-softmax-shift-invariance", kind="test", bound_origin=EXACT,
-             statement="For any number of keys n, softmax(s + c 1) = softmax(s); SymPy simplifies the difference to 0.",
-             value=int(not shift["holds"]), bound=0, comparison="=="),
-        dict(claim_id="symbolic-zero-gradient", kind="test", bound_origin=EXACT,
-             statement="For any number of keys n, the derivative of every softmax weight along the all-ones shift is identically 0, so dL/db_k = 0 for any loss.",
-             value=int(not grad["holds"]), bound=0, comparison="=="),
-        dict(claim_id="symbolic-jacobian-ones-grid", kind="consistency", bound_origin=EXACT,
-             statement="Cross-check of the zero-gradient proof: on every grid size n, the explicit Jacobian of softmax over n symbolic scores maps the all-ones vector to zero.",
-             value=_count(jacobian, ~jacobian.get("jacobian_ones_zero", pd.Series(dtype=bool))), bound=0, comparison="=="),
-        dict(claim_id="symbolic-grid-zero-derivatives", kind="test", bound_origin=EXACT,
-             statement="On every grid size, every derivative of the multi-head attention output with respect to every entry of b_k simplifies to 0.",
-             value=_count(grid_rows, grid_rows.get("nonzero_derivatives", pd.Series(dtype=float))), bound=0, comparison="=="),
-        dict(claim_id="symbolic-grid-query-bias-control", kind="test",
-             bound_origin="positive control: every head, every size with two or more keys",
-             statement="The same simplification sees a non-zero derivative where there is one: on every grid size with two or more keys, each head's output depends on its query bias.",
-             value=_count(multi_key, multi_key.get("nonzero_query_bias_controls", pd.Series(dtype=float))
-                          < multi_key.get("query_bias_controls", pd.Series(dtype=float))),
-             bound=0, comparison="=="),
-        dict(claim_id="symbolic-query-bias-matters", kind="test", bound_origin="exact arithmetic: any change is a counterexample",
-             statement="In the two-key example, setting b_q = 1 changes the output.", value=counter["query_delta"], bound=0, comparison=">"),
-        dict(claim_id="symbolic-value-bias-matters", kind="test", bound_origin="exact arithmetic: any change is a counterexample",
-             statement="In the two-key example, setting b_v = 1 changes the output.", value=counter["value_delta"], bound=0, comparison=">"),
-        dict(claim_id="symbolic-key-bias-example", kind="test", bound_origin=EXACT,
-             statement="In the same example, setting b_k = 5 leaves the output exactly unchanged.", value=counter["key_delta"], bound=0, comparison="=="),
-        dict(claim_id="symbolic-value-bias-fold", kind="test", bound_origin=EXACT,
-             statement="For any n, W_o sum_j p_j (v_j + b_v) + b_o = W_o sum_j p_j v_j + (b_o + W_o b_v) whenever sum_j p_j = 1, and the residual is W_o b_v (sum_j p_j - 1) otherwise.",
-             value=int(not fold["holds"]), bound=0, comparison="=="),
-        dict(claim_id="symbolic-value-bias-fold-grid", kind="consistency", bound_origin=EXACT,
-             statement="Cross-check of the fold: with a full 2x2 output projection, the fold residual simplifies to zero on every grid size once the weights sum to one.",
-             value=_count(folds, ~folds.get("residual_zero", pd.Series(dtype=bool))), bound=0, comparison="=="),
+        Claim("symbolic-score-split", kind="proof", bound_origin=EXACT,
+              identity="q.(k_j + b_k)/sqrt(d) = q.k_j/sqrt(d) + q.b_k/sqrt(d), whose last term does not depend on j",
+              statement="For any head dimension d, SymPy splits q.(k_j + b_k)/sqrt(d) into q.k_j/sqrt(d) plus a non-zero term in b_k that does not depend on the key index j.",
+              value=int(not split["holds"]), bound=0, comparison="=="),
+        Claim("symbolic-softmax-shift-invariance", kind="proof", bound_origin=EXACT,
+              identity="softmax(s + c 1)_i = softmax(s)_i for a symbolic number of keys n",
+              statement="For any number of keys n, softmax(s + c 1) = softmax(s); SymPy simplifies the difference to 0.",
+              value=int(not shift["holds"]), bound=0, comparison="=="),
+        Claim("symbolic-zero-gradient", kind="proof", bound_origin=EXACT,
+              identity="d softmax(s + c 1)_i / dc = 0 for a symbolic number of keys n",
+              statement="For any number of keys n, the derivative of every softmax weight along the all-ones shift is identically 0, so dL/db_k = 0 for any loss.",
+              value=int(not grad["holds"]), bound=0, comparison="=="),
+        Claim("symbolic-jacobian-ones-grid", kind="consistency", bound_origin=EXACT,
+              statement="Cross-check of the zero-gradient proof: on every grid size n, the explicit Jacobian of softmax over n symbolic scores maps the all-ones vector to zero.",
+              value=_count(jacobian, ~_column(jacobian, "jacobian_ones_zero").astype(bool), "Jacobian rows not mapping 1 to 0"),
+              bound=0, comparison="=="),
+        Claim("symbolic-grid-zero-derivatives", kind="proof", bound_origin=EXACT,
+              identity="d o / d b_k = 0 for every output coordinate and every entry of b_k, on each grid size",
+              statement="On every grid size, every derivative of the multi-head attention output with respect to every entry of b_k simplifies to 0.",
+              value=finite_sum(_column(grid_rows, "nonzero_derivatives"), "non-zero b_k derivatives on the grid"),
+              bound=0, comparison="=="),
+        Claim("symbolic-grid-query-bias-control", kind="proof",
+              bound_origin="positive control: every head, every size with two or more keys",
+              identity="d o_h / d b_q != 0 for every head h on each grid size with two or more keys",
+              statement="The same simplification sees a non-zero derivative where there is one: on every grid size with two or more keys, each head's output depends on its query bias.",
+              value=_count(multi_key, _column(multi_key, "nonzero_query_bias_controls")
+                           < _column(multi_key, "query_bias_controls"), "grid sizes whose query-bias control vanished"),
+              bound=0, comparison="=="),
+        Claim("symbolic-query-bias-matters", kind="proof", bound_origin=COUNTEREXAMPLE,
+              identity="o(b_q = 1) - o(b_q = 0) = e^2/(1 + e^2) - e/(1 + e) != 0 in the two-key example",
+              statement="In the two-key example, setting b_q = 1 changes the output.", value=counter["query_delta"], bound=0, comparison=">"),
+        Claim("symbolic-value-bias-matters", kind="proof", bound_origin=COUNTEREXAMPLE,
+              identity="o(b_v = 1) - o(b_v = 0) = 1 in the two-key example",
+              statement="In the two-key example, setting b_v = 1 changes the output.", value=counter["value_delta"], bound=0, comparison=">"),
+        Claim("symbolic-key-bias-example", kind="proof", bound_origin=EXACT,
+              identity="o(b_k = 5) = o(b_k = 0) in the two-key example",
+              statement="In the same example, setting b_k = 5 leaves the output exactly unchanged.", value=counter["key_delta"], bound=0, comparison="=="),
+        Claim("symbolic-value-bias-fold", kind="proof", bound_origin=EXACT,
+              identity="W_o sum_j p_j (v_j + b_v) + b_o = W_o sum_j p_j v_j + (b_o + W_o b_v) + W_o b_v (sum_j p_j - 1)",
+              statement="For any n, W_o sum_j p_j (v_j + b_v) + b_o = W_o sum_j p_j v_j + (b_o + W_o b_v) whenever sum_j p_j = 1, and the residual is W_o b_v (sum_j p_j - 1) otherwise.",
+              value=int(not fold["holds"]), bound=0, comparison="=="),
+        Claim("symbolic-value-bias-fold-grid", kind="consistency", bound_origin=EXACT,
+              statement="Cross-check of the fold: with a full 2x2 output projection, the fold residual simplifies to zero on every grid size once the weights sum to one.",
+              value=_count(folds, ~_column(folds, "residual_zero").astype(bool), "grid sizes with a fold residual"),
+              bound=0, comparison="=="),
     ]
