@@ -20,6 +20,11 @@ def claim(cid, notebook="01_x", kind="test", holds=True, **extra):
             "bound_origin": "theory", **extra}
 
 
+def make_build(root, results):
+    """A real Build for the smoke profile over `root` (the constructor only finds the notebooks)."""
+    return pipeline.Build("smoke", "cpu", results, root=root)
+
+
 def write_manifest(root, profile, claims):
     for nb, entries in C.manifest_from_claims(claims).items():
         path = C.manifest_path(profile, nb, root)
@@ -34,8 +39,10 @@ def test_finite_max_fails_on_nan_and_empty_input_instead_of_skipping():
     assert math.isnan(C.finite_max(pd.Series([1.0, np.inf]), "x"))
     assert math.isnan(C.finite_max([], "x")), "an empty selection gave a number"
     assert math.isnan(C.finite_max(pd.Series([], dtype=float), "x"))
-    assert C.finite_max([1.0, float("nan"), 2.0], "x", drop_nonfinite=True) == 2.0
-    assert math.isnan(C.finite_max([float("nan")], "x", drop_nonfinite=True))
+    excluded = []
+    assert C.finite_max([1.0, float("nan"), 2.0], "x", exclude_nonfinite="masked rows", excluded=excluded) == 2.0
+    assert [str(e) for e in excluded] == ["x: 1 of 3 entries left out (masked rows)"]
+    assert math.isnan(C.finite_max([float("nan")], "x", exclude_nonfinite="masked rows", excluded=[]))
     assert C.finite_median([3.0, 1.0, 2.0], "x") == 2.0
     assert C.finite_min([3.0, 1.0], "x") == 1.0 and C.finite_mean([1.0, 3.0], "x") == 2.0
 
@@ -47,6 +54,50 @@ def test_finite_values_names_what_is_wrong():
         C.finite_values([], "noise floor")
     with pytest.raises(C.EmptySelection):
         C.finite_max([], "x", strict=True)
+
+
+def test_an_exclusion_must_be_named_and_recorded():
+    """Dropping NaN silently is impossible: the reason and the list that records it are required."""
+    with pytest.raises(ValueError, match="must be recorded"):
+        C.finite_max([1.0, float("nan")], "x", exclude_nonfinite="masked rows")
+    with pytest.raises(ValueError, match="name the reason"):
+        C.finite_max([1.0, float("nan")], "x", exclude_nonfinite=" ", excluded=[])
+    excluded = []
+    value = C.finite_max([1.0, float("nan")], "noise", exclude_nonfinite="masked rows", excluded=excluded)
+    record = C.evaluate([C.Claim("c", "s", value, 2.0, kind="test", bound_origin="theory", exclusions=excluded)])["c"]
+    assert record["holds"] and record["exclusions"] == ["noise: 1 of 2 entries left out (masked rows)"]
+    assert C.finite_count(pd.Series([True, False, True]), "x") == 2 and math.isnan(C.finite_count([], "x"))
+
+
+# -- the Claim type ---------------------------------------------------------------------------
+def test_claim_computes_holds_and_refuses_bad_fields():
+    c = C.Claim("a", "s", 0.5, 1.0, "<=", kind="test", bound_origin="theory")
+    assert c.holds and c.margin == 2.0
+    assert not C.Claim("a", "s", float("nan"), 1.0, "<=").holds, "NaN never holds"
+    assert not C.Claim("a", "s", float("inf"), 1.0, ">=").holds
+    with pytest.raises(ValueError, match="comparison"):
+        C.Claim("a", "s", 0.5, 1.0, "~")
+    with pytest.raises(ValueError, match="kind"):
+        C.Claim("a", "s", 0.5, 1.0, kind="guess")
+    with pytest.raises(ValueError, match="names no identity"):
+        C.Claim("a", "s", 0, 0, "==", kind="proof")
+    with pytest.raises(ValueError, match="implied"):
+        C.Claim("a", "s", 0, 0, "==", kind="implied")
+
+
+def test_recorder_writes_claims_and_dicts_alike(tmp_path):
+    """Judges may return a Claim or (until converted) a dict keyed claim_id or id: one record."""
+    from keybias.build.recorder import Recorder
+
+    rec = Recorder("99_x", tmp_path, profile="smoke", device="cpu")
+    fields = dict(statement="s", value=0.5, bound=1.0, comparison="<=", kind="test", bound_origin="theory")
+    records = rec.claims_from([C.Claim("a", **fields), {"claim_id": "b", **fields}, {"id": "c", **fields}])
+    assert [{k: v for k, v in r.items() if k != "id"} for r in records] == [
+        {**fields, "holds": True, "notebook": "99_x", "device": "cpu", "profile": "smoke"}] * 3
+    with pytest.raises(ValueError, match="recorded twice"):
+        rec.claim(C.Claim("a", **fields))
+    with pytest.raises(ValueError, match="both id and claim_id"):
+        C.Claim.from_any({"id": "x", "claim_id": "y", **fields})
 
 
 def test_nan_from_an_empty_selection_fails_the_claim(tmp_path):
@@ -61,7 +112,8 @@ def test_nan_from_an_empty_selection_fails_the_claim(tmp_path):
 
 # -- contract ---------------------------------------------------------------------------------
 def test_contract_accepts_a_clean_run(tmp_path):
-    run = [claim("a"), claim("b", kind="consistency"), claim("c", kind="implied", implied_by=["a"])]
+    run = [claim("a"), claim("b", kind="consistency"), claim("c", kind="implied", implied_by=["a"]),
+           claim("p", kind="proof", identity="softmax(s + c) = softmax(s)")]
     write_manifest(tmp_path, "smoke", run)
     assert C.contract_errors(run, "smoke", tmp_path) == []
 
@@ -75,6 +127,8 @@ def test_contract_accepts_a_clean_run(tmp_path):
         (claim("a", kind="implied", implied_by=["ghost"]), "implied by 'ghost', which the run did not produce"),
         (claim("a", kind="test", implied_by=["b"]), "has implied_by but kind 'test'"),
         (claim("a", bound_origin=""), "claim 'a' does not state its bound's origin"),
+        (claim("a", kind="proof"), "claim 'a' is a proof check but does not name the identity"),
+        (claim("a", identity="x = x"), "claim 'a' names an identity but has kind 'test'"),
     ],
 )
 def test_contract_names_each_broken_claim(tmp_path, broken, message):
@@ -103,11 +157,11 @@ def test_deleting_a_claim_from_a_step_record_fails_the_pipeline_check_naming_it(
     manifest = C.load_manifest("smoke", ROOT)
     assert manifest, "params/claims/smoke/ holds no manifest"
     run = [
-        claim(cid, notebook=nb, kind=kind, **({"implied_by": [i for i in ids if i != cid][:1]} if kind == "implied" else {}))
+        claim(cid, notebook=nb, kind=kind, **({"implied_by": [i for i in ids if i != cid][:1]} if kind == "implied" else {}),
+              **({"identity": "x = x"} if kind == "proof" else {}))
         for nb, ids in manifest.items() for cid, kind in ids.items()
     ]
-    build = pipeline.Build.__new__(pipeline.Build)
-    build.profile, build.root, build.results = "smoke", ROOT, tmp_path
+    build = make_build(ROOT, tmp_path)
     build.check_claims(run)
     assert (tmp_path / "macros" / "claims.tex").exists()
     victim = next(c for c in run if c["kind"] == "test")
@@ -132,7 +186,8 @@ def _step_records_from_the_manifest(tmp_path):
                   "machine": {"cpu": "x", "torch_threads": 1, "devices_present": ["cpu"]}}
     for nb in ("01_symbolic", "03_precision"):
         shutil.copy(ROOT / "notebooks" / f"{nb}.ipynb", root / "notebooks")
-        records = [claim(cid, notebook=nb, kind=kind) for cid, kind in manifest[nb].items()]
+        records = [claim(cid, notebook=nb, kind=kind, **({"identity": "x = x"} if kind == "proof" else {}))
+                   for cid, kind in manifest[nb].items()]
         step = {"notebook": nb, "profile": "smoke", "device": "cpu", "claims": records, "outputs": [],
                 "provenance": provenance}
         (results / "steps").mkdir(parents=True, exist_ok=True)
@@ -155,8 +210,7 @@ def test_deleting_a_claim_from_a_step_record_fails_gather_and_check(tmp_path, ca
 def test_pipeline_check_names_a_claim_that_fails_on_nan(tmp_path, capsys):
     run = [claim("fine"), claim("nan-claim", holds=False, value=float("nan"))]
     write_manifest(tmp_path, "smoke", run)
-    build = pipeline.Build.__new__(pipeline.Build)
-    build.profile, build.root, build.results = "smoke", tmp_path, tmp_path / "results"
+    build = make_build(tmp_path, tmp_path / "results")
     with pytest.raises(pipeline.BuildError, match="nan-claim"):
         build.check_claims(run)
     assert "empty selection or non-finite data" in capsys.readouterr().err
@@ -167,8 +221,7 @@ def test_pipeline_check_stops_on_a_verdict_table_it_cannot_count(tmp_path):
     write_manifest(tmp_path, "smoke", run)
     (tmp_path / "results" / "data").mkdir(parents=True)
     (tmp_path / "results" / "data" / "invariance.csv").write_text("dtype,verdict\nfloat32,redundant\n")
-    build = pipeline.Build.__new__(pipeline.Build)
-    build.profile, build.root, build.results = "smoke", tmp_path, tmp_path / "results"
+    build = make_build(tmp_path, tmp_path / "results")
     with pytest.raises(pipeline.BuildError, match="expected"):
         build.check_claims(run)
 
@@ -214,8 +267,8 @@ def test_mutation_register_collects_markers_without_running_tests(tmp_path):
 
 def test_every_test_claim_of_the_manifest_has_a_mutation_test():
     """The register over the committed paper manifest (fails until every notebook is converted)."""
-    result = subprocess.run([sys.executable, "-m", "keybias.build.claims", "mutations", "--profile", "paper"],
-                            cwd=ROOT, capture_output=True, text=True)
+    result = subprocess.run([sys.executable, "-m", "keybias.build.claims", "mutations", "--profile", "paper",
+                             "--collect-only"], cwd=ROOT, capture_output=True, text=True)
     assert "mutation score:" in result.stdout, result.stdout + result.stderr
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
 
@@ -231,8 +284,9 @@ def test_headline_counts_count_only_independent_tests():
         "independent": [True, True, True, False, True, True],
     })
     counts = C.headline_counts(claims, verdicts)
-    assert counts["ClaimsTotal"] == 4 and counts["ClaimsTest"] == 2 and counts["ClaimsTestHolding"] == 1
-    assert counts["ClaimsConsistency"] == 1 and counts["ClaimsImplied"] == 1
+    assert "ClaimsTotal" not in counts, "no count sums test claims with the other kinds"
+    assert counts["ClaimsTest"] == 2 and counts["ClaimsTestHolding"] == 1
+    assert counts["ClaimsConsistency"] == 1 and counts["ClaimsImplied"] == 1 and counts["ClaimsProof"] == 0
     assert (counts["IndepTestsFloatSixtyFour"], counts["IndepContradictionsFloatSixtyFour"]) == (2, 0)
     # the contradicting float32 row is implied, so it is not a test (and not a contradiction)
     assert (counts["IndepTestsFloatThirtyTwo"], counts["IndepContradictionsFloatThirtyTwo"]) == (1, 0)
@@ -252,9 +306,72 @@ def test_headline_counts_count_only_independent_tests():
 def test_claims_table_groups_by_kind_with_bound_origin():
     table = C.claims_table([claim("t1", bound_origin="float64 rounding theory"),
                             claim("c1", kind="consistency"), claim("i1", kind="implied", implied_by=["t1"]),
+                            claim("p1", kind="proof", identity="softmax(s + c) = softmax(s)"),
                             claim("t2", holds=False, min_detectable=1e-3)])
-    tests_at, cons_at, implied_at = (table.index(C.latex_escape(C.KIND_TITLES[k])) for k in C.CLAIM_KINDS)
-    assert tests_at < table.index("t2") < cons_at < table.index("c1") < implied_at < table.index("i1")
+    tests_at, proof_at, cons_at, implied_at = (table.index(C.latex_escape(C.KIND_TITLES[k])) for k in C.CLAIM_KINDS)
+    assert tests_at < table.index("t2") < proof_at < table.index("p1") < cons_at < table.index("c1")
+    assert cons_at < implied_at < table.index("i1")
+    assert "Identity: softmax(s + c) = softmax(s)." in table
     assert "Bound: float64 rounding theory." in table and "FAILS" in table
     assert r"Implied by} \texttt{\footnotesize t1}" in table
     assert table.rstrip().endswith(r"\bottomrule" + "\n" + r"\end{longtable}")
+
+
+def test_kind_summary_keeps_tests_apart_and_has_no_degenerate_counts():
+    one = C.kind_summary([claim("a")])
+    assert one == "The one test claim holds."
+    mixed = C.kind_summary([claim("a"), claim("b", holds=False), claim("c", kind="consistency"),
+                            claim("p", kind="proof", identity="x"), claim("q", kind="proof", identity="y")])
+    assert mixed == ("1 of 2 test claims hold; 1 fail. Apart from them, and not counted as evidence: "
+                     "2 proof checks and one consistency check; all of them hold.")
+    assert C.kind_summary([claim("a"), claim("b")]).startswith("All 2 test claims hold.")
+    assert " of 1 " not in C.kind_summary([claim("a", holds=False), claim("c", kind="consistency")])
+
+
+def test_mutation_distances_are_recorded_and_printed(tmp_path, capsys):
+    """`mutations` runs the marked tests; record_mutation logs each judged mutation's distance."""
+    import shutil
+
+    tests = tmp_path / "tests"
+    tests.mkdir()
+    shutil.copy(ROOT / "tests" / "conftest.py", tests / "conftest.py")
+    (tests / "test_fake_distances.py").write_text(
+        "import pytest\n"
+        "from keybias.build.recorder import Claim\n"
+        "@pytest.mark.claim_mutation('upper')\n"
+        "def test_edge(record_mutation):\n"
+        "    record_mutation(Claim('upper', 's', 1.05, 1.0, '<=', kind='test', bound_origin='t'))\n"
+        "@pytest.mark.claim_mutation('lower')\n"
+        "def test_lower(record_mutation):\n"
+        "    record_mutation({'claim_id': 'lower', 'statement': 's', 'value': 0.5, 'bound': 1.0, 'comparison': '>=',\n"
+        "                     'kind': 'test', 'bound_origin': 't'})\n"
+        "@pytest.mark.claim_mutation('lower')\n"
+        "def test_unrecorded():\n"
+        "    pass\n"
+    )
+    logged = C.run_mutations(tmp_path)
+    assert sorted((e["id"], e["value"]) for e in logged) == [("lower", 0.5), ("upper", 1.05)]
+    assert [round(C.mutation_distance(e), 6) for e in sorted(logged, key=lambda e: e["id"])] == [2.0, 1.05]
+    write_manifest(tmp_path, "smoke", [claim("upper"), claim("lower")])
+    assert C.main(["--root", str(tmp_path), "mutations", "--profile", "smoke"]) == 0
+    out = capsys.readouterr().out
+    assert "value 1.05 <= bound 1 is false: 1.05x the bound" in out
+    assert "value 0.5 >= bound 1 is false: the bound is 2x the value" in out
+    assert "distance not recorded" in out and "mutation distances: recorded for 2 of 2 test claims" in out
+
+
+def test_record_mutation_refuses_a_mutation_that_still_holds(tmp_path):
+    import shutil
+
+    tests = tmp_path / "tests"
+    tests.mkdir()
+    shutil.copy(ROOT / "tests" / "conftest.py", tests / "conftest.py")
+    (tests / "test_fake_weak.py").write_text(
+        "import pytest\n"
+        "from keybias.build.recorder import Claim\n"
+        "@pytest.mark.claim_mutation('upper')\n"
+        "def test_weak(record_mutation):\n"
+        "    record_mutation(Claim('upper', 's', 0.5, 1.0, '<=', kind='test', bound_origin='t'))\n"
+    )
+    with pytest.raises(RuntimeError, match="still holds"):
+        C.run_mutations(tmp_path)

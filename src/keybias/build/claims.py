@@ -70,6 +70,7 @@ import contextlib
 import io
 import json
 import math
+import re
 import sys
 from pathlib import Path
 
@@ -90,6 +91,7 @@ from keybias.studies.reduce import (  # noqa: F401  (re-exported: judges and tes
     NonFiniteValues,
     finite_max,
     finite_mean,
+    finite_count,
     finite_median,
     finite_min,
     finite_reduce,
@@ -258,29 +260,26 @@ def collect_mutations(root: Path = ROOT, tests: str = "tests") -> dict[str, list
     return {cid: sorted(set(nodes)) for cid, nodes in sorted(found.items())}
 
 
-def run_mutations(root: Path = ROOT, tests: str = "tests", log_path: Path | None = None) -> list[dict]:
+def run_mutations(root: Path = ROOT, tests: str = "tests") -> list[dict]:
     """Run every test marked `claim_mutation` and return what their `record_mutation` calls logged:
     one dict per judged mutation (node, id, value, bound, comparison, holds).
 
-    The fixture (tests/conftest.py) appends JSON lines to the file named by `MUTATION_LOG_ENV`;
-    a failing mutation test is an error here, since its distance would mean nothing."""
+    The tests run in a fresh interpreter (their conftest and modules must not meet this one's);
+    the fixture (tests/conftest.py) appends JSON lines to the file named by `MUTATION_LOG_ENV`.
+    A failing mutation test is an error here, since its distance would mean nothing."""
     import os
+    import subprocess
     import tempfile
 
     with tempfile.TemporaryDirectory() as scratch:
-        path = Path(log_path) if log_path else Path(scratch) / "mutations.jsonl"
-        path.unlink(missing_ok=True)
-        before = os.environ.get(MUTATION_LOG_ENV)
-        os.environ[MUTATION_LOG_ENV] = str(path)
-        try:
-            args = ["-q", "-m", "claim_mutation", "-p", "no:cacheprovider", "--rootdir", str(root),
-                    str(Path(root) / tests)]
-            _run_pytest(args, [], "the mutation tests", ok=(0,))
-        finally:
-            if before is None:
-                os.environ.pop(MUTATION_LOG_ENV, None)
-            else:
-                os.environ[MUTATION_LOG_ENV] = before
+        path = Path(scratch) / "mutations.jsonl"
+        env = dict(os.environ, **{MUTATION_LOG_ENV: str(path)})
+        args = [sys.executable, "-m", "pytest", "-q", "-m", "claim_mutation", "-p", "no:cacheprovider",
+                "--rootdir", str(root), str(Path(root) / tests)]
+        done = subprocess.run(args, cwd=root, env=env, capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            raise RuntimeError(f"the mutation tests failed (pytest exit {done.returncode}):\n"
+                               f"{(done.stdout + done.stderr)[-4000:]}")
         lines = path.read_text().splitlines() if path.exists() else []
     return [json.loads(line) for line in lines if line.strip()]
 
@@ -425,6 +424,41 @@ def write_headline_macros(results: Path, claims: list[dict]) -> Path:
     return path
 
 
+# -- macro index ------------------------------------------------------------------------------
+MACRO_DEFINITION = re.compile(r"\\newcommand\{\\([A-Za-z]+)\}")
+# macro files the build writes itself, and who writes them
+BUILD_MACRO_FILES = {
+    "provenance": "keybias.build.paper.provenance_macros",
+    "claims": "keybias.build.claims.headline_macros",
+}
+
+
+def macro_index(results: Path) -> dict[str, dict[str, str]]:
+    """{macro name: {"file": "macros/<f>.tex", "source": notebook or build function}} for every
+    macro defined under `results/macros` (all.tex only inputs the others). A name defined in two
+    files is an error naming both."""
+    index: dict[str, dict[str, str]] = {}
+    for path in sorted((Path(results) / "macros").glob("*.tex")):
+        if path.stem == "all":
+            continue
+        source = BUILD_MACRO_FILES.get(path.stem, f"notebooks/{path.stem}.ipynb")
+        for name in MACRO_DEFINITION.findall(path.read_text()):
+            if name in index:
+                raise ValueError(f"macro \\{name} is defined in {index[name]['file']} and in macros/{path.name}")
+            index[name] = {"file": f"macros/{path.name}", "source": source}
+    return dict(sorted(index.items()))
+
+
+def write_macro_index(results: Path) -> Path:
+    """Write `results/macros/index.json`: each macro the paper may use, with the file and the
+    notebook (or build function) that defines it, so a name seen in paper/ can be traced."""
+    path = Path(results) / "macros" / "index.json"
+    text = json.dumps(macro_index(results), indent=1) + "\n"
+    if not path.exists() or path.read_text() != text:
+        atomic_write_text(path, text)
+    return path
+
+
 # -- appendix table ---------------------------------------------------------------------------
 def _tt_id(cid: str) -> str:
     return r"\texttt{\footnotesize " + cid.replace("_", r"\_").replace("-", "-{}\\allowbreak{}") + "}"
@@ -452,6 +486,8 @@ def claims_table(claims: list[dict]) -> str:
             detail = latex_escape(c["statement"])
             if c.get("bound_origin"):
                 detail += r" \emph{Bound: " + latex_escape(c["bound_origin"]) + ".}"
+            if c.get("identity"):
+                detail += r" \emph{Identity: " + latex_escape(c["identity"]) + ".}"
             if c.get("min_detectable") is not None:
                 detail += r" \emph{Smallest detectable effect: $" + format_number(c["min_detectable"]) + "$.}"
             if c.get("implied_by"):
