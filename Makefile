@@ -58,7 +58,7 @@ arxiv: $(VENV_STAMP) ## dist/keybias-arxiv-<commit>.tar.gz, proven by compiling 
 bitwise: $(VENV_STAMP) ## measure whether results are byte-identical across CPU instruction sets
 	@$(PY) -m keybias.build.bitwise --threads 2 --out results/machine/bitwise.json
 
-mutations: $(VENV_STAMP) ## list every test claim with its mutation tests; fails if one has none
+mutations: $(VENV_STAMP) ## run the mutation tests: every test claim, its mutations and their distance from the bound; fails if one has none
 	@$(PY) -m keybias.build.claims mutations --profile $(PROFILE)
 
 manifest: $(VENV_STAMP) ## rewrite params/claims/$(PROFILE)/ from the claims in results/ (after adding a claim)

@@ -322,7 +322,7 @@ def test_kind_summary_keeps_tests_apart_and_has_no_degenerate_counts():
     assert one == "The one test claim holds."
     mixed = C.kind_summary([claim("a"), claim("b", holds=False), claim("c", kind="consistency"),
                             claim("p", kind="proof", identity="x"), claim("q", kind="proof", identity="y")])
-    assert mixed == ("1 of 2 test claims hold; 1 fail. Apart from them, and not counted as evidence: "
+    assert mixed == ("1 of 2 test claims hold; 1 fail. Not counted as evidence: "
                      "2 proof checks and one consistency check; all of them hold.")
     assert C.kind_summary([claim("a"), claim("b")]).startswith("All 2 test claims hold.")
     assert " of 1 " not in C.kind_summary([claim("a", holds=False), claim("c", kind="consistency")])

@@ -63,7 +63,8 @@ def test_index_links_every_output_and_lists_every_claim(tmp_path):
         if not link.startswith("../"):
             assert (results / link).exists(), f"dangling link {link}"
     assert "It &lt;holds&gt; &amp; is escaped." in text and 'alt="A line going up."' in text
-    assert "1 of 2 hold" in text and 'class="fails">NO' in text
+    assert "The one test claim holds. Not counted as evidence: one consistency check; it fails." in text
+    assert 'class="fails">NO' in text
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="no headless Chromium installed (`apt-get install chromium`)")
@@ -77,7 +78,7 @@ def test_index_renders_in_headless_chromium(tmp_path):
         capture_output=True, text=True, timeout=120, check=True,
     ).stdout
     assert 'id="claim-a-claim"' in dom and 'id="claim-b-claim"' in dom
-    assert "Claims (1 of 2 hold)" in dom
+    assert "The one test claim holds." in dom
 
 
 def test_readme_blocks_are_generated_from_provenance_and_claims():
@@ -94,8 +95,10 @@ def test_readme_blocks_are_generated_from_provenance_and_claims():
     text = "intro\n<!-- generated:times -->\nold numbers 99\n<!-- /generated -->\nrest\n"
     new = readme.render(text, readme.blocks(provenance, claims))
     assert "old numbers" not in new and new.startswith("intro\n") and new.endswith("<!-- /generated -->\nrest\n")
-    assert "took 201 s in all" in new and "2 of 3 claims hold (1 test, 1 consistency, 1 implied)" in new
-    assert "| `01_a` | 12 s | 1 (1 / 0 / 0) |" in new
+    assert "took 201 s in all" in new and (
+        "The one test claim holds. Not counted as evidence: one consistency check and one implied claim; "
+        "one of them fails.") in new
+    assert "| `01_a` | 12 s | 1 | 0 | 0 | 0 |" in new and "| `02_b` | 50 s | 0 | 0 | 1 | 1 |" in new
     assert readme.render(new, readme.blocks(provenance, claims)) == new
 
 

@@ -394,10 +394,15 @@ def kind_summary(claims: list[dict]) -> str:
     parts = [_count_noun(len(group), k) for k, group in others]
     listed = parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
     failing = sum(not c.get("holds") for _, group in others for c in group)
-    tail = "all of them hold" if not failing else f"{failing} of them fail"
     if sum(len(group) for _, group in others) == 1:
-        tail = "it holds" if not failing else "it fails"
-    return f"{first} Apart from them, and not counted as evidence: {listed}; {tail}."
+        tail = "it fails" if failing else "it holds"
+    elif failing == 0:
+        tail = "all of them hold"
+    elif failing == 1:
+        tail = "one of them fails"
+    else:
+        tail = f"{failing} of them fail"
+    return f"{first} Not counted as evidence: {listed}; {tail}."
 
 
 def headline_macros(counts: dict[str, int], mutation_covered: int | None = None) -> str:

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import html
 import json
+from collections import Counter
 from pathlib import Path
+
+from keybias.build.claims import kind_summary
 
 _STYLE = """
 body{font-family:system-ui,sans-serif;max-width:70rem;margin:2rem auto;padding:0 1rem;color:#222}
@@ -53,15 +56,16 @@ def render_index(results: Path, steps: list[dict], claims: list[dict], provenanc
     ]
     for step in steps:
         name = step["notebook"]
-        n_claims = len(step.get("claims", []))
+        kinds = Counter(c.get("kind") for c in step.get("claims", []))
+        counted = ", ".join(f"{kinds[k]} {k}" for k in ("test", "proof", "consistency", "implied") if kinds[k])
         out.append(
             f'<li><a href="notebooks/{_esc(name)}.html">{_esc(name)}</a> '
-            f'(<a href="notebooks/{_esc(name)}.ipynb">ipynb</a>): {n_claims} claims</li>'
+            f'(<a href="notebooks/{_esc(name)}.ipynb">ipynb</a>): claims by kind: {_esc(counted or "none")}</li>'
         )
     out.append("</ul>")
-    held = sum(bool(c.get("holds")) for c in claims)
     out += [
-        f'<h2 id="claims">Claims ({held} of {len(claims)} hold)</h2>',
+        '<h2 id="claims">Claims</h2>',
+        f"<p>{_esc(kind_summary(claims))}</p>",
         "<table><thead><tr><th>id</th><th>kind</th><th>value</th><th>check</th><th>bound</th>"
         "<th>holds</th><th>notebook</th></tr></thead><tbody>",
     ]

@@ -7,10 +7,12 @@ build with the default results folder; the prose around the markers holds no num
 
 from __future__ import annotations
 
+import json
 import re
 from collections import Counter
 from pathlib import Path
 
+from keybias.build.claims import kind_summary
 from keybias.build.recorder import atomic_write_text
 
 _BLOCK = re.compile(r"(<!-- generated:(?P<name>[a-z_]+) -->\n)(?P<body>.*?)(<!-- /generated -->)", re.S)
@@ -42,23 +44,22 @@ def bitwise_block(result: dict) -> str:
 def blocks(provenance: dict, claims: list[dict], bitwise: dict | None = None) -> dict[str, str]:
     """Generated README text per marker name."""
     steps = provenance["steps"]
-    rows = ["| notebook | wall time | claims (test / consistency / implied) |", "|---|---|---|"]
+    # test claims in their own column: they alone count as evidence, so no column sums the kinds
+    rows = ["| notebook | wall time | test claims | proof checks | consistency checks | implied claims |",
+            "|---|---|---|---|---|---|"]
     per_notebook = {name: Counter(c.get("kind") or "none" for c in claims if c["notebook"] == name) for name in steps}
     for name, step in sorted(steps.items()):
         kinds = per_notebook[name]
         rows.append(
-            f"| `{name}` | {step['wall_seconds']:.0f} s | {sum(kinds.values())} "
-            f"({kinds['test']} / {kinds['consistency']} / {kinds['implied']}) |"
+            f"| `{name}` | {step['wall_seconds']:.0f} s | {kinds['test']} | {kinds['proof']} "
+            f"| {kinds['consistency']} | {kinds['implied']} |"
         )
-    kinds = Counter(c.get("kind") or "none" for c in claims)
-    held = sum(bool(c["holds"]) for c in claims)
     machine = provenance["machine"]
     summary = (
         f"Measured by the build of commit `{provenance['commit'][:10]}` (profile `{provenance['profile']}`) "
         f"on {machine['cpu_count']} CPU cores ({machine['cpu']}), {provenance.get('threads') or machine['torch_threads']} "
         f"kernel threads: the notebooks took {provenance['total_wall_seconds']:.0f} s in all. "
-        f"{held} of {len(claims)} claims hold ({kinds['test']} test, {kinds['consistency']} consistency, "
-        f"{kinds['implied']} implied). Source: `results/provenance.json`, `results/claims.json`."
+        f"{kind_summary(claims)} Source: `results/provenance.json`, `results/claims.json`."
     )
     generated = {"times": summary + "\n\n" + "\n".join(rows)}
     if bitwise:
@@ -80,8 +81,6 @@ def update_readme(path: Path, provenance: dict, claims: list[dict], bitwise_json
     """Rewrite the generated blocks of `path`; True when the file changed."""
     if not path.exists():
         return False
-    import json
-
     bitwise = json.loads(bitwise_json.read_text()) if bitwise_json and bitwise_json.exists() else None
     text = path.read_text()
     new = render(text, blocks(provenance, claims, bitwise))
