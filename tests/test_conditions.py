@@ -11,7 +11,7 @@ import torch
 from keybias.build import claims as C
 from keybias.studies import style
 from keybias.studies.conditions import measure as conditions
-from keybias.studies.conditions.measure import CASES, NOT_REDUNDANT, REDUNDANT, claim_id
+from keybias.studies.conditions.measure import CASES, REDUNDANT, claim_id
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -5,10 +5,13 @@ A claim is evidence only if it could have failed. The pipeline hands every gathe
 
 Conventions every notebook follows (design.md, "Claims"):
 
-* **Kinds.** `rec.claim(id, statement, value, bound, comparison, kind=..., bound_origin=...)`
-  with `kind` one of
+* **Kinds.** A judge returns `Claim`s (`keybias.build.recorder.Claim`; dicts with the same
+  keywords still work) and the notebook hands them to `rec.claims_from`. `kind` is one of
     - `test`: a measurement that plausible data could contradict;
-    - `consistency`: a bookkeeping cross-check (formula counts equal module counts, ...);
+    - `proof`: an exact symbolic identity checked by SymPy; it names the identity in `identity`
+      and is a proof check, not an empirical test (no mutation test is required);
+    - `consistency`: a bookkeeping cross-check (formula counts equal module counts, ...), or a
+      measurement whose outcome the code itself guarantees;
     - `implied`: follows from the claims named in `implied_by=[ids]`, which must exist in the
       same run.
   A check that holds by construction is a unit test, not a claim.
@@ -16,19 +19,23 @@ Conventions every notebook follows (design.md, "Claims"):
   theory, a held-out calibration (other seeds, dtypes or sizes), or the issue. A bound is never
   fitted on the runs it judges. A "no effect" claim also gives `min_detectable`, the smallest
   effect its size-matched positive control shows it would have seen.
-* **Judge functions** are pure: DataFrames in, a list of claim dicts (the keyword arguments of
-  `Recorder.claim`) out, so that a test can hand them doctored data.
-* **Finite reductions.** Reduce with `finite_max`, `finite_min`, `finite_mean`, `finite_median`
-  or `finite_values`, never with a pandas reduction that skips NaN. A NaN entry or an empty
-  selection gives a NaN value, and a NaN value never holds (`Recorder.claim`), so the claim fails
-  by name instead of vanishing. Rows that are legitimately not finite (e.g. fully masked rows)
-  are removed by an explicit selection before the reduction, or with `drop_nonfinite=True`,
-  never silently.
+* **Judge functions** are pure: DataFrames in, a list of `Claim`s out, so that a test can hand
+  them doctored data.
+* **Finite reductions** (`keybias.studies.reduce`). Reduce with `finite_max`, `finite_min`,
+  `finite_mean`, `finite_median`, `finite_sum`, `finite_count` or `finite_values`, never with a
+  pandas reduction that skips NaN. A NaN entry or an empty selection gives a NaN value, and a NaN
+  value never holds, so the claim fails by name instead of vanishing. Rows that are legitimately
+  not finite (e.g. fully masked rows) are removed by an explicit selection before the reduction,
+  or with `exclude_nonfinite="reason", excluded=list`, and that list goes into the claim
+  (`Claim(exclusions=...)`), which records it.
 * **Mutation tests.** Every `test` claim has at least one pytest marked
   `@pytest.mark.claim_mutation("claim-id", ...)` (exact ids) that feeds the claim's own judge
-  code data, or a model, that violates the property and asserts the claim's `holds` is False.
-  `python -m keybias.build.claims mutations [--profile P]` lists them (pytest collection only, nothing
-  runs), prints the mutation score and exits non-zero if any test claim of the manifest has none.
+  code the smallest violation it exists to catch and passes the judged claim to the
+  `record_mutation` fixture (tests/conftest.py), which asserts that it fails and logs its value
+  and bound. `python -m keybias.build.claims mutations [--profile P]` runs the marked tests and
+  prints, per test claim, its mutation tests and each mutation's distance from the bound as a
+  ratio; `--collect-only` lists them without running. It exits non-zero if any test claim of the
+  manifest has none.
 * **Manifest.** `params/claims/<profile>/<notebook>.json` lists the claim ids (with kinds) a
   notebook must produce in that profile. A claim missing from the run, a run claim missing from
   the manifest, or a kind that differs, is a contract error naming the claim. After changing a
@@ -36,14 +43,15 @@ Conventions every notebook follows (design.md, "Claims"):
   `python -m keybias.build.claims manifest --profile P --results DIR [--only NB] --write`: it rewrites
   the files of the notebooks with step records in DIR/steps only, one file per notebook, so
   branches that change different notebooks never conflict.
-* **Headline counts** come from `headline_counts(claims, verdicts)`; the abstract, discussion and
+* **Headline counts** come from `headline_counts(claims, verdicts)`. No count sums test claims
+  with the other kinds; readers' sentences come from `kind_summary`. The abstract, discussion and
   README print only these macros (written to `results/macros/claims.tex` by
   `write_headline_macros`):
 
     ==============================  =====================================================
-    ``\\ClaimsTotal``                 every claim of the run
     ``\\ClaimsTest``                  claims of kind `test` (the only ones to count as evidence)
     ``\\ClaimsTestHolding``           test claims that hold
+    ``\\ClaimsProof``                 proof checks (SymPy identities)
     ``\\ClaimsConsistency``           consistency checks
     ``\\ClaimsImplied``               implied claims
     ``\\ClaimsMutationCovered``       test claims with a mutation test (from the register,
@@ -74,8 +82,6 @@ import re
 import sys
 from pathlib import Path
 
-import pandas as pd
-
 from keybias.build.recorder import (
     CLAIM_KINDS,
     Claim,
@@ -89,9 +95,9 @@ from keybias.studies.reduce import (  # noqa: F401  (re-exported: judges and tes
     EmptySelection,
     Exclusion,
     NonFiniteValues,
+    finite_count,
     finite_max,
     finite_mean,
-    finite_count,
     finite_median,
     finite_min,
     finite_reduce,

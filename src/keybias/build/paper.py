@@ -13,7 +13,12 @@ import subprocess
 import time
 from pathlib import Path
 
-from keybias.build.claims import claims_table, contract_errors, write_headline_macros, write_macro_index
+from keybias.build.claims import (
+    claims_table,
+    contract_errors,
+    write_headline_macros,
+    write_macro_index,
+)
 from keybias.build.console import _show, log, sha256_bytes, status_line
 from keybias.build.index import render_index
 from keybias.build.provenance import git
