@@ -145,7 +145,7 @@ TOLERANCES = {
         "the calibration's bound of 1) it counts as zero",
     ),
     "rms_error": Tolerance(
-        rtol=0.17, floor_u=2.0,
+        rtol=0.17,
         spread="0.057 relative (precision_errors_calibration err_rms, AMD)",
         why="a root mean square over thousands of rounding errors, or a prediction from such "
         "sums: its size reproduces to a few percent; the precision law's effects are >= 2x",
