@@ -165,3 +165,25 @@ def test_control_scaled_tolerance_uses_the_reference_rows_control(tmp_path):
     assert compare_folders(tmp_path / "a", tmp_path / "b").ok
     far = compare_folders(tmp_path / "a", tmp_path / "c")
     assert any("final_divergence_kept" in f for f in far.failures)
+
+
+def test_verify_prints_a_line_per_class_with_counts_and_largest_ratio(tmp_path, capsys):
+    from keybias.build.pipeline import verify
+
+    a = make_results(tmp_path / "a", err="3.3e-15")
+    b = make_results(tmp_path / "b", err="3.6e-15")
+    assert verify(a, b, seconds=12.0) == 0
+    out = capsys.readouterr().out
+    lines = [line for line in out.splitlines() if line.startswith("verify: rms_error ")]
+    assert len(lines) == 1 and lines[0].split()[2:5] == ["1", "0", "0"], out  # compared, identical, failed
+    assert "data/precision_errors.csv:delta_rms row 0" in lines[0]
+    assert "verify: PASSED after regenerating for 12 s" in out
+
+
+def test_printed_numbers_get_the_rounding_of_their_printing():
+    from keybias.build.outputs import printed_ratio
+
+    assert printed_ratio("slope", "0.9704", "0.970") == 0  # the same slope printed to fewer digits
+    assert printed_ratio("slope", "0.9704", "0.8704") > 1
+    assert printed_ratio("effect32", "0.506", "0.406") > 1
+    assert printed_ratio("images", "0", "1") == TOLERANCES["images"].ratio(0, 1)
