@@ -1,16 +1,23 @@
 """Output classes: what `make verify` compares, and how closely.
 
-Every results file, and every column of every `data/*.csv`, is one of three classes:
+Every results file, every column of every `data/*.csv`, every macro and every claim field is
+one of three classes:
 
 - **exact**: byte-equal on any machine (configurations, counts, verdicts, symbolic results,
-  claim outcomes);
-- **rounding**: equal within a tolerance the column declares (`TOLERANCES`), chosen from the
-  column's dtype and computation before comparing anything, never tuned to pass;
+  claim outcomes: a claim's `holds` is never a machine value);
+- **rounding**: equal within a tolerance (`TOLERANCES`), each derived from the spread measured
+  between machines and instruction sets (the committed Intel AVX-512 run against a real AMD
+  AVX2-only run, and a run natively against one capped at AVX2): at most about 3x that spread,
+  never looser than the effect the value reports. Each tolerance records its `spread` and `why`;
 - **machine**: timings, thread counts, CPU names, rendered pages: never compared.
 
-`DATA_COLUMNS` declares each data column; `FILES` declares whole files by pattern. A column or
-file that is not declared fails `undeclared()` (a test runs it on a smoke run), and the message
-names the exact line to add. `compare_folders` is the comparison of `make verify`.
+Data columns are declared in each study's `schema.py` (`DATA_COLUMNS`), macros by name in
+`MACRO_CLASSES`, claim values and bounds by claim id in `CLAIM_CLASSES`, whole files in `FILES`.
+A printed number takes the class of the data it prints, plus the rounding of its own printing.
+A column or file that is not declared fails `undeclared()` (a test runs it on a smoke run), and
+the message names the exact line to add. `compare_folders` is the comparison of `make verify`;
+`python -m keybias.build.outputs REFERENCE CANDIDATE` compares two folders and prints the
+table per class. tests/test_verify_mutations.py plants a wrong value for each class.
 """
 
 from __future__ import annotations
