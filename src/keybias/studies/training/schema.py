@@ -13,11 +13,10 @@ TABLES: dict[str, dict[str, str]] = {
         exact="setting optimizer eps dtype seed lr steps powered_steps",
         accuracy="test_acc",
         trained="norm_b_q norm_b_v norm_b_k_initial decayed_norm sgd_bound",
-        chaotic="norm_b_k grad_rms_b_q drift_over_predicted",
+        chaotic="norm_b_k grad_rms_b_q drift_over_predicted predicted_drift random_walk_drift",
         noise="drift_b_k grad_rms_b_k max_grad_over_tolerance max_grad_over_tolerance_powered "
         "sgd_walk_ratio",
-        statistic="predicted_drift random_walk_drift sgd_walk sgd_walk_ratio_b_q "
-        "detectable_gradient_fraction",
+        statistic="sgd_walk sgd_walk_ratio_b_q detectable_gradient_fraction",
     ),
     "data/training_bias_trajectories.csv": cols(
         exact="setting optimizer dtype eps seed step lr weight_decay n_bias",
