@@ -377,15 +377,19 @@ def failure_message(name: str, exc: Exception, executed: Path, log_path: Path, r
     return "\n".join(lines)
 
 
-def verify(reference: Path, scratch: Path) -> int:
-    """Compare freshly regenerated results with the reference; print the summary and failures."""
+def verify(reference: Path, scratch: Path, seconds: float | None = None) -> int:
+    """Compare freshly regenerated results with the reference; print the failures, then per
+    output class the values compared and the largest ratio to tolerance, then the summary."""
     from keybias.build.outputs import compare_folders
 
     report = compare_folders(reference, scratch)
     for failure in report.failures:
         print(f"verify: DIFFERS {failure}", flush=True)
+    for line in report.class_table():
+        print(f"verify: {line}", flush=True)
     print(f"verify: {report.summary()}", flush=True)
-    print(f"verify: {'PASSED' if report.ok else 'FAILED'}; fresh results in {scratch}", flush=True)
+    took = f" after regenerating for {seconds:.0f} s" if seconds is not None else ""
+    print(f"verify: {'PASSED' if report.ok else 'FAILED'}{took}; fresh results in {scratch}", flush=True)
     return 0 if report.ok else 1
 
 
@@ -436,9 +440,9 @@ def main(argv: list[str] | None = None) -> int:
             fresh = Build(args.profile, args.device, scratch, force=True)
             fresh.check()
             fresh.check_tools(paper=False)
-            fresh.run_notebooks()
+            fresh.run_notebooks()  # prints one status line per notebook as it regenerates
             fresh.gather()
-            return verify(build.results, scratch)
+            return verify(build.results, scratch, time.perf_counter() - t0)
         build.check_tools(paper=args.command in ("paper", "all", "arxiv"))
         if args.command in ("notebooks", "all"):
             build.run_notebooks()

@@ -11,11 +11,11 @@ from keybias.studies.columns import cols
 TABLES: dict[str, dict[str, str]] = {
     "data/conditions.csv": cols(
         exact="condition variant quantity predicted seed",
-        noise="effect",  # redundant rows are float64 rounding (~1e-16): only their size reproduces
+        effect="effect",  # redundant rows are float64 rounding (~1e-16): only their size reproduces
     ),
     "data/conditions_summary.csv": cols(
         exact="condition variant quantity predicted seeds bound comparison verdict claim",
-        noise="effect",
+        effect="effect",
     ),
     "data/conditions_quirk.csv": cols(
         exact="option",

@@ -11,26 +11,31 @@ from keybias.studies.columns import cols
 TABLES: dict[str, dict[str, str]] = {
     "data/longrun_trajectory.csv": cols(
         exact="role dtype eps seed step layer lr n_bias",
-        walk="norm_b_k drift_b_k grad_rms_b_k noise_sum loss",
+        walk_long="norm_b_k drift_b_k grad_rms_b_k noise_sum",
+        loss="loss",
     ),
     "data/longrun_grid.csv": cols(
         exact="role dtype eps seed step layer lr n_bias",
-        walk="norm_b_k drift_b_k grad_rms_b_k noise_sum loss",
+        walk="norm_b_k drift_b_k grad_rms_b_k noise_sum",
+        loss="loss",
     ),
     "data/longrun_probes.csv": cols(
         exact="role dtype eps seed step layer",
-        walk="key_norm norm_b_k output_change_rms predicted_change_rms predicted_bias_rms",
+        walk_long="norm_b_k output_change_rms predicted_bias_rms",
+        statistic="key_norm predicted_change_rms",
     ),
     "data/longrun_grid_probes.csv": cols(
         exact="role dtype eps seed step layer",
-        walk="key_norm norm_b_k output_change_rms predicted_change_rms predicted_bias_rms",
+        walk="norm_b_k output_change_rms predicted_bias_rms",
+        statistic="key_norm predicted_change_rms",
     ),
     "data/longrun_prediction.csv": cols(
         exact="layer step grid_steps",
-        walk="noise_sum noise_rate predicted_drift",
+        statistic="noise_sum noise_rate predicted_drift",
     ),
     "data/longrun_extrapolation.csv": cols(
         exact="layer steps",
-        walk="norm_b_k key_norm noise_rate steps_to_key_norm ratio_at_100000 ratio_at_1000000",
+        walk_long="norm_b_k",
+        statistic="key_norm noise_rate steps_to_key_norm ratio_at_100000 ratio_at_1000000",
     ),
 }

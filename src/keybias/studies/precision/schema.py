@@ -10,27 +10,29 @@ from keybias.studies.columns import cols
 # data/<file>.csv -> column -> class
 TABLES: dict[str, dict[str, str]] = {
     "data/precision_accuracy.csv": cols(
-        exact="dtype path factor", noise="err0_rms", fit="crossing crossing_pred",
+        exact="dtype path factor", rms_error="err0_rms", fit="crossing crossing_pred",
     ),
     "data/precision_devices.csv": cols(exact="device status reason"),
     "data/precision_errors.csv": cols(
         exact="device dtype path ratio head_dim num_heads seq_len batch seed status reason "
         "unit_roundoff finite",
         f32="bias_norm key_norm ref_rms score_std_max score_std_rms",
-        noise="delta_rms delta_rel delta_max err_rms err0_rms pred_rms pred_bias_rms "
-        "pred_floor_rms tolerance floor_rms delta_bias_rms",
+        rms_error="delta_rms delta_rel err_rms err0_rms pred_rms pred_bias_rms pred_floor_rms "
+        "tolerance floor_rms",
+        noise="delta_max delta_bias_rms",
     ),
     "data/precision_errors_calibration.csv": cols(  # the same computation on a held-out seed
         exact="device dtype path ratio head_dim num_heads seq_len batch seed status reason "
         "unit_roundoff finite",
         f32="bias_norm key_norm ref_rms score_std_max score_std_rms",
-        noise="delta_rms delta_rel delta_max err_rms err0_rms pred_rms pred_bias_rms "
-        "pred_floor_rms tolerance floor_rms delta_bias_rms",
+        rms_error="delta_rms delta_rel err_rms err0_rms pred_rms pred_bias_rms pred_floor_rms "
+        "tolerance floor_rms",
+        noise="delta_max delta_bias_rms",
     ),
     "data/precision_gradient_summary.csv": cols(
         exact="device dtype path unit_roundoff status reason batches verdict bk_nonzero",
         noise="ratio_median ratio_over_u grad_over_tol_max control_over_tol_min",
-        fit="bq_mean_cos bq_consistency eff_dim cos_bound",
+        f32="bq_mean_cos bq_consistency eff_dim cos_bound",
         noise_stat="bk_mean_cos bk_consistency",
     ),
     "data/precision_gradients.csv": cols(
@@ -41,7 +43,9 @@ TABLES: dict[str, dict[str, str]] = {
     ),
     "data/precision_law.csv": cols(
         exact="dtype path points ratio_min ratio_max",
-        fit="slope slope_se const_over_u resid_log10 model_constant model_scatter_log10",
-        noise="const",
+        slope="slope",
+        fit="const_over_u model_constant",
+        fit_scatter="slope_se resid_log10 model_scatter_log10",
+        rms_error="const",
     ),
 }

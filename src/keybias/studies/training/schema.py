@@ -10,31 +10,35 @@ from keybias.studies.columns import cols
 # data/<file>.csv -> column -> class
 TABLES: dict[str, dict[str, str]] = {
     "data/training_bias_summary.csv": cols(
-        exact="setting optimizer eps dtype seed lr steps",
-        chaotic="test_acc norm_b_q norm_b_v norm_b_k_initial norm_b_k grad_rms_b_q decayed_norm "
-        "sgd_bound",
-        noise="drift_b_k grad_rms_b_k max_grad_over_tolerance predicted_drift random_walk_drift "
-        "drift_over_predicted max_grad_over_tolerance_powered detectable_gradient_fraction sgd_walk "
-        "sgd_walk_ratio sgd_walk_ratio_b_q",
-        walk="powered_steps",
+        exact="setting optimizer eps dtype seed lr steps powered_steps",
+        accuracy="test_acc",
+        trained="norm_b_q norm_b_v norm_b_k_initial decayed_norm sgd_bound",
+        chaotic="norm_b_k grad_rms_b_q drift_over_predicted predicted_drift random_walk_drift",
+        noise="drift_b_k grad_rms_b_k max_grad_over_tolerance max_grad_over_tolerance_powered "
+        "sgd_walk_ratio",
+        statistic="sgd_walk sgd_walk_ratio_b_q detectable_gradient_fraction",
     ),
     "data/training_bias_trajectories.csv": cols(
         exact="setting optimizer dtype eps seed step lr weight_decay n_bias",
-        chaotic="norm_b_q norm_b_k norm_b_v loss grad_rms_b_q test_acc",
+        accuracy="test_acc",
+        trained="norm_b_q norm_b_v",
+        chaotic="norm_b_k loss grad_rms_b_q",
         noise="drift_b_k grad_rms_b_k grad_max_b_k grad_tolerance grad_over_tolerance grad_max_b_q",
     ),
     "data/training_curves.csv": cols(
         exact="optimizer dtype seed step lr eps n_test",
         images="kept_only_correct removed_only_correct",
-        chaotic="loss_removed loss_kept loss_control test_acc_removed test_acc_kept test_acc_control",
+        curve="loss_removed loss_kept loss_control",
+        accuracy="test_acc_removed test_acc_kept test_acc_control",
         noise32="param_divergence_control",
         vs_param_control="param_divergence_kept",
     ),
     "data/training_pairs.csv": cols(
         exact="optimizer seed steps n_test",
         images="kept_only_correct removed_only_correct",
-        chaotic="identical_steps test_acc_removed test_acc_kept test_acc_control acc_diff "
-        "acc_diff_control acc_standard_error",
+        diverge_steps="identical_steps",
+        accuracy="test_acc_removed test_acc_kept test_acc_control acc_standard_error",
+        acc_diff="acc_diff acc_diff_control",
         noise32="max_loss_rel_diff_control final_divergence_control",
         vs_loss_control="max_loss_rel_diff",
         vs_divergence_control="final_divergence_kept",
