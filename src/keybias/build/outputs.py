@@ -211,7 +211,7 @@ FILES: list[tuple[str, FileClass]] = [
     ("claims.json", FileClass(EXACT, "compared claim by claim, see CLAIM_FIELDS")),
     ("tables/claims.tex", FileClass("rounding", "claim values printed to 3 digits", "printed")),
     ("macros/all.tex", FileClass(EXACT, "the list of macro files and the claim count")),
-    ("macros/06_cost.tex", FileClass(MACHINE, "timing results (their counts are compared in data/cost_memory*.csv)")),
+    ("macros/*_machine.tex", FileClass(MACHINE, "timings and load of this machine (Recorder.machine_macro)")),
     ("macros/04_training.tex", FileClass("rounding", "printed float32 training outcomes", "chaotic_printed")),
     ("tables/training_*.tex", FileClass("rounding", "printed float32 training outcomes", "chaotic_printed")),
     ("tables/precision_gradient.tex", FileClass("rounding", "prints noise statistics (bk_mean_cos)", "noise_stat")),
