@@ -200,7 +200,7 @@ class FileClass:
 FILES: list[tuple[str, FileClass]] = [
     ("machine/*", FileClass(MACHINE, "wall times and thread counts (Recorder.machine_csv)")),
     ("provenance.json", FileClass(MACHINE, "commit, versions, CPU, wall times of this run")),
-    ("data/cost_timing*.csv", FileClass(MACHINE, "timings (legacy location; issue 12 moves them to machine/)")),
+    ("data/cost_timing*.csv", FileClass(MACHINE, "timings: never compared (notebook 06 writes them under machine/)")),
     ("tables/cost_timing*.tex", FileClass(MACHINE, "tables of timings")),
     ("macros/provenance.tex", FileClass(MACHINE, "provenance printed in the paper")),
     ("steps/*.json", FileClass(MACHINE, "per-notebook provenance; its claims are compared in claims.json")),
