@@ -19,6 +19,7 @@ from keybias.studies.cost import measure as cost_measure
 from keybias.studies.cost import memory as cost_memory
 from keybias.studies.cost import show as cost_show
 from keybias.studies.cost import stats as cost_stats
+from keybias.studies.cost import traffic as cost_traffic
 from keybias.studies.params import load_profile
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -320,37 +321,27 @@ def test_config_seeds_differ_per_configuration():
     assert s1 != cost_stats.config_seed(1, "cpu", "BERT-base", "self", "training", 128)
 
 
-def test_binomial_quantiles_against_scipy():
-    stats = pytest.importorskip("scipy.stats")
-    for n in (4, 20, 60):
-        f = cost_stats.binomial_lower_fraction(n, 0.95, 1e-3)
-        k = round(f * n)
-        assert stats.binom.cdf(k - 1, n, 0.95) <= 1e-3 < stats.binom.cdf(k, n, 0.95)
-        u = cost_stats.binomial_upper_count(n, 0.025, 1e-3)
-        assert stats.binom.sf(u, n, 0.025) <= 1e-3 < (stats.binom.sf(u - 1, n, 0.025) if u else 1)
-    with pytest.raises(ValueError, match="n = 0"):
-        cost_stats.binomial_lower_fraction(0, 0.95, 1e-3)
-
-
 # ----------------------------------------------------------------------------- doctored benchmarks
 
 
 def _doctored_raw(*, n_configs=4, reps=60, saving=0.002, noise=0.003, control_noise=None, control_bias=0.0,
-                  step_s=0.25, seed=0):
+                  step_s=0.25, seed=0, savings=None):
     """Raw timings as run_benchmark returns them: with_bk, without_bk = with_bk * (1 - saving),
-    control = with_bk * (1 + control_bias), each with independent multiplicative noise."""
+    control = with_bk * (1 + control_bias), each with independent multiplicative noise.
+    `savings` {config index: saving of the whole pass} overrides `saving` for those configurations."""
     rng = np.random.default_rng(seed)
     control_noise = noise if control_noise is None else control_noise
+    savings = savings or {}
     rows = []
     for i in range(n_configs):
         attention, mode = ("self", "cross")[i % 2], ("inference", "training")[(i // 2) % 2]
         cfg = dict(device="cpu", block="BERT-base", attention=attention, mode=mode, embed_dim=768, num_heads=12,
                    seq_len=128 * (1 + i // 4), batch=8)
         phases = cost_measure.PHASES[mode]
+        # training also loses the backward reduction: half the forward's bytes again (see removed_work)
+        removed = savings.get(i, saving * (1.5 if mode == "training" else 1.0))
         for rep in range(reps):
             drift = 1 + 0.05 * rng.standard_normal()  # shared by the pair: cancels in the ratio
-            # training also loses the backward reduction: half the forward's bytes again (see removed_work)
-            removed = saving * (1.5 if mode == "training" else 1.0)
             for impl, factor, sd in (("with_bk", 1.0, noise), ("without_bk", 1 - removed, noise),
                                      ("control", 1 + control_bias, control_noise)):
                 parts = [step_s * drift * factor * (1 + sd * rng.standard_normal()) / 3 for _ in range(3)]
@@ -374,75 +365,117 @@ def _judged(raw, *, predicted=0.002, step_s=0.25, n_boot=1000, doctor=None):
     return ratios, cost_judge.predict_saving(ratios, machine)
 
 
-def _timing_holds(raw, tmp_path, **kw):
+# The counted bounds of the BERT-base configurations at S=128 (traffic.saving_bounds with
+# torch 2.13): the removed kernel share, 1/18 for inference and 11/192 for a training step.
+BOUND = {"inference": 1 / 18, "training": 11 / 192}
+
+
+def _bounds(raw, bound=None):
+    configs = raw[cost_judge.CONFIG_COLUMNS].drop_duplicates()
+    return configs.assign(saving_bound=configs["mode"].map(bound or BOUND))
+
+
+def _saving_holds(raw, tmp_path, *, bounds=None, **kw):
     ratios, model = _judged(raw, **kw)
-    claims, macros = cost_judge.timing_claims(ratios, model)
-    return _holds(claims, tmp_path), claims, macros, model
+    claims, macros, machine = cost_judge.saving_claims(model, _bounds(raw) if bounds is None else bounds)
+    return _holds(claims, tmp_path), claims, {**macros, **machine}, ratios, model
 
 
-def test_timing_claims_hold_on_a_clean_benchmark(tmp_path):
-    holds, claims, macros, model = _timing_holds(_doctored_raw(), tmp_path)
-    assert holds == {"cost-control-resolution": True, "cost-control-ci-contains-one": True,
-                     "cost-saving-agrees-with-byte-model": True, "cost-removal-not-slower": True}
-    assert all(c["kind"] == "test" and c["bound_origin"] for c in claims)
-    assert {c["claim_id"]: c for c in claims}["cost-removal-not-slower"]["min_detectable"] > 0
-    assert macros["CostSlower"] == 0 and "no configuration" in macros["CostSlowerSentence"]
-    assert macros["CostFamilySize"] == 4 and macros["CostComparisons"] == 4
+def test_saving_claim_holds_on_a_clean_benchmark(tmp_path):
+    holds, claims, macros, ratios, model = _saving_holds(_doctored_raw(), tmp_path)
+    assert holds == {"cost-saving-within-removed-work": True}
+    assert [c["kind"] for c in claims] == ["test"] and "theory" in claims[0]["bound_origin"]
+    assert "issue" not in claims[0]["bound_origin"]
+    assert macros["CostSavingsAboveBound"] == 0 and macros["CostFamilySize"] == 4 and macros["CostComparisons"] == 4
+    timing = cost_judge.timing_macros(ratios, model)
+    assert timing["CostSlower"] == 0 and "no configuration" in timing["CostSlowerSentence"]
     # the largest saving is quoted with its simultaneous (Bonferroni) interval, wider than the 95% one
     top = cost_judge.headline(model).sort_values("measured_saving").iloc[-1]
-    assert macros["CostLargestPointSavingLowPercent"] == pytest.approx(100 * top.saving_ci_low_adjusted)
-    assert macros["CostLargestPointSavingWhere"] == f"BERT-base, {top.attention}-attention {top['mode']}, $S=128$, $B=8$"
+    assert timing["CostLargestPointSavingLowPercent"] == pytest.approx(100 * top.saving_ci_low_adjusted)
+    assert timing["CostLargestPointSavingWhere"] == f"BERT-base, {top.attention}-attention {top['mode']}, $S=128$, $B=8$"
     assert top.saving_ci_low_adjusted < top.saving_ci_low and top.saving_ci_high_adjusted > top.saving_ci_high
+    # the smallest saving the design resolves is the saving's median half-width: reported, not claimed
+    assert timing["CostMinDetectablePercent"] == pytest.approx(100 * np.median(cost_judge.headline(model)["half_width"]))
 
 
-@pytest.mark.claim_mutation("cost-control-resolution")
-def test_a_noisy_control_fails_the_resolution_claim(tmp_path):
-    holds, *_ = _timing_holds(_doctored_raw(noise=0.08), tmp_path)
-    assert holds["cost-control-resolution"] is False
+# The edge: a saving 5% above its bound in one configuration (a step that loses a little more
+# work than b_k carries), timed on a quiet machine (0.3% noise per repetition, 60 repetitions).
+EDGE = 1.05
 
 
-@pytest.mark.claim_mutation("cost-control-ci-contains-one")
-def test_a_biased_control_fails_the_coverage_claim(tmp_path):
-    holds, *_ = _timing_holds(_doctored_raw(control_bias=0.03), tmp_path)
-    assert holds["cost-control-ci-contains-one"] is False
+@pytest.mark.claim_mutation("cost-saving-within-removed-work")
+def test_a_saving_just_above_its_bound_fails_the_saving_claim(tmp_path):
+    raw = _doctored_raw(savings={3: EDGE * BOUND["training"]})
+    holds, claims, macros, *_ = _saving_holds(raw, tmp_path)
+    assert holds["cost-saving-within-removed-work"] is False
+    assert claims[0]["value"] == 1 and macros["CostSavingLowOverBoundMaxPercent"] > 100
 
 
-@pytest.mark.claim_mutation("cost-removal-not-slower", "cost-saving-agrees-with-byte-model")
-def test_a_slower_removed_variant_fails_the_saving_claims(tmp_path):
-    holds, _, macros, _ = _timing_holds(_doctored_raw(saving=-0.05), tmp_path)
-    assert holds["cost-removal-not-slower"] is False
-    assert holds["cost-saving-agrees-with-byte-model"] is False
-    assert macros["CostSlower"] == 4 and "significantly slower" in macros["CostSlowerSentence"]
+@pytest.mark.claim_mutation("cost-saving-within-removed-work")
+def test_an_inference_saving_just_above_its_bound_fails_the_saving_claim(tmp_path):
+    raw = _doctored_raw(savings={0: EDGE * BOUND["inference"]})
+    holds, *_ = _saving_holds(raw, tmp_path)
+    assert holds["cost-saving-within-removed-work"] is False
 
 
-@pytest.mark.claim_mutation("cost-saving-agrees-with-byte-model")
-def test_a_saving_the_removed_work_cannot_explain_fails_the_model_claim(tmp_path):
-    holds, _, macros, _ = _timing_holds(_doctored_raw(saving=0.10), tmp_path)
-    assert holds["cost-saving-agrees-with-byte-model"] is False
-    assert macros["CostModelUnderPredicts"] == 4
+def test_a_saving_just_below_its_bound_passes(tmp_path):
+    """The claim is no stricter than its bound: 5% under it, the same quiet timing holds."""
+    holds, *_ = _saving_holds(_doctored_raw(savings={3: BOUND["training"] / EDGE}), tmp_path)
+    assert holds["cost-saving-within-removed-work"] is True
 
 
-@pytest.mark.claim_mutation("cost-saving-agrees-with-byte-model")
-def test_a_model_that_over_predicts_fails_the_model_claim(tmp_path):
-    holds, _, macros, model = _timing_holds(_doctored_raw(saving=0.002), tmp_path, predicted=0.05)
-    assert holds["cost-saving-agrees-with-byte-model"] is False
-    assert macros["CostModelOverPredicts"] == 4
-    assert set(cost_judge.headline(model)["model_direction"]) == {"over-predicts"}
+@pytest.mark.parametrize("noise", [0.003, 0.03, 0.1])
+def test_noise_alone_never_fails_the_saving_claim(tmp_path, noise):
+    """A slow or busy machine widens the intervals; with the true saving inside its bound the
+    claim holds at any resolution (and a noisy control changes nothing)."""
+    raw = _doctored_raw(noise=noise, control_noise=2 * noise, saving=0.004, reps=30, seed=7)
+    holds, *_ = _saving_holds(raw, tmp_path / str(noise))
+    assert holds["cost-saving-within-removed-work"] is True
 
 
-def test_non_finite_timings_fail_the_claims_and_empty_input_raises(tmp_path):
+def test_non_finite_timings_fail_the_claim_and_empty_or_unbounded_input_raises(tmp_path):
     def nan_in_headline(ratios):
         head = cost_judge.headline(ratios)
-        for ratio, column in (("control", "half_width"), ("no_bk", "ci_high")):
-            ratios.loc[head.index[head["ratio"] == ratio][0], column] = np.nan
+        ratios.loc[head.index[head["ratio"] == "no_bk"][0], "ci_high_adjusted"] = np.nan
 
-    ratios, model = _judged(_doctored_raw(), doctor=nan_in_headline)
-    claims, _ = cost_judge.timing_claims(ratios, model)
-    holds = _holds(claims, tmp_path)
-    assert not any(holds[c] for c in ("cost-control-resolution", "cost-removal-not-slower",
-                                      "cost-saving-agrees-with-byte-model"))
+    raw = _doctored_raw()
+    ratios, model = _judged(raw, doctor=nan_in_headline)
+    claims, *_ = cost_judge.saving_claims(model, _bounds(raw))
+    assert _holds(claims, tmp_path) == {"cost-saving-within-removed-work": False}
     with pytest.raises(ValueError, match="headline"):
-        cost_judge.timing_claims(ratios.iloc[0:0], model)
+        cost_judge.saving_claims(model.iloc[0:0], _bounds(raw))
+    with pytest.raises(ValueError, match="bound"):
+        cost_judge.saving_claims(model, _bounds(raw).iloc[1:])
+
+
+def test_resolution_table_reports_what_the_timing_resolved():
+    raw = _doctored_raw()
+    ratios, _ = _judged(raw)
+    configs = raw[cost_judge.CONFIG_COLUMNS].drop_duplicates().assign(reps=60, stopped_by="max_reps")
+    table = cost_judge.resolution_table(ratios, configs)
+    assert len(table) == 4 and (table["control_half_width"] > 0).all() and (table["saving_half_width"] > 0).all()
+    assert set(table["stopped_by"]) == {"max_reps"}
+
+
+# ----------------------------------------------------------------------------- the counted bound
+
+
+def test_counted_bound_of_the_bias_broadcast_is_exact():
+    """Inference: B drops one kernel (addmm's bias broadcast) and exactly the bytes of b_k plus
+    one write and one read of the key projection's output."""
+    w = cost_traffic.step_work(block="tiny", seq_len=16, batch=2, attention="self", mode="inference")
+    e, bs = cost_measure.BLOCKS["tiny"]["embed_dim"], 2 * 16
+    assert w["kernels_with_bk"] - w["kernels_without_bk"] == 1
+    assert w["bytes_with_bk"] - w["bytes_without_bk"] == 4 * e + 2 * 4 * bs * e
+    assert w["saving_bound"] == max(w["removed_kernel_share"], w["removed_byte_share"]) > 0
+
+
+def test_counted_bound_of_a_training_step_includes_reduction_and_update():
+    w = cost_traffic.step_work(block="tiny", seq_len=16, batch=2, attention="cross", mode="training")
+    # the bias broadcast, the reduction for grad b_k and at least one optimizer kernel
+    assert w["kernels_with_bk"] - w["kernels_without_bk"] >= 3
+    assert 0 < w["saving_bound"] < 0.2
+    assert w == cost_traffic.step_work(block="tiny", seq_len=16, batch=2, attention="cross", mode="training")
 
 
 def test_summarize_seeds_per_configuration_and_family_size():
@@ -501,19 +534,11 @@ def test_profiles_set_exactly_the_parameters(profile):
                                 budget_seconds=checked["budget_seconds"], target_half_width=checked["target_half_width"])
 
 
-@pytest.mark.parametrize("profile", ["smoke", "paper"])
-def test_every_timing_claim_can_fail_at_the_profiles_size(profile):
-    """With n configurations, each count bound must leave room to fail: a bound of 0 (or n) is no test."""
-    p = load_profile(profile, ROOT / "params", ["06_cost"])["06_cost"]
-    n = len(cost_measure.block_configs(p["blocks"], p["seq_lens"], p["batch"], p["attentions"], p["passes"]))
-    assert cost_stats.binomial_lower_fraction(n, cost_stats.LEVEL, cost_stats.CHANCE_TAIL) > 0
-    assert cost_stats.binomial_upper_count(n, (1 - cost_stats.LEVEL) / 2, cost_stats.CHANCE_TAIL) < n
-
-
-def test_paper_profile_claims_issue_twelve_resolution():
+def test_paper_profile_times_bert_base_within_a_bounded_budget():
     checked = load_profile("paper", ROOT / "params", ["06_cost"])["06_cost"]
-    assert checked["resolution_bound"] == cost_judge.ISSUE_RESOLUTION
     assert "BERT-base" in checked["blocks"] and checked["batch"] == 8
+    # the timing stops at the budget past min_reps: notebook 06 must fit about 150 s on 2 cores
+    assert checked["budget_seconds"] <= 100 and checked["min_reps"] == cost_measure.MIN_REPS
 
 
 def test_machine_specific_outputs_cover_timings_only():
@@ -523,7 +548,8 @@ def test_machine_specific_outputs_cover_timings_only():
         return any(fnmatch.fnmatch(rel, p) for p in cost.MACHINE_SPECIFIC_OUTPUTS)
 
     assert machine("machine/cost_timing_ratios.csv") and machine("figures/cost_time_saving.pdf")
-    assert machine("tables/cost_timing_verdicts.tex")
+    assert machine("tables/cost_timing_verdicts.tex") and machine("macros/06_cost_machine.tex")
+    assert not machine("macros/06_cost.tex") and not machine("data/cost_saving_bounds.csv")
     assert not machine("data/cost_memory.csv") and not machine("data/cost_gpu_prediction.csv")
 
 
@@ -539,7 +565,10 @@ def test_cli_quick_writes_machine_files(tmp_path):
     assert bench.main(["--quick", "--out", str(tmp_path), "--threads", "1"]) == 0
     names = {p.name for p in tmp_path.iterdir()}
     assert {"cost_bench_ratios.csv", "cost_bench_verdicts.csv", "cost_bench_gpu_prediction.csv",
-            "cost_bench_provenance.json"} <= names
+            "cost_bench_provenance.json", "cost_bench_saving_bounds.csv", "cost_bench_resolution.csv",
+            "cost_bench_saving_claim.csv"} <= names
+    claim = pd.read_csv(tmp_path / "cost_bench_saving_claim.csv").iloc[0]
+    assert claim["id"] == "cost-saving-within-removed-work" and bool(claim["holds"])
     ratios = pd.read_csv(tmp_path / "cost_bench_ratios.csv")
     assert set(ratios["status"]) >= {"measured"}
     run = pd.read_csv(tmp_path / "cost_bench_configs.csv")
@@ -550,3 +579,55 @@ def test_cli_quick_writes_machine_files(tmp_path):
 
     measured = json.loads((tmp_path / "cost_bench_provenance.json").read_text())["measured"]
     assert {"load_average_before", "load_average_after", "cores", "bandwidth_bytes_per_s"} <= set(measured)
+
+
+# ----------------------------------------------------------------------------- a busy machine
+
+
+def test_notebook_passes_its_claims_with_every_core_busy(tmp_path):
+    """Notebook 06 on the smoke profile while a CPU-burning process runs on every core: the
+    claims hold (their outcome depends on the code, not on the machine's load), and the
+    resolution the timing reached is written as a machine output."""
+    import json
+    import subprocess
+    import sys
+
+    from keybias.build import pipeline
+
+    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 1)]
+    try:
+        os.environ["JUPYTER_PATH"] = str(Path(sys.prefix) / "share" / "jupyter")
+        code = pipeline.main(["--profile", "smoke", "--device", "cpu", "--results", str(tmp_path), "notebooks",
+                              "--only", "06_cost"])
+    finally:
+        for p in burners:
+            p.kill()
+            p.wait()
+    assert code == 0
+    claims = json.loads((tmp_path / "steps" / "06_cost.json").read_text())["claims"]
+    assert {c["id"]: c["holds"] for c in claims} == {"cost-memory-counts-match-modules": True,
+                                                      "cost-saving-within-removed-work": True}
+    machine = (tmp_path / "macros" / "06_cost_machine.tex").read_text()
+    assert r"\CostMinDetectablePercent" in machine and r"\CostLoadBefore" in machine
+    assert r"\input{../results/macros/06_cost_machine.tex}" in (tmp_path / "macros" / "06_cost.tex").read_text()
+    assert "CostMinDetectablePercent" not in (tmp_path / "macros" / "06_cost.tex").read_text()
+    assert (tmp_path / "machine" / "cost_resolution.csv").exists()
+
+
+def test_machine_macros_go_to_their_own_file(tmp_path):
+    """The counts stay comparable: timing macros live in macros/<notebook>_machine.tex, which the
+    notebook's macro file inputs, and a name is defined once across both files."""
+    rec = Recorder("06_cost", tmp_path, profile="smoke", device="cpu")
+    rec.macro("CostBatch", 8)
+    rec.machine_macro("CostLoadBefore", 1.25, 2)
+    with pytest.raises(ValueError, match="twice"):
+        rec.macro("CostLoadBefore", 1.0)
+    with pytest.raises(ValueError, match="twice"):
+        rec.machine_macro("CostBatch", 8)
+    step = rec.finish()
+    main = (tmp_path / "macros" / "06_cost.tex").read_text()
+    machine = (tmp_path / "macros" / "06_cost_machine.tex").read_text()
+    assert r"\newcommand{\CostBatch}{8}" in main and "CostLoadBefore" not in main
+    assert main.rstrip().endswith(r"\input{../results/macros/06_cost_machine.tex}")
+    assert r"\newcommand{\CostLoadBefore}{1.2}" in machine or r"\newcommand{\CostLoadBefore}{1.3}" in machine
+    assert {"macros/06_cost.tex", "macros/06_cost_machine.tex"} <= set(step["outputs"])

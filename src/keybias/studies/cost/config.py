@@ -3,6 +3,8 @@
 The study is split along its layers:
 
 - `keybias.studies.cost.memory`: exact counts of what b_k occupies, checked against real modules;
+- `keybias.studies.cost.traffic`: the kernels and bytes removing b_k takes out of one step,
+  counted (not timed): the bound on the saving;
 - `keybias.studies.cost.measure`: transformer blocks at BERT-base and GPT-2 small sizes with and
   without b_k, timed interleaved against an identical control (returns DataFrames);
 - `keybias.studies.cost.stats`: paired ratio estimators and bootstrap intervals (pure);
@@ -16,7 +18,7 @@ benchmark runs from the command line (`make bench`, `keybias.build.bench`).
 
 from __future__ import annotations
 
-from keybias.studies.cost.measure import ATTENTIONS, BLOCKS, CLOCKS, PASSES
+from keybias.studies.cost.measure import ATTENTIONS, BLOCKS, CLOCKS, MIN_REPS, PASSES
 from keybias.studies.params import Param
 
 PARAMETERS = {
@@ -25,14 +27,12 @@ PARAMETERS = {
     "batch": Param(int, positive=True, help="batch size"),
     "attentions": Param(str, many=True, choices=ATTENTIONS, help="self or cross attention"),
     "passes": Param(str, many=True, choices=PASSES, help="inference (forward) and/or a training step"),
-    "min_reps": Param(int, minimum=30, help="interleaved repetitions per configuration, at least"),
-    "max_reps": Param(int, minimum=30, help="repetitions per configuration, at most"),
+    "min_reps": Param(int, minimum=MIN_REPS, help="interleaved repetitions per configuration, at least (run even past the budget)"),
+    "max_reps": Param(int, minimum=MIN_REPS, help="repetitions per configuration, at most"),
     "budget_seconds": Param(float, positive=True,
-                            help="timing budget of all configurations together (min_reps always run)"),
+                            help="wall-clock timing budget of all configurations together (past min_reps)"),
     "target_half_width": Param(float, minimum=0.0, maximum=1.0,
                                help="stop once the control's interval half-width is this small (0: never early)"),
-    "resolution_bound": Param(float, positive=True, maximum=1.0,
-                              help="claimed bound on the median control half-width (issue 12: 0.01)"),
     "warmup": Param(int, minimum=1, help="warm-up steps per implementation"),
     "min_rep_seconds": Param(float, minimum=0.0, help="each repetition loops a step until this long"),
     "threads": Param(int, positive=True, help="torch.set_num_threads value (pinned, recorded)"),
@@ -51,9 +51,9 @@ MACHINE_SPECIFIC_OUTPUTS = [
     "figures/cost_time_saving.pdf",
     "figures/cost_time_saving.png",
     "tables/cost_timing*.tex",
-    "macros/06_cost.tex",  # mixes exact memory counts with timing numbers
-    "steps/06_cost.json",  # timing claims carry measured values
-    # where timings lived before results/machine/ existed: stale copies must never be compared
+    "macros/06_cost_machine.tex",  # timings, load and resolution; macros/06_cost.tex holds the counts
+    "steps/06_cost.json",
+    # timings never live under data/: a stale copy there must never be compared
     "data/cost_timing*.csv",
     "data/cost_bench*",
 ]

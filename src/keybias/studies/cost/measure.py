@@ -17,7 +17,8 @@ zeroing of its gradient (`keybias.studies.cost.judge.removed_work` counts the by
 
 One repetition runs each implementation once, in a fresh random order, so load drifts hit
 all alike. Repetitions continue past `min_reps` until the control's interval is narrow
-enough (`target_half_width`), `max_reps` or its share of the time budget: the stopping rule
+enough (`target_half_width`), `max_reps` or its share of the time budget, whichever comes
+first, so a slow or busy machine ends with wider intervals, not a longer run: the stopping rule
 reads only the control's spread, never the saving, so it cannot steer the estimate of the
 saving. `run_benchmark` shares one budget among the configurations, inference first: time
 that a cheap configuration does not need goes to the expensive ones after it.
@@ -44,6 +45,8 @@ PASSES = ("inference", "training")
 CLOCKS = {"process": time.process_time, "wall": time.perf_counter}
 PHASES = {"inference": ("forward",), "training": ("forward", "backward", "step", "total")}
 IMPLEMENTATIONS = ("with_bk", "without_bk", "control")
+# The fewest repetitions an interval is computed from: they always run, even past the budget.
+MIN_REPS = 10
 # Blocks from the published dimensions of the models they stand for; "tiny" is a test size only.
 BLOCKS = {
     "BERT-base": dict(embed_dim=768, num_heads=12, ffn=3072, norm_first=False, causal=False),
@@ -190,8 +193,8 @@ def check_settings(*, min_reps: int, max_reps: int, budget_seconds: float, targe
     """Refuse inconsistent repetition settings before any work starts."""
     check_positive_int("min_reps", min_reps)
     check_positive_int("max_reps", max_reps)
-    if min_reps < 30:
-        raise ValueError(f"min_reps={min_reps} must be >= 30")
+    if min_reps < MIN_REPS:
+        raise ValueError(f"min_reps={min_reps} must be >= {MIN_REPS}")
     if max_reps < min_reps:
         raise ValueError(f"max_reps={max_reps} must be >= min_reps={min_reps}")
     if not budget_seconds > 0:

@@ -22,6 +22,11 @@ TABLES: dict[str, dict[str, str]] = {
         exact="embed_dim layer_params_module layer_params_formula bk_params_module "
         "bk_params_formula bk_fraction_of_layer match",
     ),
+    # counted in one traced step (keybias.studies.cost.traffic), no clock: the same on any machine
+    "data/cost_saving_bounds.csv": cols(
+        exact="block attention mode embed_dim seq_len batch kernels_with_bk kernels_without_bk bytes_with_bk "
+        "bytes_without_bk removed_kernel_share removed_byte_share saving_bound",
+    ),
     "data/cost_gpu_prediction.csv": cols(
         exact="block attention mode embed_dim seq_len batch gpu gpu_tag bandwidth_bytes_per_s "
         "removed_bytes predicted_saving_us kind",

@@ -23,9 +23,6 @@ import pandas as pd
 
 # Confidence level of every interval; chance rates of the claims derive from it.
 LEVEL = 0.95
-# Tail probability below which a count of interval misses is no longer put down to chance
-# (a claim's false-alarm rate; 1e-3 would let no claim fail with the paper profile's two configurations).
-CHANCE_TAIL = 0.01
 # Share of log ratios cut at each end by the trimmed mean (fixed before any data).
 TRIM = 0.2
 STATISTICS = ("trimmed_mean_log", "median_of_ratios")
@@ -129,30 +126,3 @@ def summarize(raw: pd.DataFrame, *, n_boot: int = 2000, seed: int = 0) -> tuple[
                 "numerator_median_s": float(wide[a].median()), "denominator_median_s": float(wide[b].median()),
             })
     return medians, pd.DataFrame(rows)
-
-
-def binomial_lower_fraction(n: int, p: float, tail: float) -> float:
-    """Largest k/n such that P[Binomial(n, p) < k] <= tail: the fewest intervals (as a
-    fraction) that may cover the truth, at coverage p, before chance explains it w.p. < tail."""
-    if n <= 0:
-        raise ValueError("no intervals to judge (n = 0)")
-    cdf = 0.0
-    for k in range(n + 1):
-        pk = math.comb(n, k) * p**k * (1 - p) ** (n - k)
-        if cdf + pk > tail:
-            return k / n
-        cdf += pk
-    return 1.0
-
-
-def binomial_upper_count(n: int, p: float, tail: float) -> int:
-    """Smallest k such that P[Binomial(n, p) > k] <= tail: the most one-sided misses at
-    miss rate p that chance explains."""
-    if n <= 0:
-        raise ValueError("no intervals to judge (n = 0)")
-    cdf = 0.0
-    for k in range(n + 1):
-        cdf += math.comb(n, k) * p**k * (1 - p) ** (n - k)
-        if 1 - cdf <= tail:
-            return k
-    return n
