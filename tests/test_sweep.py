@@ -19,8 +19,9 @@ from keybias.studies.invariance import show as SH
 
 ROOT = Path(__file__).resolve().parents[1]
 MAGS = [1.0, 100.0]
-# a generous factor, as calibrated on held-out seeds (the notebook calibrates its own)
-FACTOR = {"float32": 4.0, "bfloat16": 4.0, "float16": 4.0}
+# kappa per magnitude as the paper profile's held-out calibration gives it (the notebook calibrates its
+# own); a larger one would blind bfloat16 to the add_bias_kv break at magnitude 1
+FACTOR = {"float32": {1.0: 1.0, 100.0: 2.6}, "bfloat16": {1.0: 1.0, 100.0: 1.8}, "float16": {1.0: 1.0, 100.0: 2.2}}
 
 
 def _measure(mags=MAGS, null_factor=FACTOR, **kw):
@@ -47,9 +48,9 @@ def test_low_precision_verdict_uses_its_own_null_not_float64():
     does not follow from the float64 one."""
     row, mags = _measure(dtype="float32", mode="eval", null_factor={"float32": 1e-6})
     assert row["verdict"] == "not_redundant" and row["verdict_float64"] == "redundant"
-    assert (mags.tolerance_from == "null").all()
+    assert (mags.tolerance_abs < mags.analytic_rel * row["output_abs_max"]).all()  # the null set it
     ok, mags = _measure(dtype="float32", mode="eval")
-    assert ok["verdict"] == "redundant" and ok["verdict_basis"] == "rounding null" and ok["independent"]
+    assert ok["verdict"] == "redundant" and ok["tolerance_rule"] == S.TOLERANCE_RULE_LOW and ok["independent"]
     assert (mags.null_base_rel > 0).all() and (mags.null_perturbed_rel > 0).all()
 
 
@@ -86,7 +87,7 @@ def test_rope_not_redundant_alibi_redundant():
     rope = _row(family="variants", case="variant rope", variant="rope", embed_dim=16)
     alibi = _row(family="variants", case="variant alibi", variant="alibi", embed_dim=16)
     assert rope["verdict"] == "not_redundant"
-    assert alibi["verdict"] == "redundant" and alibi["verdict_basis"] == "rounding null"
+    assert alibi["verdict"] == "redundant" and alibi["tolerance_rule"] == S.TOLERANCE_RULE_LOW
 
 
 def test_single_key_has_no_power():
@@ -384,7 +385,7 @@ def test_power_table_and_figures(small):
     _, df, mags = small
     power = J.power_table(df)
     assert set(power.dtype) == {"float64", "float32", "bfloat16", "float16"} and (power.undetected == 0).all()
-    assert "smallest" in SH.power_latex(power) and "independent" in SH.independent_latex(J.independent_counts(df))
+    assert "smallest" in SH.power_latex(power) and "valid verdicts" in SH.independent_latex(J.independent_counts(df))
     fig = SH.plot_map(df, mags)
     assert style.smallest_font_pt(fig) >= style.MIN_FONT_PT
     assert fig.get_size_inches()[0] == pytest.approx(style.FULL_WIDTH)

@@ -192,3 +192,72 @@ def tail_quantile(ratios: np.ndarray, tests: int, *, alpha: float = FAMILY_ALPHA
     beta = float((r[n - k:] - threshold).mean())
     quantile = threshold + beta * math.log((k / n) / (alpha / tests))
     return float(max(quantile, r.max()))
+
+
+# ----------------------------------------------------------------------------- power of a cell
+MAX_MISS_RATE = 0.05  # the issue: at most 5% of the known breaks of a dtype and magnitude may be missed
+MIN_HELD_OUT_BREAKS = 10  # fewer known breaks with a verdict than this: the cell's power is not shown
+POWER_CASES = 32  # held-out known-break cases per half-precision dtype
+# float32 resolves breaks three orders of magnitude below the smallest the sweep has (its miss-rate claim
+# still judges it); the cells in question are those of the 8- and 11-bit significands
+POWER_DTYPES = ("bfloat16", "float16")
+BREAK_OPTIONS = ("add_bias_kv", "add_zero_attn")  # known breaks of (A1), the weakest the sweep runs
+
+
+def calibrate_power(configs: list[dict], magnitudes, null_factor: dict, *, cases: int = POWER_CASES,
+                    seed_offset: int = HELD_OUT_SEED_OFFSET) -> tuple[frozenset, pd.DataFrame]:
+    """The (dtype, magnitude) cells whose low-precision verdict has no power, from held-out runs.
+
+    Held out as in `calibrate_null_factor` (the sweep's plain-MHA shapes, seeds it never uses),
+    but with a known break: add_bias_kv or add_zero_attn (assumption A1 fails). Each case is
+    measured exactly as the sweep measures (`measure.measure`, kappa from `null_factor`); its
+    float64 twin says whether b_k changed the exact function. A cell whose verdict calls more than
+    MAX_MISS_RATE of those known breaks redundant, or that has fewer than MIN_HELD_OUT_BREAKS of
+    them with a valid verdict, has no power: the sweep marks its verdicts `invalid`, before it runs.
+    Returns (frozenset of unpowered (dtype, magnitude), one row per held-out case and magnitude)."""
+    from keybias.studies.invariance import measure as M  # measure imports this module
+
+    magnitudes = [float(m) for m in magnitudes]
+    low = [d for d in dict.fromkeys(c["dtype"] for c in configs if c["family"] != "device") if d in POWER_DTYPES]
+    rows = []
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for dt in low:
+            pool = [c for c in _held_out_pool(configs, dt) if c["mask"] not in ("is_causal", "fully_masked_row")]
+            for k in range(cases):
+                base = pool[k % len(pool)]
+                option = BREAK_OPTIONS[k % len(BREAK_OPTIONS)]
+                cfg = {**base, "seed": base["seed"] + seed_offset + cases + k, "option": option,
+                       "case": f"MHA {option}", "add_bias_kv": option == "add_bias_kv",
+                       "add_zero_attn": option == "add_zero_attn"}
+                _, per_mag = M.measure(cfg, magnitudes, null_factor)
+                rows += [{"dtype": dt, "case": k, "option": option, "seed": cfg["seed"],
+                          "embed_dim": cfg["embed_dim"], "src_len": cfg["src_len"], "mode": cfg["mode"],
+                          "mask": cfg["mask"], "magnitude": e["magnitude"], "verdict": e["verdict"],
+                          "verdict_float64": e["verdict_float64"], "bk_rel_float64": e["bk_rel_float64"],
+                          "tolerance_rel": e["tolerance_rel"]} for e in per_mag]
+    finally:
+        torch.set_num_threads(threads)
+    frame = pd.DataFrame(rows)
+    unpowered = set()
+    for (dt, mag), g in frame.groupby(["dtype", "magnitude"]) if len(frame) else []:
+        known = g[(g.verdict_float64 == VD.NOT_REDUNDANT) & g.verdict.isin([VD.REDUNDANT, VD.NOT_REDUNDANT])]
+        missed = int((known.verdict == VD.REDUNDANT).sum())
+        if len(known) < MIN_HELD_OUT_BREAKS or missed > MAX_MISS_RATE * len(known):
+            unpowered.add((dt, float(mag)))
+    return frozenset(unpowered), frame
+
+
+def power_cells(frame: pd.DataFrame, unpowered: frozenset) -> pd.DataFrame:
+    """Per held-out (dtype, magnitude): known breaks with a valid verdict, how many were missed, and
+    whether the cell has power in the sweep."""
+    cols = ["dtype", "magnitude", "known_breaks", "missed", "powered"]
+    if not len(frame):
+        return pd.DataFrame(columns=cols)
+    out = []
+    for (dt, mag), g in frame.groupby(["dtype", "magnitude"], sort=False):
+        known = g[(g.verdict_float64 == VD.NOT_REDUNDANT) & g.verdict.isin([VD.REDUNDANT, VD.NOT_REDUNDANT])]
+        out.append({"dtype": dt, "magnitude": mag, "known_breaks": len(known),
+                    "missed": int((known.verdict == VD.REDUNDANT).sum()), "powered": (dt, float(mag)) not in unpowered})
+    return pd.DataFrame(out, columns=cols)

@@ -18,7 +18,7 @@ CONFIG_MHA = (
 TABLES: dict[str, dict[str, str]] = {
     "data/invariance.csv": cols(
         exact=f"{CONFIG_MHA} nonfinite_outputs output_entries masked_row_output verdict "
-        "verdict_float64 drop_verdict grad_verdict verdict_joint verdict_basis magnitudes_judged "
+        "verdict_float64 drop_verdict grad_verdict verdict_joint tolerance_rule magnitudes_judged "
         "config_id independent",
         f32="typical_key_norm output_abs_max grad_tolerance",
         # min_detectable_eps: a bisection on a decade grid, so it may move one decade across kernels
@@ -26,13 +26,17 @@ TABLES: dict[str, dict[str, str]] = {
         "grad_ratio null_factor power_tolerance_rel min_detectable_eps",
     ),
     "data/invariance_magnitudes.csv": cols(
-        exact="config_id magnitude tolerance_from verdict verdict_float64 verdict_joint",
+        exact="config_id magnitude cell_powered verdict verdict_float64 verdict_joint",
         noise="bk_abs control_abs tolerance_abs bk_rel control_rel tolerance_rel analytic_rel "
-        "null_base_rel null_perturbed_rel bk_rel_float64 tolerance_rel_float64 joint_rel",
+        "null_base_rel null_perturbed_rel bk_rel_float64 tolerance_rel_float64 joint_rel joint_tolerance_rel",
     ),
     "data/invariance_null_calibration.csv": cols(
         exact="dtype case seed embed_dim num_heads tgt_len src_len batch mode mask need_weights "
         "batch_first magnitude",
         noise="change null_sum ratio",
+    ),
+    "data/invariance_power_calibration.csv": cols(
+        exact="dtype case option seed embed_dim src_len mode mask magnitude verdict verdict_float64",
+        noise="bk_rel_float64 tolerance_rel",
     ),
 }
