@@ -16,6 +16,7 @@ import torch
 
 from keybias import verdict as VD
 from keybias.studies.invariance import cases as C
+from keybias.studies.invariance import judge as J
 
 CALIBRATION_CASES = 48
 FAMILY_ALPHA = 0.05  # family-wise false-alarm rate of the low-precision tests of one dtype and magnitude
@@ -195,7 +196,8 @@ def tail_quantile(ratios: np.ndarray, tests: int, *, alpha: float = FAMILY_ALPHA
 
 
 # ----------------------------------------------------------------------------- power of a cell
-MAX_MISS_RATE = 0.05  # the issue: at most 5% of the known breaks of a dtype and magnitude may be missed
+# the share of known breaks a (dtype, magnitude) cell may miss: the bound the sweep's claim then tests
+MAX_MISS_RATE = J.MAX_MISS_RATE
 MIN_HELD_OUT_BREAKS = 10  # fewer known breaks with a verdict than this: the cell's power is not shown
 POWER_CASES = 32  # held-out known-break cases per half-precision dtype
 # float32 resolves breaks three orders of magnitude below the smallest the sweep has (its miss-rate claim

@@ -96,7 +96,7 @@ PARAMETERS = {
     ),
     "realistic": Param(
         str, many=True,
-        help="realistic-size subset entries 'embed_dim:num_heads:tgt_len:src_len:batch:option' (issue 12), "
+        help="realistic-size subset entries 'embed_dim:num_heads:tgt_len:src_len:batch:option', "
              f"option one of {list(REALISTIC_OPTIONS)}",
     ),
     "realistic_dtypes": Param(str, many=True, choices=DTYPES, help="dtypes of the realistic-size subset"),
