@@ -284,7 +284,7 @@ def test_mutation_a_wrong_verdict_fails_its_dtype(small, dt):
     _, df, mags = small
     claims, _ = _claims(_flip(df, _valid(dt), "verdict", "not_redundant"), mags)
     assert not claims[f"invariance-independent-{dt}"]["holds"]
-    assert claims["invariance-matches-theory"]["value"] == 1
+    assert claims["invariance-matches-theory"]["value"] == (1 if dt in J.HIGH_PRECISION else 0)
     others = [d for d in ("float64", "float32", "bfloat16", "float16") if d != dt]
     assert all(claims[f"invariance-independent-{d}"]["holds"] for d in others)
 

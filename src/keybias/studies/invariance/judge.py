@@ -293,24 +293,36 @@ def invariance_claims(df: pd.DataFrame, mags: pd.DataFrame, *, min_configs: int,
         dtype_ids.append(cid)
         rows = ok[ok.dtype == dt]
         extra = {"min_detectable": detect[dt]} if dt in detect else {}
-        _mismatch_claim(
-            cid, f"In {dt}, none of the {c['tests']:,} valid verdicts, each judged in {dt} alone "
-                 f"({c['predicted_redundant']:,} predicted redundant, {c['predicted_not_redundant']:,} not), "
-                 "contradicts the proof.",
-            rows, rows.verdict == rows.expected, kind="test", bound_origin=theory, skipped=skipped,
-            claims=claims, **extra)
-    if dtype_ids:
+        if dt in HIGH_PRECISION:
+            _mismatch_claim(
+                cid, f"In {dt}, none of the {c['tests']:,} valid verdicts, each judged in {dt} alone "
+                     f"({c['predicted_redundant']:,} predicted redundant, {c['predicted_not_redundant']:,} not), "
+                     "contradicts the proof.",
+                rows, rows.verdict == rows.expected, kind="test", bound_origin=theory, skipped=skipped,
+                claims=claims, **extra)
+        else:
+            # a half-precision verdict may miss a break a few units in the last place in size (the
+            # miss-rate claim bounds how often); what it must never do is call a redundant b_k a break
+            _mismatch_claim(
+                cid, f"In {dt}, none of the {c['predicted_redundant']:,} valid verdicts the proof predicts redundant, "
+                     f"each judged in {dt} alone, calls b_k a break.",
+                rows, ~((rows.expected == VD.REDUNDANT) & (rows.verdict == VD.NOT_REDUNDANT)), kind="test",
+                bound_origin=theory, skipped=skipped, claims=claims, **extra)
+    high_ok = ok[ok.dtype.isin(HIGH_PRECISION)]
+    high_ids = [i for i in dtype_ids if i.removeprefix("invariance-independent-") in HIGH_PRECISION]
+    if high_ids:
         _mismatch_claim("invariance-matches-theory",
-                        f"Every one of the {len(ok):,} valid verdicts equals the proof's prediction.",
-                        ok, ok.verdict == ok.expected, kind="implied", bound_origin=theory, skipped=skipped,
-                        claims=claims, implied_by=dtype_ids)
-    for cat, rows in ok.groupby("category"):
+                        f"Every one of the {len(high_ok):,} valid float64 and float32 verdicts equals the proof's "
+                        "prediction.",
+                        high_ok, high_ok.verdict == high_ok.expected, kind="implied", bound_origin=theory,
+                        skipped=skipped, claims=claims, implied_by=high_ids)
+    for cat, rows in high_ok.groupby("category"):
         n_red = int((rows.expected == VD.REDUNDANT).sum())
         n_not = int((rows.expected == VD.NOT_REDUNDANT).sum())
-        ids = [f"invariance-independent-{d}" for d in DTYPES if d in set(rows.dtype)]
+        ids = [f"invariance-independent-{d}" for d in HIGH_PRECISION if d in set(rows.dtype)]
         _mismatch_claim(f"invariance-{slug(cat)}",
-                        f"{cat}: the verdicts match the proof's prediction in all {len(rows)} valid configurations "
-                        f"({n_red} expected redundant, {n_not} expected not redundant).",
+                        f"{cat}: in float64 and float32 the verdicts match the proof's prediction in all {len(rows)} "
+                        f"valid configurations ({n_red} expected redundant, {n_not} expected not redundant).",
                         rows, rows.verdict == rows.expected, kind="implied", bound_origin=theory,
                         skipped=skipped, claims=claims, implied_by=ids)
     for dt in [d for d in DTYPES if d != "float64" and d in set(cells.dtype)]:
