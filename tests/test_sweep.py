@@ -500,3 +500,8 @@ def test_power_calibration_flags_a_blind_cell():
     unpowered, frame = K.calibrate_power(cfgs, [0.01, 1.0], {"float16": 1.0}, cases=12)
     assert ("float16", 0.01) in unpowered and ("float16", 1.0) not in unpowered
     assert set(K.power_cells(frame, unpowered).columns) >= {"known_breaks", "missed", "powered"}
+
+
+def test_power_calibration_without_half_precision_has_its_columns():
+    unpowered, frame = K.calibrate_power([S._base(dtype="float32")], [1.0], {"float32": 1.0}, cases=2)
+    assert not unpowered and not len(frame) and "verdict_float64" in frame.columns

@@ -241,7 +241,8 @@ def calibrate_power(configs: list[dict], magnitudes, null_factor: dict, *, cases
                           "tolerance_rel": e["tolerance_rel"]} for e in per_mag]
     finally:
         torch.set_num_threads(threads)
-    frame = pd.DataFrame(rows)
+    frame = pd.DataFrame(rows, columns=["dtype", "case", "option", "seed", "embed_dim", "src_len", "mode", "mask",
+                                        "magnitude", "verdict", "verdict_float64", "bk_rel_float64", "tolerance_rel"])
     unpowered = set()
     for (dt, mag), g in frame.groupby(["dtype", "magnitude"]) if len(frame) else []:
         known = g[(g.verdict_float64 == VD.NOT_REDUNDANT) & g.verdict.isin([VD.REDUNDANT, VD.NOT_REDUNDANT])]
