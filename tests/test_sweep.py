@@ -505,3 +505,15 @@ def test_power_calibration_flags_a_blind_cell():
 def test_power_calibration_without_half_precision_has_its_columns():
     unpowered, frame = K.calibrate_power([S._base(dtype="float32")], [1.0], {"float32": 1.0}, cases=2)
     assert not unpowered and not len(frame) and "verdict_float64" in frame.columns
+
+
+@pytest.mark.claim_mutation("invariance-power")
+def test_mutation_power_probe_blind_at_a_perturbed_state_fails(small):
+    """The probe at a perturbed half-precision state that sees no break of size 1 fails the claim,
+    even though the same configuration's unperturbed probe saw one."""
+    _, df, mags = small
+    probed = (df.power_probe_states.fillna(0) > 0) & df.min_detectable_eps.notna()
+    assert probed.any()
+    bad = _flip(df, lambda d: probed, "min_detectable_eps_perturbed", math.nan)
+    assert not _claims(bad, mags)[0]["invariance-power"]["holds"]
+    assert _claims(df, mags)[0]["invariance-power"]["holds"]

@@ -33,15 +33,20 @@ EPS_GRID = tuple(10.0 ** -k for k in range(16))  # per-key score perturbations o
 
 
 # ----------------------------------------------------------------------------- power
+POWER_CASES_MHA = ("MHA shapes", "MHA add_bias_kv", "MHA add_zero_attn", "MHA add_bias_kv_zero_attn")
+
+
 def has_power_control(cfg: dict) -> bool:
-    """The size-matched positive control runs on plain MHA without a mask of its own (it adds one),
-    with at least two keys (over one key softmax is 1 whatever the score)."""
+    """The size-matched positive control runs on MHA without a mask of its own (it adds one; MHA pads
+    it for the slots add_bias_kv / add_zero_attn append), plain or with a breaking option, with at
+    least two keys (over one key softmax is 1 whatever the score)."""
     return cfg["src_len"] >= 2 and (cfg["family"] in ("sizes", "realistic") and cfg["option"] == "plain") or (
-        cfg["family"] == "mha" and cfg["case"] == "MHA shapes" and cfg["mask"] == "none"
+        cfg["family"] == "mha" and cfg["case"] in POWER_CASES_MHA and cfg["mask"] == "none"
         and not cfg["need_weights"])
 
 
-def min_detectable_break(cfg: dict, null_factor: dict | None = None) -> dict:
+def min_detectable_break(cfg: dict, null_factor: dict | None = None, magnitudes=(),
+                         unpowered: frozenset = frozenset()) -> dict:
     """The smallest per-key score perturbation the verdict rule of this configuration detects.
 
     The control breaks assumption (A1) by a known amount: key j's score gets eps * r_j for every
@@ -50,48 +55,74 @@ def min_detectable_break(cfg: dict, null_factor: dict | None = None) -> dict:
     b_k change is (same dtype, same tolerance rule, null measured with a zero float mask), for eps
     on the decade grid EPS_GRID; the answer is the smallest eps whose change exceeds the tolerance,
     found by bisection (detection grows with eps). NaN if not even the largest is detected.
-    Below float64 the factor is the largest calibrated over the magnitudes (conservative)."""
+    Below float64 the factor is the largest calibrated over the magnitudes (conservative).
+
+    Below float32 the rounding null grows with the state, so the probe also runs at each perturbed
+    state the sweep judges (b_k moved by magnitude m, for every m of a cell with power):
+    `min_detectable_eps_perturbed` is the worst over them (NaN if one saw nothing; absent above
+    bfloat16/float16 precision or when no magnitude is given)."""
     dtype = C.TORCH_DTYPES[cfg["dtype"]]
     low = dtype != torch.float64
     kappa = C.null_factor_for(null_factor, cfg["dtype"]) if low else math.nan
     case = C.case(cfg)
-    lq, lk, dev = cfg["tgt_len"], cfg["src_len"], cfg["device"]
-    r = torch.randn(lk, generator=torch.Generator().manual_seed(cfg["seed"] + 13), dtype=torch.float64)
+    r = torch.randn(cfg["src_len"], generator=torch.Generator().manual_seed(cfg["seed"] + 13), dtype=torch.float64)
     with C.mode_context(cfg):
         obj, inp = case["build"](dtype)
+        out = _probe(cfg, case, obj, inp, r, dtype, low, kappa)
+        states = [m for m in magnitudes if (cfg["dtype"], float(m)) not in unpowered] if cfg["dtype"] in POWER_DTYPES else []
+        if states:
+            bk = case["roles"](obj)["b_k"]
+            typical = C.tolerance_stats(*case["stats"](obj, inp)[:4], cfg["num_heads"])["norm_k"]
+            gen = torch.Generator().manual_seed(cfg["seed"] + 7)
+            worst = 0.0
+            for mag in states:
+                direction = torch.randn(bk[0].numel(), generator=gen, dtype=torch.float64)
+                with C.perturbed(bk, direction / direction.norm() * mag * typical):
+                    eps = _probe(cfg, case, obj, inp, r, dtype, low, C.null_factor_for(null_factor, cfg["dtype"], mag))
+                worst = max(worst, eps["min_detectable_eps"]) if math.isfinite(eps["min_detectable_eps"]) else math.nan
+                if not math.isfinite(worst):
+                    break
+            out["min_detectable_eps_perturbed"] = worst
+        out["power_probe_states"] = len(states)
+    return out
 
-        def run_eps(eps):
-            mask = (eps * r).expand(lq, lk).to(dev, dtype).contiguous()
-            return C.first_output(case["run"](obj, {**inp, "attn_mask": mask}))
 
-        base = run_eps(0.0)
-        y_abs = C.finite_abs_max(base)
-        zero = {**inp, "attn_mask": torch.zeros(lq, lk, dtype=dtype, device=dev)}
-        q, k, v, w_o, n_slots = case["stats"](obj, inp)
-        st = C.tolerance_stats(q, k, v, w_o, cfg["num_heads"])
-        st["S"] += float(r.abs().max())  # the largest eps of the grid is 1
-        analytic = C.output_tolerance_for(dtype, st, n_slots, y_abs)
-        if low:
-            null = C.rounding_null(case, obj, zero, base)
-            tol = VD.null_tolerance(analytic, null_base=null, null_perturbed=null, factor=kappa)
+def _probe(cfg, case, obj, inp, r, dtype, low, kappa) -> dict:
+    """The bisection of `min_detectable_break` at the module's current state."""
+    lq, lk, dev = cfg["tgt_len"], cfg["src_len"], cfg["device"]
+
+    def run_eps(eps):
+        mask = (eps * r).expand(lq, lk).to(dev, dtype).contiguous()
+        return C.first_output(case["run"](obj, {**inp, "attn_mask": mask}))
+
+    base = run_eps(0.0)
+    y_abs = C.finite_abs_max(base)
+    zero = {**inp, "attn_mask": torch.zeros(lq, lk, dtype=dtype, device=dev)}
+    q, k, v, w_o, n_slots = case["stats"](obj, inp)
+    st = C.tolerance_stats(q, k, v, w_o, cfg["num_heads"])
+    st["S"] += float(r.abs().max())  # the largest eps of the grid is 1
+    analytic = C.output_tolerance_for(dtype, st, n_slots, y_abs)
+    if low:
+        null = C.rounding_null(case, obj, zero, base)
+        tol = VD.null_tolerance(analytic, null_base=null, null_perturbed=null, factor=kappa)
+    else:
+        tol = analytic
+    detected = {}
+
+    def seen(i):
+        if i not in detected:
+            detected[i] = C.change(run_eps(EPS_GRID[i]), base) > tol
+        return detected[i]
+
+    lo, hi = 0, len(EPS_GRID) - 1  # EPS_GRID descends: find the last index still detected
+    if not seen(lo):
+        return {"min_detectable_eps": math.nan, "power_tolerance_rel": tol / y_abs}
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if seen(mid):
+            lo = mid
         else:
-            tol = analytic
-        detected = {}
-
-        def seen(i):
-            if i not in detected:
-                detected[i] = C.change(run_eps(EPS_GRID[i]), base) > tol
-            return detected[i]
-
-        lo, hi = 0, len(EPS_GRID) - 1  # EPS_GRID descends: find the last index still detected
-        if not seen(lo):
-            return {"min_detectable_eps": math.nan, "power_tolerance_rel": tol / y_abs}
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if seen(mid):
-                lo = mid
-            else:
-                hi = mid - 1
+            hi = mid - 1
     return {"min_detectable_eps": EPS_GRID[lo], "power_tolerance_rel": tol / y_abs}
 
 

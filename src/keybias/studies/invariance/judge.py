@@ -190,7 +190,8 @@ def magnitude_cells(df: pd.DataFrame, mags: pd.DataFrame) -> pd.DataFrame:
 
 def power_table(df: pd.DataFrame) -> pd.DataFrame:
     """Per dtype and size, the smallest per-key score break the verdict rule detects: the worst
-    (largest) over the configurations of that size, and how many saw no break at all (NaN)."""
+    (largest) over the configurations of that size and, in half precision, over the perturbed states
+    of the magnitudes with power; and how many saw no break at all (NaN)."""
     cols = ["dtype", *SIZE_COLUMNS, "rows", "min_detectable_eps", "undetected"]
     if "min_detectable_eps" not in df:
         return pd.DataFrame(columns=cols)
@@ -201,6 +202,12 @@ def power_table(df: pd.DataFrame) -> pd.DataFrame:
     out = []
     for key, g in m.groupby(["dtype", *SIZE_COLUMNS], sort=False):
         eps = g.min_detectable_eps.astype(float)
+        # the probe at the perturbed states (half precision): the worst of the two, and a NaN
+        # there (a state where no break was seen) counts as undetected
+        if "min_detectable_eps_perturbed" in g:
+            probed = pd.to_numeric(g.get("power_probe_states"), errors="coerce").fillna(0).to_numpy() > 0
+            pert = g.min_detectable_eps_perturbed.astype(float).where(probed, 0.0)
+            eps = pd.Series(np.fmax(eps.to_numpy(), pert.to_numpy()), index=g.index).where(pert.notna() & eps.notna())
         out.append({**dict(zip(["dtype", *SIZE_COLUMNS], key, strict=True)), "rows": len(g),
                     "min_detectable_eps": R.finite_max(eps, "smallest detected eps") if eps.notna().all() else math.nan,
                     "undetected": int(eps.isna().sum())})

@@ -556,7 +556,7 @@ def run_sweep(configs: list[dict], magnitudes, *, null_factor: dict | None = Non
             try:
                 row, per_mag = measure(cfg, magnitudes, null_factor, unpowered)
                 if row["status"] == "measured" and K.has_power_control(cfg):
-                    row.update(K.min_detectable_break(cfg, null_factor))
+                    row.update(K.min_detectable_break(cfg, null_factor, magnitudes, unpowered))
             except RuntimeError as exc:  # PyTorch's own refusal is the result; anything else stops here
                 if not pytorch_rejection(exc):
                     raise

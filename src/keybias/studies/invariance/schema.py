@@ -19,11 +19,11 @@ TABLES: dict[str, dict[str, str]] = {
     "data/invariance.csv": cols(
         exact=f"{CONFIG_MHA} nonfinite_outputs output_entries masked_row_output verdict "
         "verdict_float64 drop_verdict grad_verdict verdict_joint tolerance_rule magnitudes_judged "
-        "config_id independent",
+        "config_id independent power_probe_states",
         f32="typical_key_norm output_abs_max grad_tolerance",
         # min_detectable_eps: a bisection on a decade grid, so it may move one decade across kernels
         noise="max_rel_bk noise_floor_rel noise_floor_over_tol64 max_rel_drop grad_bk grad_bq grad_bv "
-        "grad_ratio null_factor power_tolerance_rel min_detectable_eps",
+        "grad_ratio null_factor power_tolerance_rel min_detectable_eps min_detectable_eps_perturbed",
     ),
     "data/invariance_magnitudes.csv": cols(
         exact="config_id magnitude cell_powered verdict verdict_float64 verdict_joint",
