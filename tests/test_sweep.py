@@ -507,13 +507,17 @@ def test_power_calibration_without_half_precision_has_its_columns():
     assert not unpowered and not len(frame) and "verdict_float64" in frame.columns
 
 
-@pytest.mark.claim_mutation("invariance-power")
-def test_mutation_power_probe_blind_at_a_perturbed_state_fails(small):
-    """The probe at a perturbed half-precision state that sees no break of size 1 fails the claim,
-    even though the same configuration's unperturbed probe saw one."""
-    _, df, mags = small
-    probed = (df.power_probe_states.fillna(0) > 0) & df.min_detectable_eps.notna()
-    assert probed.any()
-    bad = _flip(df, lambda d: probed, "min_detectable_eps_perturbed", math.nan)
-    assert not _claims(bad, mags)[0]["invariance-power"]["holds"]
-    assert _claims(df, mags)[0]["invariance-power"]["holds"]
+def test_a_probe_blind_at_a_perturbed_state_makes_that_magnitude_invalid(monkeypatch):
+    """Where the power probe at a perturbed half-precision state sees no break of size 1, the
+    verdict at that magnitude had no power: it becomes invalid, and the blind state is counted."""
+    real = K.min_detectable_break
+
+    def blind_at_one(cfg, *a, **k):
+        return {**real(cfg, *a, **k), "blind_magnitudes": [1.0]}
+
+    monkeypatch.setattr(K, "min_detectable_break", blind_at_one)
+    cfg = S._base(dtype="float16", case="MHA shapes", mode="eval", add_zero_attn=True)
+    df, mags, _ = S.run_sweep([cfg], MAGS, null_factor=FACTOR)
+    assert list(mags.verdict[mags.magnitude == 1.0]) == ["invalid"]
+    assert df.power_blind_states[0] == 1 and df.magnitudes_judged[0] == (mags.verdict != "invalid").sum()
+    assert J.power_table(df).blind_states.sum() == 1

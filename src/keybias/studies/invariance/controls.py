@@ -59,8 +59,9 @@ def min_detectable_break(cfg: dict, null_factor: dict | None = None, magnitudes=
 
     Below float32 the rounding null grows with the state, so the probe also runs at each perturbed
     state the sweep judges (b_k moved by magnitude m, for every m of a cell with power):
-    `min_detectable_eps_perturbed` is the worst over them (NaN if one saw nothing; absent above
-    bfloat16/float16 precision or when no magnitude is given)."""
+    `min_detectable_eps_perturbed` is the worst over the states where a break was seen, and
+    `blind_magnitudes` lists the states where not even eps = 1 was: the sweep's verdict of this
+    configuration at those magnitudes had no power and becomes `invalid` (`measure.run_sweep`)."""
     dtype = C.TORCH_DTYPES[cfg["dtype"]]
     low = dtype != torch.float64
     kappa = C.null_factor_for(null_factor, cfg["dtype"]) if low else math.nan
@@ -74,15 +75,17 @@ def min_detectable_break(cfg: dict, null_factor: dict | None = None, magnitudes=
             bk = case["roles"](obj)["b_k"]
             typical = C.tolerance_stats(*case["stats"](obj, inp)[:4], cfg["num_heads"])["norm_k"]
             gen = torch.Generator().manual_seed(cfg["seed"] + 7)
-            worst = 0.0
+            worst, blind = math.nan, []
             for mag in states:
                 direction = torch.randn(bk[0].numel(), generator=gen, dtype=torch.float64)
                 with C.perturbed(bk, direction / direction.norm() * mag * typical):
                     eps = _probe(cfg, case, obj, inp, r, dtype, low, C.null_factor_for(null_factor, cfg["dtype"], mag))
-                worst = max(worst, eps["min_detectable_eps"]) if math.isfinite(eps["min_detectable_eps"]) else math.nan
-                if not math.isfinite(worst):
-                    break
+                if math.isfinite(eps["min_detectable_eps"]):
+                    worst = eps["min_detectable_eps"] if not math.isfinite(worst) else max(worst, eps["min_detectable_eps"])
+                else:
+                    blind.append(float(mag))
             out["min_detectable_eps_perturbed"] = worst
+            out["blind_magnitudes"] = blind
         out["power_probe_states"] = len(states)
     return out
 

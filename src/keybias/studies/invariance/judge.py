@@ -191,8 +191,9 @@ def magnitude_cells(df: pd.DataFrame, mags: pd.DataFrame) -> pd.DataFrame:
 def power_table(df: pd.DataFrame) -> pd.DataFrame:
     """Per dtype and size, the smallest per-key score break the verdict rule detects: the worst
     (largest) over the configurations of that size and, in half precision, over the perturbed states
-    of the magnitudes with power; and how many saw no break at all (NaN)."""
-    cols = ["dtype", *SIZE_COLUMNS, "rows", "min_detectable_eps", "undetected"]
+    of the magnitudes with power; how many saw no break at all at the unperturbed state (NaN), and
+    at how many perturbed states no break was seen (those verdicts are `invalid`)."""
+    cols = ["dtype", *SIZE_COLUMNS, "rows", "min_detectable_eps", "undetected", "blind_states"]
     if "min_detectable_eps" not in df:
         return pd.DataFrame(columns=cols)
     m = measured(df)
@@ -202,15 +203,15 @@ def power_table(df: pd.DataFrame) -> pd.DataFrame:
     out = []
     for key, g in m.groupby(["dtype", *SIZE_COLUMNS], sort=False):
         eps = g.min_detectable_eps.astype(float)
-        # the probe at the perturbed states (half precision): the worst of the two, and a NaN
-        # there (a state where no break was seen) counts as undetected
+        # the probe at the perturbed states (half precision): the worst where it saw a break; a state
+        # where it saw none made that magnitude's verdict invalid, and is counted apart
         if "min_detectable_eps_perturbed" in g:
-            probed = pd.to_numeric(g.get("power_probe_states"), errors="coerce").fillna(0).to_numpy() > 0
-            pert = g.min_detectable_eps_perturbed.astype(float).where(probed, 0.0)
-            eps = pd.Series(np.fmax(eps.to_numpy(), pert.to_numpy()), index=g.index).where(pert.notna() & eps.notna())
+            pert = g.min_detectable_eps_perturbed.astype(float)
+            eps = pd.Series(np.fmax(eps.to_numpy(), pert.to_numpy()), index=g.index).where(eps.notna())
+        blind = pd.to_numeric(g["power_blind_states"], errors="coerce").fillna(0) if "power_blind_states" in g else 0
         out.append({**dict(zip(["dtype", *SIZE_COLUMNS], key, strict=True)), "rows": len(g),
                     "min_detectable_eps": R.finite_max(eps, "smallest detected eps") if eps.notna().all() else math.nan,
-                    "undetected": int(eps.isna().sum())})
+                    "undetected": int(eps.isna().sum()), "blind_states": int(np.sum(blind))})
     t = pd.DataFrame(out, columns=cols)
     t["order"] = t.dtype.map({d: i for i, d in enumerate(DTYPES)})
     return t.sort_values(["order", "embed_dim", "src_len"]).drop(columns="order").reset_index(drop=True)
@@ -459,6 +460,7 @@ def invariance_claims(df: pd.DataFrame, mags: pd.DataFrame, *, min_configs: int,
         "InvGradLowPrecisionMissed": int(((low.verdict == VD.NOT_REDUNDANT) & (low.grad_verdict == VD.REDUNDANT)).sum()),
         "InvIndependentTotal": int(counts.tests.sum()), "InvContradictionsTotal": int(counts.contradictions.sum()),
         "InvMagnitudeCount": int(mags.magnitude.nunique()) if len(mags) else 0,
+        "InvPowerBlindStates": int(power.blind_states.sum()) if len(power) else 0,
     }
     real = m[m.family == "realistic"]
     real_ok = ok[ok.family == "realistic"]

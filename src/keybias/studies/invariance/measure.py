@@ -556,7 +556,19 @@ def run_sweep(configs: list[dict], magnitudes, *, null_factor: dict | None = Non
             try:
                 row, per_mag = measure(cfg, magnitudes, null_factor, unpowered)
                 if row["status"] == "measured" and K.has_power_control(cfg):
-                    row.update(K.min_detectable_break(cfg, null_factor, magnitudes, unpowered))
+                    probe = K.min_detectable_break(cfg, null_factor, magnitudes, unpowered)
+                    blind = set(probe.pop("blind_magnitudes", []))
+                    row.update(probe, power_blind_states=len(blind))
+                    if blind:  # the probe at that perturbed state saw no break: no power there
+                        for e in per_mag:
+                            if e["magnitude"] in blind:
+                                e["verdict"] = VD.INVALID
+                                if "verdict_joint" in e:
+                                    e["verdict_joint"] = VD.INVALID
+                        row["verdict"] = _combine([e["verdict"] for e in per_mag])
+                        row["magnitudes_judged"] = sum(e["verdict"] != VD.INVALID for e in per_mag)
+                        if "verdict_joint" in row:
+                            row["verdict_joint"] = _combine([e["verdict_joint"] for e in per_mag])
             except RuntimeError as exc:  # PyTorch's own refusal is the result; anything else stops here
                 if not pytorch_rejection(exc):
                     raise

@@ -19,7 +19,7 @@ TABLES: dict[str, dict[str, str]] = {
     "data/invariance.csv": cols(
         exact=f"{CONFIG_MHA} nonfinite_outputs output_entries masked_row_output verdict "
         "verdict_float64 drop_verdict grad_verdict verdict_joint tolerance_rule magnitudes_judged "
-        "config_id independent power_probe_states",
+        "config_id independent power_probe_states power_blind_states",
         f32="typical_key_norm output_abs_max grad_tolerance",
         # min_detectable_eps: a bisection on a decade grid, so it may move one decade across kernels
         noise="max_rel_bk noise_floor_rel noise_floor_over_tol64 max_rel_drop grad_bk grad_bq grad_bv "

@@ -96,7 +96,7 @@ def power_latex(power: pd.DataFrame) -> str:
     t = power.assign(min_detectable_eps=power.min_detectable_eps.map(_eps))
     head = {"embed_dim": "$E$", "num_heads": "heads", "tgt_len": "queries", "src_len": "keys",
             "batch": "batch", "rows": "rows", "min_detectable_eps": r"smallest $\varepsilon$ seen",
-            "undetected": "none seen"}
+            "undetected": "none seen", "blind_states": "blind states"}
     cols = list(t.columns)
     lines = [r"\begin{tabular}{l" + "r" * (len(cols) - 1) + "}", r"\toprule",
              " & ".join(head.get(c, _esc(c)) for c in cols) + r" \\", r"\midrule"]
