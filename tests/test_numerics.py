@@ -437,3 +437,24 @@ def test_macros_and_figures_from_summaries():
         assert style.smallest_font_pt(f) >= style.MIN_FONT_PT
         assert all(ax.get_legend() is None for ax in f.axes), "legends go outside the axes"
         plt.close(f)
+
+
+@pytest.mark.claim_mutation("precision-output-change-within-tolerance")
+def test_output_claim_fails_when_a_dtype_in_its_scope_has_no_judged_row():
+    """A selection with zero judged rows never passes: float32 rows whose tolerance all lie above
+    the output leave the claim without float32 evidence, and it fails even though float64 holds."""
+    law, pooled, df, checks, gsum, grads = _claim_inputs()
+    both = pd.concat([df, df.assign(dtype="float32")], ignore_index=True)
+    assert _holds(nj.precision_claims(law, pooled, both, checks, gsum, grads, 16))[
+        "precision-output-change-within-tolerance"]
+    blind = both.assign(tolerance=np.where(both["dtype"] == "float32", 10 * both["ref_rms"], both["tolerance"]))
+    claim = next(c for c in nj.precision_claims(law, pooled, blind, checks, gsum, grads, 16)
+                 if c["claim_id"] == "precision-output-change-within-tolerance")
+    assert math.isnan(claim["value"])
+
+
+def test_delta_bias_rms_is_exactly_zero_below_the_floor_multiple():
+    df = nj.add_floor(_synthetic(1.0))
+    below = df["delta_rms"] < nj.FLOOR_RESOLUTION * df["floor_rms"]
+    assert below.any() and (df.loc[below, "delta_bias_rms"] == 0.0).all()
+    assert (df.loc[~below, "delta_bias_rms"] > 0).all() and df["delta_bias_rms"].notna().all()

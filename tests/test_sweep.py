@@ -19,8 +19,9 @@ from keybias.studies.invariance import show as SH
 
 ROOT = Path(__file__).resolve().parents[1]
 MAGS = [1.0, 100.0]
-# a generous factor, as calibrated on held-out seeds (the notebook calibrates its own)
-FACTOR = {"float32": 4.0, "bfloat16": 4.0, "float16": 4.0}
+# kappa per magnitude as the paper profile's held-out calibration gives it (the notebook calibrates its
+# own); a larger one would blind bfloat16 to the add_bias_kv break at magnitude 1
+FACTOR = {"float32": {1.0: 1.0, 100.0: 2.6}, "bfloat16": {1.0: 1.0, 100.0: 1.8}, "float16": {1.0: 1.0, 100.0: 2.2}}
 
 
 def _measure(mags=MAGS, null_factor=FACTOR, **kw):
@@ -47,9 +48,9 @@ def test_low_precision_verdict_uses_its_own_null_not_float64():
     does not follow from the float64 one."""
     row, mags = _measure(dtype="float32", mode="eval", null_factor={"float32": 1e-6})
     assert row["verdict"] == "not_redundant" and row["verdict_float64"] == "redundant"
-    assert (mags.tolerance_from == "null").all()
+    assert (mags.tolerance_abs < mags.analytic_rel * row["output_abs_max"]).all()  # the null set it
     ok, mags = _measure(dtype="float32", mode="eval")
-    assert ok["verdict"] == "redundant" and ok["verdict_basis"] == "rounding null" and ok["independent"]
+    assert ok["verdict"] == "redundant" and ok["tolerance_rule"] == S.TOLERANCE_RULE_LOW and ok["independent"]
     assert (mags.null_base_rel > 0).all() and (mags.null_perturbed_rel > 0).all()
 
 
@@ -86,7 +87,7 @@ def test_rope_not_redundant_alibi_redundant():
     rope = _row(family="variants", case="variant rope", variant="rope", embed_dim=16)
     alibi = _row(family="variants", case="variant alibi", variant="alibi", embed_dim=16)
     assert rope["verdict"] == "not_redundant"
-    assert alibi["verdict"] == "redundant" and alibi["verdict_basis"] == "rounding null"
+    assert alibi["verdict"] == "redundant" and alibi["tolerance_rule"] == S.TOLERANCE_RULE_LOW
 
 
 def test_single_key_has_no_power():
@@ -283,7 +284,7 @@ def test_mutation_a_wrong_verdict_fails_its_dtype(small, dt):
     _, df, mags = small
     claims, _ = _claims(_flip(df, _valid(dt), "verdict", "not_redundant"), mags)
     assert not claims[f"invariance-independent-{dt}"]["holds"]
-    assert claims["invariance-matches-theory"]["value"] == 1
+    assert claims["invariance-matches-theory"]["value"] == (1 if dt in J.HIGH_PRECISION else 0)
     others = [d for d in ("float64", "float32", "bfloat16", "float16") if d != dt]
     assert all(claims[f"invariance-independent-{d}"]["holds"] for d in others)
 
@@ -384,7 +385,7 @@ def test_power_table_and_figures(small):
     _, df, mags = small
     power = J.power_table(df)
     assert set(power.dtype) == {"float64", "float32", "bfloat16", "float16"} and (power.undetected == 0).all()
-    assert "smallest" in SH.power_latex(power) and "independent" in SH.independent_latex(J.independent_counts(df))
+    assert "smallest" in SH.power_latex(power) and "valid verdicts" in SH.independent_latex(J.independent_counts(df))
     fig = SH.plot_map(df, mags)
     assert style.smallest_font_pt(fig) >= style.MIN_FONT_PT
     assert fig.get_size_inches()[0] == pytest.approx(style.FULL_WIDTH)
@@ -401,3 +402,122 @@ def test_tail_quantile_covers_more_tests_than_the_calibration_has():
     # the exponential tail: P(exceed) per draw ~ alpha / tests, so 10,000 fresh draws rarely pass it
     fresh = rng.exponential(1.0, (50, 10_000)).max(axis=1)
     assert (fresh > many).mean() < 0.25
+
+
+def _mag_claims(df, mags):
+    return _claims(df, mags)[0]
+
+
+@pytest.mark.claim_mutation("invariance-missed-breaks-float16")
+def test_mutation_rerun_of_real_breaks_below_resolution_fails(dt="float16"):
+    """A rerun, not a flipped string: real add_bias_kv breaks at magnitude 0.01 change the output by
+    about 0.1% (float16), at or below one unit in the last place; the dtype's own verdict calls them
+    redundant. Presented as a magnitude with power (no held-out calibration), the claim fails."""
+    cfgs = [S._base(dtype=dt, add_bias_kv=True, option="add_bias_kv", case="MHA add_bias_kv", embed_dim=16,
+                    num_heads=2, mask=mask, mode="eval") for mask in ("none", "causal", "key_padding", "float")]
+    df, mags, _ = S.run_sweep(cfgs, [0.01], null_factor={dt: 1.0})
+    valid = mags[mags.verdict.isin(["redundant", "not_redundant"])]
+    assert (valid.verdict_float64 == "not_redundant").all() and (valid.verdict == "redundant").any()
+    claim = _mag_claims(df, mags)[f"invariance-missed-breaks-{dt}"]
+    assert not claim["holds"] and claim["value"] > J.MAX_MISS_RATE
+
+
+@pytest.mark.claim_mutation("invariance-missed-breaks-bfloat16", "invariance-missed-breaks-float16",
+                            "invariance-missed-breaks-float32")
+@pytest.mark.parametrize("dt", ["bfloat16", "float16", "float32"])
+def test_mutation_miss_rate_just_above_the_bound_fails(small, dt):
+    """At the edge: the fewest missed known breaks whose share exceeds 5% fail; one fewer holds."""
+    _, df, mags = small
+    cell = mags.merge(df[["config_id", "dtype"]], on="config_id")
+    cell = cell[(cell.dtype == dt) & (cell.magnitude == 1.0) & (cell.verdict_float64 == "not_redundant")
+                & (cell.verdict == "not_redundant")]
+    k = len(cell)
+    assert k >= 2
+    edge = next(n for n in range(1, k + 1) if n / k > J.MAX_MISS_RATE)
+
+    def missing(n):
+        bad = mags.copy()
+        bad.loc[cell.index[:n], "verdict"] = "redundant"
+        return _mag_claims(df, bad)[f"invariance-missed-breaks-{dt}"]
+
+    assert not missing(edge)["holds"]
+    if (edge - 1) / k <= J.MAX_MISS_RATE and edge > 1:
+        assert missing(edge - 1)["holds"]
+
+
+@pytest.mark.claim_mutation("invariance-separation-float64", "invariance-separation-float32")
+@pytest.mark.parametrize("dt", ["float64", "float32"])
+def test_mutation_break_just_under_twice_the_tolerance_fails(small, dt):
+    _, df, mags = small
+    cell = mags.merge(df[["config_id", "dtype"]], on="config_id")
+    idx = cell.index[(cell.dtype == dt) & (cell.verdict_float64 == "not_redundant") & (cell.verdict == "not_redundant")]
+    bad = mags.copy()
+    bad.loc[idx[0], "bk_abs"] = 0.99 * J.SEPARATION * bad.loc[idx[0], "tolerance_abs"]
+    assert not _mag_claims(df, bad)[f"invariance-separation-{dt}"]["holds"]
+    ok = mags.copy()
+    ok.loc[idx[0], "bk_abs"] = 1.01 * J.SEPARATION * ok.loc[idx[0], "tolerance_abs"]
+    assert _mag_claims(df, ok)[f"invariance-separation-{dt}"]["holds"]
+
+
+@pytest.mark.claim_mutation("invariance-separation-float64")
+def test_mutation_redundant_change_just_over_half_the_tolerance_fails(small):
+    _, df, mags = small
+    cell = mags.merge(df[["config_id", "dtype"]], on="config_id")
+    idx = cell.index[(cell.dtype == "float64") & (cell.verdict == "redundant")]
+    bad = mags.copy()
+    bad.loc[idx[0], "bk_abs"] = 1.01 / J.SEPARATION * bad.loc[idx[0], "tolerance_abs"]
+    assert not _mag_claims(df, bad)["invariance-separation-float64"]["holds"]
+
+
+def test_tolerance_above_the_output_share_is_invalid():
+    assert VD.classify(0.01, 0.04, control_delta=1.0, output_abs=1.0) == VD.REDUNDANT
+    assert VD.classify(0.01, 0.06, control_delta=1.0, output_abs=1.0) == VD.INVALID
+    assert VD.classify(0.1, math.nan, control_delta=1.0, output_abs=1.0) == VD.INVALID
+
+
+def test_unpowered_cell_makes_its_verdicts_invalid():
+    cfg = S._base(dtype="bfloat16", mode="eval")
+    df, mags, _ = S.run_sweep([cfg], MAGS, null_factor=FACTOR, unpowered=frozenset({("bfloat16", 1.0)}))
+    assert list(mags.verdict[mags.magnitude == 1.0]) == ["invalid"] and not mags.cell_powered[0]
+
+
+def test_only_pytorchs_own_refusal_is_a_rejection(monkeypatch):
+    refused = RuntimeError("Need attn_mask if specifying the is_causal hint. You may use ...")
+    assert S.pytorch_rejection(refused)
+    assert not S.pytorch_rejection(RuntimeError("shape mismatch in my own code"))
+    assert not S.pytorch_rejection(ValueError("Need attn_mask if specifying the is_causal hint"))
+
+    def broken(*a, **k):
+        raise RuntimeError("a bug in the measurement")
+
+    monkeypatch.setattr(S, "measure", broken)
+    with pytest.raises(RuntimeError, match="a bug"):
+        S.run_sweep([S._base()], [1.0], null_factor=FACTOR)
+
+
+def test_power_calibration_flags_a_blind_cell():
+    cfgs = [S._base(dtype="float16", mode="eval", embed_dim=16, num_heads=2)]
+    unpowered, frame = K.calibrate_power(cfgs, [0.01, 1.0], {"float16": 1.0}, cases=12)
+    assert ("float16", 0.01) in unpowered and ("float16", 1.0) not in unpowered
+    assert set(K.power_cells(frame, unpowered).columns) >= {"known_breaks", "missed", "powered"}
+
+
+def test_power_calibration_without_half_precision_has_its_columns():
+    unpowered, frame = K.calibrate_power([S._base(dtype="float32")], [1.0], {"float32": 1.0}, cases=2)
+    assert not unpowered and not len(frame) and "verdict_float64" in frame.columns
+
+
+def test_a_probe_blind_at_a_perturbed_state_makes_that_magnitude_invalid(monkeypatch):
+    """Where the power probe at a perturbed half-precision state sees no break of size 1, the
+    verdict at that magnitude had no power: it becomes invalid, and the blind state is counted."""
+    real = K.min_detectable_break
+
+    def blind_at_one(cfg, *a, **k):
+        return {**real(cfg, *a, **k), "blind_magnitudes": [1.0]}
+
+    monkeypatch.setattr(K, "min_detectable_break", blind_at_one)
+    cfg = S._base(dtype="float16", case="MHA shapes", mode="eval", add_zero_attn=True)
+    df, mags, _ = S.run_sweep([cfg], MAGS, null_factor=FACTOR)
+    assert list(mags.verdict[mags.magnitude == 1.0]) == ["invalid"]
+    assert df.power_blind_states[0] == 1 and df.magnitudes_judged[0] == (mags.verdict != "invalid").sum()
+    assert J.power_table(df).blind_states.sum() == 1

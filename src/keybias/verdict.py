@@ -58,8 +58,10 @@ null is measured in the low-precision dtype itself, from transformations that ar
 arithmetic, times a factor calibrated on held-out data; no float64 number enters.
 
 `classify` then compares the measured change with the tolerance, after checking that the
-positive control (perturbing b_q or b_v the same way) exceeds it; otherwise the test has
-no power at this precision and the configuration is `invalid`.
+test has power: the positive control (perturbing b_q or b_v the same way) must exceed the
+tolerance, and the tolerance must not exceed MAX_TOLERANCE_FRACTION of the output (a
+tolerance of a fifth of the output would call a break of 15% rounding). Otherwise the
+test has no power at this precision and the verdict is `invalid`.
 """
 
 from __future__ import annotations
@@ -79,6 +81,9 @@ REDUNDANT = "redundant"
 NOT_REDUNDANT = "not_redundant"
 INVALID = "invalid"
 SKIPPED = "skipped"
+# Largest tolerance, as a fraction of max |output|, at which a verdict still has power. Fixed before
+# the data: a change of 5% of the output is the smallest break the invariance study must see.
+MAX_TOLERANCE_FRACTION = 0.05
 
 
 def unit_roundoff(dtype) -> float:
@@ -137,12 +142,15 @@ def measured_tolerance(
     return min(analytic, measured)
 
 
-def classify(delta: float, tolerance: float, *, control_delta: float) -> str:
+def classify(delta: float, tolerance: float, *, control_delta: float, output_abs: float | None = None) -> str:
     """`redundant` if delta is within rounding, `not_redundant` if not; `invalid` if the
-    positive control is itself within rounding (the test could not have seen a change)."""
+    positive control is itself within rounding, or (when `output_abs`, max |output|, is given) the
+    tolerance exceeds MAX_TOLERANCE_FRACTION of it: either way the test could not have seen a break."""
     if not (math.isfinite(delta) and math.isfinite(control_delta)):
         return INVALID
     if control_delta <= tolerance:
+        return INVALID
+    if output_abs is not None and not tolerance <= MAX_TOLERANCE_FRACTION * output_abs:
         return INVALID
     return REDUNDANT if delta <= tolerance else NOT_REDUNDANT
 

@@ -16,6 +16,7 @@ import torch
 
 from keybias import verdict as VD
 from keybias.studies.invariance import cases as C
+from keybias.studies.invariance import judge as J
 
 CALIBRATION_CASES = 48
 FAMILY_ALPHA = 0.05  # family-wise false-alarm rate of the low-precision tests of one dtype and magnitude
@@ -32,15 +33,20 @@ EPS_GRID = tuple(10.0 ** -k for k in range(16))  # per-key score perturbations o
 
 
 # ----------------------------------------------------------------------------- power
+POWER_CASES_MHA = ("MHA shapes", "MHA add_bias_kv", "MHA add_zero_attn", "MHA add_bias_kv_zero_attn")
+
+
 def has_power_control(cfg: dict) -> bool:
-    """The size-matched positive control runs on plain MHA without a mask of its own (it adds one),
-    with at least two keys (over one key softmax is 1 whatever the score)."""
+    """The size-matched positive control runs on MHA without a mask of its own (it adds one; MHA pads
+    it for the slots add_bias_kv / add_zero_attn append), plain or with a breaking option, with at
+    least two keys (over one key softmax is 1 whatever the score)."""
     return cfg["src_len"] >= 2 and (cfg["family"] in ("sizes", "realistic") and cfg["option"] == "plain") or (
-        cfg["family"] == "mha" and cfg["case"] == "MHA shapes" and cfg["mask"] == "none"
+        cfg["family"] == "mha" and cfg["case"] in POWER_CASES_MHA and cfg["mask"] == "none"
         and not cfg["need_weights"])
 
 
-def min_detectable_break(cfg: dict, null_factor: dict | None = None) -> dict:
+def min_detectable_break(cfg: dict, null_factor: dict | None = None, magnitudes=(),
+                         unpowered: frozenset = frozenset()) -> dict:
     """The smallest per-key score perturbation the verdict rule of this configuration detects.
 
     The control breaks assumption (A1) by a known amount: key j's score gets eps * r_j for every
@@ -49,48 +55,77 @@ def min_detectable_break(cfg: dict, null_factor: dict | None = None) -> dict:
     b_k change is (same dtype, same tolerance rule, null measured with a zero float mask), for eps
     on the decade grid EPS_GRID; the answer is the smallest eps whose change exceeds the tolerance,
     found by bisection (detection grows with eps). NaN if not even the largest is detected.
-    Below float64 the factor is the largest calibrated over the magnitudes (conservative)."""
+    Below float64 the factor is the largest calibrated over the magnitudes (conservative).
+
+    Below float32 the rounding null grows with the state, so the probe also runs at each perturbed
+    state the sweep judges (b_k moved by magnitude m, for every m of a cell with power):
+    `min_detectable_eps_perturbed` is the worst over the states where a break was seen, and
+    `blind_magnitudes` lists the states where not even eps = 1 was: the sweep's verdict of this
+    configuration at those magnitudes had no power and becomes `invalid` (`measure.run_sweep`)."""
     dtype = C.TORCH_DTYPES[cfg["dtype"]]
     low = dtype != torch.float64
     kappa = C.null_factor_for(null_factor, cfg["dtype"]) if low else math.nan
     case = C.case(cfg)
-    lq, lk, dev = cfg["tgt_len"], cfg["src_len"], cfg["device"]
-    r = torch.randn(lk, generator=torch.Generator().manual_seed(cfg["seed"] + 13), dtype=torch.float64)
+    r = torch.randn(cfg["src_len"], generator=torch.Generator().manual_seed(cfg["seed"] + 13), dtype=torch.float64)
     with C.mode_context(cfg):
         obj, inp = case["build"](dtype)
+        out = _probe(cfg, case, obj, inp, r, dtype, low, kappa)
+        states = [m for m in magnitudes if (cfg["dtype"], float(m)) not in unpowered] if cfg["dtype"] in POWER_DTYPES else []
+        if states:
+            bk = case["roles"](obj)["b_k"]
+            typical = C.tolerance_stats(*case["stats"](obj, inp)[:4], cfg["num_heads"])["norm_k"]
+            gen = torch.Generator().manual_seed(cfg["seed"] + 7)
+            worst, blind = math.nan, []
+            for mag in states:
+                direction = torch.randn(bk[0].numel(), generator=gen, dtype=torch.float64)
+                with C.perturbed(bk, direction / direction.norm() * mag * typical):
+                    eps = _probe(cfg, case, obj, inp, r, dtype, low, C.null_factor_for(null_factor, cfg["dtype"], mag))
+                if math.isfinite(eps["min_detectable_eps"]):
+                    worst = eps["min_detectable_eps"] if not math.isfinite(worst) else max(worst, eps["min_detectable_eps"])
+                else:
+                    blind.append(float(mag))
+            out["min_detectable_eps_perturbed"] = worst
+            out["blind_magnitudes"] = blind
+        out["power_probe_states"] = len(states)
+    return out
 
-        def run_eps(eps):
-            mask = (eps * r).expand(lq, lk).to(dev, dtype).contiguous()
-            return C.first_output(case["run"](obj, {**inp, "attn_mask": mask}))
 
-        base = run_eps(0.0)
-        y_abs = C.finite_abs_max(base)
-        zero = {**inp, "attn_mask": torch.zeros(lq, lk, dtype=dtype, device=dev)}
-        q, k, v, w_o, n_slots = case["stats"](obj, inp)
-        st = C.tolerance_stats(q, k, v, w_o, cfg["num_heads"])
-        st["S"] += float(r.abs().max())  # the largest eps of the grid is 1
-        analytic = C.output_tolerance_for(dtype, st, n_slots, y_abs)
-        if low:
-            null = C.rounding_null(case, obj, zero, base)
-            tol = VD.null_tolerance(analytic, null_base=null, null_perturbed=null, factor=kappa)
+def _probe(cfg, case, obj, inp, r, dtype, low, kappa) -> dict:
+    """The bisection of `min_detectable_break` at the module's current state."""
+    lq, lk, dev = cfg["tgt_len"], cfg["src_len"], cfg["device"]
+
+    def run_eps(eps):
+        mask = (eps * r).expand(lq, lk).to(dev, dtype).contiguous()
+        return C.first_output(case["run"](obj, {**inp, "attn_mask": mask}))
+
+    base = run_eps(0.0)
+    y_abs = C.finite_abs_max(base)
+    zero = {**inp, "attn_mask": torch.zeros(lq, lk, dtype=dtype, device=dev)}
+    q, k, v, w_o, n_slots = case["stats"](obj, inp)
+    st = C.tolerance_stats(q, k, v, w_o, cfg["num_heads"])
+    st["S"] += float(r.abs().max())  # the largest eps of the grid is 1
+    analytic = C.output_tolerance_for(dtype, st, n_slots, y_abs)
+    if low:
+        null = C.rounding_null(case, obj, zero, base)
+        tol = VD.null_tolerance(analytic, null_base=null, null_perturbed=null, factor=kappa)
+    else:
+        tol = analytic
+    detected = {}
+
+    def seen(i):
+        if i not in detected:
+            detected[i] = C.change(run_eps(EPS_GRID[i]), base) > tol
+        return detected[i]
+
+    lo, hi = 0, len(EPS_GRID) - 1  # EPS_GRID descends: find the last index still detected
+    if not seen(lo):
+        return {"min_detectable_eps": math.nan, "power_tolerance_rel": tol / y_abs}
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if seen(mid):
+            lo = mid
         else:
-            tol = analytic
-        detected = {}
-
-        def seen(i):
-            if i not in detected:
-                detected[i] = C.change(run_eps(EPS_GRID[i]), base) > tol
-            return detected[i]
-
-        lo, hi = 0, len(EPS_GRID) - 1  # EPS_GRID descends: find the last index still detected
-        if not seen(lo):
-            return {"min_detectable_eps": math.nan, "power_tolerance_rel": tol / y_abs}
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if seen(mid):
-                lo = mid
-            else:
-                hi = mid - 1
+            hi = mid - 1
     return {"min_detectable_eps": EPS_GRID[lo], "power_tolerance_rel": tol / y_abs}
 
 
@@ -192,3 +227,74 @@ def tail_quantile(ratios: np.ndarray, tests: int, *, alpha: float = FAMILY_ALPHA
     beta = float((r[n - k:] - threshold).mean())
     quantile = threshold + beta * math.log((k / n) / (alpha / tests))
     return float(max(quantile, r.max()))
+
+
+# ----------------------------------------------------------------------------- power of a cell
+# the share of known breaks a (dtype, magnitude) cell may miss: the bound the sweep's claim then tests
+MAX_MISS_RATE = J.MAX_MISS_RATE
+MIN_HELD_OUT_BREAKS = 10  # fewer known breaks with a verdict than this: the cell's power is not shown
+POWER_CASES = 32  # held-out known-break cases per half-precision dtype
+# float32 resolves breaks three orders of magnitude below the smallest the sweep has (its miss-rate claim
+# still judges it); the cells in question are those of the 8- and 11-bit significands
+POWER_DTYPES = ("bfloat16", "float16")
+BREAK_OPTIONS = ("add_bias_kv", "add_zero_attn")  # known breaks of (A1), the weakest the sweep runs
+
+
+def calibrate_power(configs: list[dict], magnitudes, null_factor: dict, *, cases: int = POWER_CASES,
+                    seed_offset: int = HELD_OUT_SEED_OFFSET) -> tuple[frozenset, pd.DataFrame]:
+    """The (dtype, magnitude) cells whose low-precision verdict has no power, from held-out runs.
+
+    Held out as in `calibrate_null_factor` (the sweep's plain-MHA shapes, seeds it never uses),
+    but with a known break: add_bias_kv or add_zero_attn (assumption A1 fails). Each case is
+    measured exactly as the sweep measures (`measure.measure`, kappa from `null_factor`); its
+    float64 twin says whether b_k changed the exact function. A cell whose verdict calls more than
+    MAX_MISS_RATE of those known breaks redundant, or that has fewer than MIN_HELD_OUT_BREAKS of
+    them with a valid verdict, has no power: the sweep marks its verdicts `invalid`, before it runs.
+    Returns (frozenset of unpowered (dtype, magnitude), one row per held-out case and magnitude)."""
+    from keybias.studies.invariance import measure as M  # measure imports this module
+
+    magnitudes = [float(m) for m in magnitudes]
+    low = [d for d in dict.fromkeys(c["dtype"] for c in configs if c["family"] != "device") if d in POWER_DTYPES]
+    rows = []
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for dt in low:
+            pool = [c for c in _held_out_pool(configs, dt) if c["mask"] not in ("is_causal", "fully_masked_row")]
+            for k in range(cases):
+                base = pool[k % len(pool)]
+                option = BREAK_OPTIONS[k % len(BREAK_OPTIONS)]
+                cfg = {**base, "seed": base["seed"] + seed_offset + cases + k, "option": option,
+                       "case": f"MHA {option}", "add_bias_kv": option == "add_bias_kv",
+                       "add_zero_attn": option == "add_zero_attn"}
+                _, per_mag = M.measure(cfg, magnitudes, null_factor)
+                rows += [{"dtype": dt, "case": k, "option": option, "seed": cfg["seed"],
+                          "embed_dim": cfg["embed_dim"], "src_len": cfg["src_len"], "mode": cfg["mode"],
+                          "mask": cfg["mask"], "magnitude": e["magnitude"], "verdict": e["verdict"],
+                          "verdict_float64": e["verdict_float64"], "bk_rel_float64": e["bk_rel_float64"],
+                          "tolerance_rel": e["tolerance_rel"]} for e in per_mag]
+    finally:
+        torch.set_num_threads(threads)
+    frame = pd.DataFrame(rows, columns=["dtype", "case", "option", "seed", "embed_dim", "src_len", "mode", "mask",
+                                        "magnitude", "verdict", "verdict_float64", "bk_rel_float64", "tolerance_rel"])
+    unpowered = set()
+    for (dt, mag), g in frame.groupby(["dtype", "magnitude"]) if len(frame) else []:
+        known = g[(g.verdict_float64 == VD.NOT_REDUNDANT) & g.verdict.isin([VD.REDUNDANT, VD.NOT_REDUNDANT])]
+        missed = int((known.verdict == VD.REDUNDANT).sum())
+        if len(known) < MIN_HELD_OUT_BREAKS or missed > MAX_MISS_RATE * len(known):
+            unpowered.add((dt, float(mag)))
+    return frozenset(unpowered), frame
+
+
+def power_cells(frame: pd.DataFrame, unpowered: frozenset) -> pd.DataFrame:
+    """Per held-out (dtype, magnitude): known breaks with a valid verdict, how many were missed, and
+    whether the cell has power in the sweep."""
+    cols = ["dtype", "magnitude", "known_breaks", "missed", "powered"]
+    if not len(frame):
+        return pd.DataFrame(columns=cols)
+    out = []
+    for (dt, mag), g in frame.groupby(["dtype", "magnitude"], sort=False):
+        known = g[(g.verdict_float64 == VD.NOT_REDUNDANT) & g.verdict.isin([VD.REDUNDANT, VD.NOT_REDUNDANT])]
+        out.append({"dtype": dt, "magnitude": mag, "known_breaks": len(known),
+                    "missed": int((known.verdict == VD.REDUNDANT).sum()), "powered": (dt, float(mag)) not in unpowered})
+    return pd.DataFrame(out, columns=cols)

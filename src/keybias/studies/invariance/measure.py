@@ -96,7 +96,7 @@ PARAMETERS = {
     ),
     "realistic": Param(
         str, many=True,
-        help="realistic-size subset entries 'embed_dim:num_heads:tgt_len:src_len:batch:option' (issue 12), "
+        help="realistic-size subset entries 'embed_dim:num_heads:tgt_len:src_len:batch:option', "
              f"option one of {list(REALISTIC_OPTIONS)}",
     ),
     "realistic_dtypes": Param(str, many=True, choices=DTYPES, help="dtypes of the realistic-size subset"),
@@ -289,6 +289,10 @@ def build_configs(
 
 
 # ----------------------------------------------------------------------------- measurement
+TOLERANCE_RULE_FLOAT64 = "analytic bound"
+TOLERANCE_RULE_LOW = "min(analytic bound, kappa x rounding null)"
+
+
 def _max_or_nan(values) -> float:
     """max over all values, NaN if any is not finite (Python's max would depend on the order)."""
     values = list(values)
@@ -304,7 +308,8 @@ def _combine(verdicts: list[str]) -> str:
     return VD.INVALID
 
 
-def measure(cfg: dict, magnitudes, null_factor: dict | None = None) -> tuple[dict, list[dict]]:
+def measure(cfg: dict, magnitudes, null_factor: dict | None = None,
+            unpowered: frozenset = frozenset()) -> tuple[dict, list[dict]]:
     """Measure one configuration: (row of config columns plus summaries, one row per magnitude).
 
     Each magnitude is judged on its own: the b_k change, the b_q/b_v control and the tolerance
@@ -312,7 +317,12 @@ def measure(cfg: dict, magnitudes, null_factor: dict | None = None) -> tuple[dic
     it is `verdict.null_tolerance`: the analytic bound, or kappa (`null_factor[dtype][magnitude]`) times the rounding
     null measured in the same dtype at the unperturbed and at the perturbed state, whichever is
     smaller. No float64 number enters a low-precision verdict; the float64 twin of every
-    configuration gives `verdict_float64` and the noise floor, separately."""
+    configuration gives `verdict_float64` and the noise floor, separately.
+
+    A magnitude has power only if its control exceeds the tolerance and the tolerance is at most
+    `verdict.MAX_TOLERANCE_FRACTION` of the output; `unpowered` holds the (dtype, magnitude) cells the
+    held-out calibration found without power (`controls.calibrate_null_factor`): their verdicts are
+    `invalid`."""
     row = dict(cfg)
     dtype = C.TORCH_DTYPES[cfg["dtype"]]
     case = C.case(cfg)
@@ -384,20 +394,24 @@ def measure(cfg: dict, magnitudes, null_factor: dict | None = None) -> tuple[dic
             st = {**st0, "S": smax["b_k"]}
             tol, analytic = judged_tolerance(st, null_pert.get("b_k", math.nan), mag)
             tol64 = C.output_tolerance_for(work64, st, n_slots, y64_abs)
+            cell_powered = (cfg["dtype"], mag) not in unpowered
             entry = {
                 "magnitude": mag, "bk_abs": ch["b_k"], "control_abs": control, "tolerance_abs": tol,
                 "bk_rel": ch["b_k"] / y_abs, "control_rel": control / y_abs, "tolerance_rel": tol / y_abs,
                 "analytic_rel": analytic / y_abs,
                 "null_base_rel": null_base / y_abs, "null_perturbed_rel": null_pert.get("b_k", math.nan) / y_abs,
-                "tolerance_from": ("analytic" if not low or tol == analytic else "null"),
-                "verdict": VD.classify(ch["b_k"], tol, control_delta=control),
+                "cell_powered": cell_powered,
+                "verdict": (VD.classify(ch["b_k"], tol, control_delta=control, output_abs=y_abs)
+                            if cell_powered else VD.INVALID),
                 "bk_rel_float64": ch64["b_k"] / y64_abs, "tolerance_rel_float64": tol64 / y64_abs,
-                "verdict_float64": VD.classify(ch64["b_k"], tol64, control_delta=control64),
+                "verdict_float64": VD.classify(ch64["b_k"], tol64, control_delta=control64, output_abs=y64_abs),
             }
             if "joint" in roles:
                 tol_j, _ = judged_tolerance({**st0, "S": smax["joint"]}, null_pert.get("joint", math.nan), mag)
                 entry["joint_rel"] = ch["joint"] / y_abs
-                entry["verdict_joint"] = VD.classify(ch["joint"], tol_j, control_delta=control)
+                entry["joint_tolerance_rel"] = tol_j / y_abs
+                entry["verdict_joint"] = (VD.classify(ch["joint"], tol_j, control_delta=control, output_abs=y_abs)
+                                          if cell_powered else VD.INVALID)
                 joint_verdicts.append(entry["verdict_joint"])
             per_mag.append(entry)
         # drop: b_k -> 0, judged like a perturbation at the magnitude nearest to |b_k|
@@ -419,15 +433,15 @@ def measure(cfg: dict, magnitudes, null_factor: dict | None = None) -> tuple[dic
         typical_key_norm=st0["norm_k"], output_abs_max=y_abs, working_dtype=str(work).removeprefix("torch."),
         max_rel_bk=max(bk) if bk else math.nan,
         verdict=_combine(verdicts),
-        verdict_basis="analytic bound" if not low else (
-            "rounding null" if any(e["tolerance_from"] == "null" for e in per_mag) else "analytic bound"),
+        # the rule, not which of its two terms was smaller (that depends on the last bits)
+        tolerance_rule=TOLERANCE_RULE_LOW if low else TOLERANCE_RULE_FLOAT64,
         magnitudes_judged=sum(v != VD.INVALID for v in verdicts),
         verdict_float64=_combine([e["verdict_float64"] for e in per_mag]),
         noise_floor_rel=_max_or_nan([e["bk_rel_float64"] for e in per_mag]),
         noise_floor_over_tol64=_max_or_nan(floor),
         null_factor=C.null_factor_for(null_factor, cfg["dtype"]) if low else math.nan,
         max_rel_drop=d_drop / y_abs,
-        drop_verdict=VD.classify(d_drop, tol_drop, control_delta=nearest["control_abs"]),
+        drop_verdict=VD.classify(d_drop, tol_drop, control_delta=nearest["control_abs"], output_abs=y_abs),
     )
     if joint_verdicts:
         row["verdict_joint"] = _combine(joint_verdicts)
@@ -435,7 +449,9 @@ def measure(cfg: dict, magnitudes, null_factor: dict | None = None) -> tuple[dic
         row["code_path"] = row["code_path"] + "(layer)"
     try:
         row.update(_gradient(cfg, case, dtype, st0, n_slots, work))
-    except Exception as exc:  # noqa: BLE001 - e.g. a backward PyTorch does not implement
+    except RuntimeError as exc:  # PyTorch's own refusal only; anything else stops the sweep
+        if not pytorch_rejection(exc):
+            raise
         row.update(grad_verdict=VD.SKIPPED, grad_reason=f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}")
     return row, per_mag
 
@@ -470,6 +486,21 @@ def _gradient(cfg: dict, case: dict, dtype, st: dict, n_slots: int, work) -> dic
 
 
 # ----------------------------------------------------------------------------- the sweep
+# PyTorch's own messages when it refuses a configuration. Only these make a row `rejected`: any
+# other exception is a bug in the measurement or the environment, and stops the notebook.
+PYTORCH_REJECTIONS = (
+    "Need attn_mask if specifying the is_causal hint",
+    "No viable backend for scaled_dot_product_attention was found",
+    "No available kernel. Aborting execution",
+)
+
+
+def pytorch_rejection(exc: BaseException) -> bool:
+    """True if `exc` is a RuntimeError whose message is one of PyTorch's refusals (PYTORCH_REJECTIONS)."""
+    msg = " ".join(str(exc).split())
+    return isinstance(exc, RuntimeError) and any(text in msg for text in PYTORCH_REJECTIONS)
+
+
 def _rejected_row(cfg: dict, exc: Exception) -> dict:
     msg = " ".join(str(exc).split())[:300]
     return {**cfg, "status": "rejected", "reason": f"{type(exc).__name__}: {msg}", "verdict": VD.SKIPPED}
@@ -500,7 +531,7 @@ def expected_verdict(row: dict) -> tuple[str, str]:
 
 
 def run_sweep(configs: list[dict], magnitudes, *, null_factor: dict | None = None,
-              progress: bool = False) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+              unpowered: frozenset = frozenset(), progress: bool = False) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """Measure every configuration.
 
     Returns (configurations, per magnitude, seconds): one row per configuration (rejected ones,
@@ -523,15 +554,30 @@ def run_sweep(configs: list[dict], magnitudes, *, null_factor: dict | None = Non
                    "reason": cfg["case"].split(":", 1)[1].strip()}
         else:
             try:
-                row, per_mag = measure(cfg, magnitudes, null_factor)
+                row, per_mag = measure(cfg, magnitudes, null_factor, unpowered)
                 if row["status"] == "measured" and K.has_power_control(cfg):
-                    row.update(K.min_detectable_break(cfg, null_factor))
-            except Exception as exc:  # noqa: BLE001 - PyTorch's own rejection is the result
+                    probe = K.min_detectable_break(cfg, null_factor, magnitudes, unpowered)
+                    blind = set(probe.pop("blind_magnitudes", []))
+                    row.update(probe, power_blind_states=len(blind))
+                    if blind:  # the probe at that perturbed state saw no break: no power there
+                        for e in per_mag:
+                            if e["magnitude"] in blind:
+                                e["verdict"] = VD.INVALID
+                                if "verdict_joint" in e:
+                                    e["verdict_joint"] = VD.INVALID
+                        row["verdict"] = _combine([e["verdict"] for e in per_mag])
+                        row["magnitudes_judged"] = sum(e["verdict"] != VD.INVALID for e in per_mag)
+                        if "verdict_joint" in row:
+                            row["verdict_joint"] = _combine([e["verdict_joint"] for e in per_mag])
+            except RuntimeError as exc:  # PyTorch's own refusal is the result; anything else stops here
+                if not pytorch_rejection(exc):
+                    raise
                 row, per_mag = _rejected_row(cfg, exc), []
         row["config_id"] = config_id
         row["expected"], row["assumption"] = expected_verdict(row)
         # every verdict is judged against its own dtype's tolerance (analytic, or the same-dtype
-        # null): none follows from another dtype's, so each valid one is an independent test
+        # null): no float64 number enters it, so it is a test, not implied by the float64 twin
+        # (the verdicts of one configuration in several dtypes are still correlated)
         row["independent"] = row.get("verdict") in (VD.REDUNDANT, VD.NOT_REDUNDANT)
         row["kdim"] = cfg["kdim"] or cfg["embed_dim"]
         row["vdim"] = cfg["vdim"] or cfg["embed_dim"]

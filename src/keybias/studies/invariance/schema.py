@@ -18,28 +18,29 @@ CONFIG_MHA = (
 TABLES: dict[str, dict[str, str]] = {
     "data/invariance.csv": cols(
         exact=f"{CONFIG_MHA} nonfinite_outputs output_entries masked_row_output verdict "
-        "verdict_float64 drop_verdict grad_verdict verdict_joint magnitudes_judged config_id "
-        "independent",
-        choice="verdict_basis",  # which rounding-dependent tolerance is smaller: flips near a tie
+        "verdict_float64 drop_verdict grad_verdict verdict_joint tolerance_rule magnitudes_judged "
+        "config_id independent power_probe_states power_blind_states",
         f32="typical_key_norm output_abs_max grad_tolerance grad_bv",
         effect32="max_rel_bk",
         noise="noise_floor_rel noise_floor_over_tol64 max_rel_drop grad_bk grad_bq "
         "grad_ratio power_tolerance_rel",
         statistic="null_factor",
-        decade_grid="min_detectable_eps",  # a bisection on a decade grid
+        decade_grid="min_detectable_eps min_detectable_eps_perturbed",  # bisections on a decade grid
     ),
     "data/invariance_magnitudes.csv": cols(
-        exact="config_id magnitude verdict verdict_float64 verdict_joint",
-        choice="tolerance_from",
-        noise_choice="tolerance_abs tolerance_rel",
+        exact="config_id magnitude cell_powered verdict verdict_float64 verdict_joint",
         effect_mag="bk_rel",
-        noise="bk_abs control_abs control_rel analytic_rel "
-        "null_base_rel null_perturbed_rel bk_rel_float64 tolerance_rel_float64 joint_rel",
+        noise="bk_abs control_abs tolerance_abs tolerance_rel control_rel analytic_rel "
+        "null_base_rel null_perturbed_rel bk_rel_float64 tolerance_rel_float64 joint_rel joint_tolerance_rel",
     ),
     "data/invariance_null_calibration.csv": cols(
         exact="dtype case seed embed_dim num_heads tgt_len src_len batch mode mask need_weights "
         "batch_first magnitude",
         noise="change null_sum",
         null_ratio="ratio",
+    ),
+    "data/invariance_power_calibration.csv": cols(
+        exact="dtype case option seed embed_dim src_len mode mask magnitude verdict verdict_float64",
+        noise="bk_rel_float64 tolerance_rel",
     ),
 }

@@ -96,7 +96,7 @@ def power_latex(power: pd.DataFrame) -> str:
     t = power.assign(min_detectable_eps=power.min_detectable_eps.map(_eps))
     head = {"embed_dim": "$E$", "num_heads": "heads", "tgt_len": "queries", "src_len": "keys",
             "batch": "batch", "rows": "rows", "min_detectable_eps": r"smallest $\varepsilon$ seen",
-            "undetected": "none seen"}
+            "undetected": "none seen", "blind_states": "blind states"}
     cols = list(t.columns)
     lines = [r"\begin{tabular}{l" + "r" * (len(cols) - 1) + "}", r"\toprule",
              " & ".join(head.get(c, _esc(c)) for c in cols) + r" \\", r"\midrule"]
@@ -108,7 +108,22 @@ def power_latex(power: pd.DataFrame) -> str:
 
 def independent_latex(counts: pd.DataFrame) -> str:
     """booktabs tabular of `judge.independent_counts`."""
-    head = {"tests": "independent tests", "contradictions": "contradictions",
-            "predicted_redundant": "pred. redundant", "predicted_not_redundant": "pred. not red.",
-            "null_basis": "tolerance from null"}
+    head = {"tests": "valid verdicts", "contradictions": "contradictions",
+            "predicted_redundant": "pred. redundant", "predicted_not_redundant": "pred. not red."}
     return _tabular(counts, head, "l" + "r" * (len(counts.columns) - 1))
+
+
+def _num(x) -> str:
+    return f"{x:.3g}" if isinstance(x, float | int) and math.isfinite(x) else "--"
+
+
+def cells_latex(cells: pd.DataFrame) -> str:
+    """booktabs tabular of `judge.magnitude_cells`: misses and separation per dtype and magnitude."""
+    t = pd.DataFrame({
+        "dtype": cells.dtype, "magnitude": cells.magnitude.map(lambda m: f"{m:g}"),
+        "power": cells.powered.map({True: "yes", False: "no"}), "valid": cells.valid,
+        "known_breaks": cells.known_breaks, "missed": cells.missed,
+        "redundant_over_tol": cells.redundant_over_tol.map(_num), "break_over_tol": cells.break_over_tol.map(_num)})
+    head = {"known_breaks": "known breaks", "redundant_over_tol": "max redundant / tol.",
+            "break_over_tol": "min break / tol."}
+    return _tabular(t, head, "ll" + "r" * (len(t.columns) - 2))
