@@ -125,10 +125,8 @@ PLANTS = {
         "data/precision_gradients.csv", "g_bk_norm", 0, lambda v: v * 100)),
     "control divergence x20": ("noise32", _csv(
         "data/training_pairs.csv", "final_divergence_control", 0, lambda v: v * 20)),
-    "measured tolerance x100": ("noise_choice", _csv(
+    "measured tolerance x100": ("noise", _csv(
         "data/invariance_magnitudes.csv", "tolerance_rel", 0, lambda v: v * 100)),
-    "tolerance source switched in 1% of rows (a changed rule)": ("choice", _flip_fraction(
-        "data/invariance_magnitudes.csv", "tolerance_from", 0.01, "analytic")),
     # the ratio of one rounding change to its null moves by up to 0.8 between machines (AMD), so
     # one row can only catch a null bound broken by an order of magnitude; the claim's outcome
     # (exact) catches the rest
@@ -176,7 +174,6 @@ PLANTS = {
     "long-run loss 5% off": ("loss", _csv("data/longrun_grid.csv", "loss", 0, lambda v: v * 1.05)),
     "McNemar z 0 -> 2 (past its bound)": ("z_images", _claim(
         "train-accuracy-agrees-kept-removed", "value", lambda v: 2.0)),
-    "null-basis count +10": ("choice_count", _macro("macros/02_invariance.tex", "InvNullBasisFloatThirtyTwo", "584")),
 }
 
 

@@ -133,18 +133,6 @@ TOLERANCES = {
         why="the noise-level control of float32 training (a run against its own bit-perturbed "
         "copy): its size reproduces; below one float32 ulp (2u = 1.2e-7) it is zero",
     ),
-    "noise_choice": Tolerance(
-        decades=1.6, floor_u=2.0, follows="tolerance_from",
-        spread="1.10 decades where the tolerance's source is unchanged; 2.68 where it switched",
-        why=_NOISE_WHY + "; where the tolerance's source (null or analytic) switched, the two "
-        "sources differ by design and the row is judged by the switch count instead",
-    ),
-    "choice": Tolerance(
-        changed_fraction=0.005,
-        spread="11 of 6870 rows (0.16%, tolerance_from) and 3 of 2900 (verdict_basis), AMD",
-        why="which of two rounding-dependent tolerances is smaller: it flips where the two are "
-        "close; a few flips are rounding, a flip in many rows is a changed rule",
-    ),
     "null_ratio": Tolerance(
         decades=1.1, floor_abs=0.4,
         spread="0.60 decades; 0.125 vs 0 where the change is zero on one machine (AMD)",
@@ -287,11 +275,6 @@ TOLERANCES = {
         why="a McNemar z from a handful of discordant images: one flipped image moves it by 1; "
         "kept below the claim's bound of 1.96 so a real accuracy difference still shows",
     ),
-    "choice_count": Tolerance(
-        atol=9.0, integer=True,
-        spread="3 rows (InvNullBasisFloatThirtyTwo 574 vs 571, AMD)",
-        why="a count of rows whose tolerance came from one of two rounding-dependent sources",
-    ),
     "walk_long": Tolerance(
         decades=0.67,
         spread="0.19 decades (longrun_trajectory norm_b_k, 1e4 steps, AMD)",
@@ -417,7 +400,6 @@ MACRO_CLASSES: list[tuple[str, str, str]] = [
     ("macros/06_cost.tex", _COST_MACHINE, MACHINE),  # timings and the machine that took them
     ("macros/02_invariance.tex", r"Inv\w+(Max|Min)Rel", "effect32"),
     ("macros/02_invariance.tex", r"InvNullFactor\w+", "statistic"),
-    ("macros/02_invariance.tex", r"InvNullBasis\w+", "choice_count"),
     ("macros/02_invariance.tex", r"InvMinDetect\w+", "decade_grid"),
     ("macros/03_precision.tex", r"PrecSlope(BfloatSixteen|FloatSixteen|FloatThirtyTwo|FloatSixtyFour)", "slope"),
     ("macros/03_precision.tex", r"PrecSlope(Se|Detectable)\w+|PrecLawResidMax", "fit_scatter"),
@@ -582,7 +564,7 @@ class Report:
         lines = [f"{'class':<22} {'compared':>8} {'identical':>9} {'failed':>6} {'largest ratio':>13}  where"]
         for cls in sorted(self.by_class):
             t = self.by_class[cls]
-            worst = f"{t.worst_ratio:.3g}" if cls != EXACT and cls != "choice" else "-"
+            worst = f"{t.worst_ratio:.3g}" if cls != EXACT else "-"
             lines.append(f"{cls:<22} {t.compared:>8} {t.identical:>9} {t.failed:>6} {worst:>13}  {t.worst_where}")
         return lines
 

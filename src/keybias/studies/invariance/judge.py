@@ -383,10 +383,14 @@ def invariance_claims(df: pd.DataFrame, mags: pd.DataFrame, *, min_configs: int,
                     kind="test", bound_origin=theory, skipped=skipped, claims=claims)
     red = m[m.expected == VD.REDUNDANT]
     floor = red.noise_floor_over_tol64.astype(float) if len(red) else pd.Series(dtype=float)
+    floor_excluded: list = []
     claims.append({"claim_id": "invariance-float64-noise-floor",
                    "statement": "Where the proof applies, the float64 change caused by b_k stays within the float64 "
                                 "tolerance at every magnitude (largest ratio over the finite entries).",
-                   "value": R.finite_max(floor, "float64 noise floor over tolerance", drop_nonfinite=True),
+                   "value": R.finite_max(floor, "float64 noise floor over tolerance",
+                                         exclude_nonfinite="non-finite floors are counted by "
+                                         "invariance-float64-noise-floor-finite", excluded=floor_excluded),
+                   "exclusions": floor_excluded,
                    "bound": 1.0, "comparison": "<=", "kind": "test",
                    "bound_origin": "theory: the probabilistic rounding bound (keybias.verdict.output_tolerance)"})
     claims.append({"claim_id": "invariance-float64-noise-floor-finite",
@@ -484,8 +488,12 @@ def invariance_claims(df: pd.DataFrame, mags: pd.DataFrame, *, min_configs: int,
     for cat, names in CATEGORY_MACROS.items():
         rows = ok[ok.category == cat]
         rel = rows.max_rel_bk
-        macros[names["min"]] = R.finite_min(rel, f"{cat} change", drop_nonfinite=True) if len(rows) else NOT_RUN
-        macros[names["max"]] = R.finite_max(rel, f"{cat} change", drop_nonfinite=True) if len(rows) else NOT_RUN
+        # a printed range: rows without a finite change (rejected configurations) are left out
+        unprinted: list = []
+        macros[names["min"]] = (R.finite_min(rel, f"{cat} change", exclude_nonfinite="not measured",
+                                             excluded=unprinted) if len(rows) else NOT_RUN)
+        macros[names["max"]] = (R.finite_max(rel, f"{cat} change", exclude_nonfinite="not measured",
+                                             excluded=unprinted) if len(rows) else NOT_RUN)
         macros[names["rows"]] = len(rows)
     indexed = cells.set_index(["dtype", "magnitude"]) if len(cells) else None
     for key, names in CELL_MACROS.items():
