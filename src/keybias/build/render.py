@@ -32,6 +32,7 @@ import ast
 import html
 import json
 import logging
+import os
 import re
 import sys
 from pathlib import Path
@@ -44,6 +45,7 @@ MATHJAX_VERSION = "3.2.2"
 MATHJAX_SOURCE = PACKAGE_DIR / "assets" / "mathjax"
 TEMPLATES = PACKAGE_DIR / "assets" / "nbconvert"
 TEMPLATE_NAME = "keybias"
+KERNEL_STARTUP = TEMPLATES / "startup.py"  # pandas display options for every notebook kernel
 STATIC_DIR = "_static"
 # Relative to the page (results/notebooks/NN_x.html); MathJax finds its fonts relative to itself.
 MATHJAX_SRC = f"{STATIC_DIR}/mathjax/tex-chtml-full.js"
@@ -590,7 +592,8 @@ def reader_cells(nb: dict) -> list[dict]:
                 others = set().union(*(_loaded(s) for s in kept if s is not stmt)) | later_loads
                 names_bound = _bound(stmt) - {"_"}
                 if (isinstance(stmt, ast.Assign) and names_bound and not names_bound & others
-                        and any(names_bound & _loaded(r) for r in removed if not _saves_figure(r))):
+                        and any(names_bound & _loaded(r) for r in removed)
+                        and not any(names_bound & _loaded(r) for r in removed if _saves_figure(r))):
                     removed.append(stmt)
                     changed = True
         kept = [s for s in tree.body if s not in removed]
@@ -1210,6 +1213,15 @@ def render_inputs() -> list[Path]:
     """Files whose change changes a rendered page (for a build key): code, templates, MathJax."""
     templates = sorted(p for p in TEMPLATES.rglob("*") if p.is_file())
     return [Path(__file__).resolve(), *templates, MATHJAX_SOURCE / "SOURCE.md"]
+
+
+def kernel_startup(cwd: Path = ROOT / "notebooks") -> str:
+    """PYTHONSTARTUP for the notebook kernels, relative to their working folder when it can be
+    (the step records keep it, and an absolute path would name this machine)."""
+    try:
+        return os.path.relpath(KERNEL_STARTUP, cwd)
+    except ValueError:
+        return str(KERNEL_STARTUP)
 
 
 # -- the shared renderer --------------------------------------------------------------------
