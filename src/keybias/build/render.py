@@ -22,7 +22,8 @@ dumped docstrings, huge or path reprs, figures saved but not shown), so each not
 can fix the source.
 
 Command line: `python -m keybias.build.render [--results DIR] {render,check}`: re-render every
-executed notebook in DIR/notebooks (no kernel needed), or list their output problems.
+executed notebook in DIR/notebooks and DIR/index.html (no kernel needed), or list their output
+problems.
 """
 
 from __future__ import annotations
@@ -1307,6 +1308,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="[keybias.build.render] %(message)s")
     if args.command == "render":
         pages = render_results(args.results)
+        from keybias.build.index import write_index
+
+        write_index(args.results)
         print(f"rendered {len(pages)} notebooks; pages + shared MathJax: "
               f"{rendered_size(args.results) / 1e6:.2f} MB")
         return 0
