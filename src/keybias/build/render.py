@@ -1072,7 +1072,10 @@ def _finish_page(page: str, *, header: str, name: str, claims: list[dict], judge
     item.append(link)
     listing.append(item)
     toc.append(listing)
-    # the first h1 of the notebook repeats the page title: keep it, but as the section's start
+    # the notebook's own first h1 repeats the header's title
+    first = soup.select_one(".jp-MarkdownCell h1")
+    if first is not None and slugify(_heading_text(first)).endswith(slugify(header_node.h1.get_text())):
+        first.decompose()
     main.append(fragment(findings_html(claims)))
     main.append(fragment(_pager_html(previous, following, "kb-pager-bottom")))
     return str(soup)
