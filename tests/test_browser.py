@@ -1,8 +1,12 @@
-"""The rendered notebooks in a real headless browser with the network blocked (issue 14).
+"""The rendered results in a real headless browser with the network blocked, as a reader sees them.
 
-Skipped, with the reason, when no Chromium is installed (Debian: `apt-get install chromium`;
-or point KEYBIAS_CHROMIUM at a binary). Screenshots go to KEYBIAS_SCREENSHOTS, else a
-scratch folder printed at the end.
+Every notebook page: typeset math, nothing fetched outside its folder, alt text, navigation,
+no visible code cell that only records, no raw scalar output ('1.00', 2900), no cell cut with
+"..." or "…", every figure captioned. The entry page: loads nothing from elsewhere, and every
+link into a notebook (claims, figures) lands on an existing anchor. Screenshots of the entry
+page and of every notebook at 1280 px go to KEYBIAS_SCREENSHOTS, else results/.build/screenshots/.
+Skipped, with the reason, when no Chromium is installed (Debian: `apt-get install chromium`,
+or `make browser`; or point KEYBIAS_CHROMIUM at a binary).
 """
 
 import os
@@ -12,7 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from keybias.build import browser, render
+from keybias.build import browser, index, render
+
+ROOT = Path(__file__).resolve().parents[1]
 
 CHROMIUM = browser.find_chromium()
 pytestmark = pytest.mark.skipif(
@@ -22,7 +28,7 @@ pytestmark = pytest.mark.skipif(
 
 @pytest.fixture(scope="module")
 def shots(tmp_path_factory):
-    folder = Path(os.environ.get("KEYBIAS_SCREENSHOTS") or tmp_path_factory.mktemp("screenshots"))
+    folder = Path(os.environ.get("KEYBIAS_SCREENSHOTS") or ROOT / "results" / ".build" / "screenshots")
     folder.mkdir(parents=True, exist_ok=True)
     yield folder
     print(f"\nscreenshots of the rendered notebooks: {folder}")
@@ -38,6 +44,46 @@ def test_every_rendered_notebook_reads_offline(tmp_path, smoke_results, shots):
     assert results, "the smoke run rendered no notebook"
     failures = [f"{name}: {'; '.join(problems)}" for name, problems in results.items() if problems]
     assert not failures, "\n".join(failures)
+    assert (shots / "02_invariance.png").is_file()
+
+
+def test_entry_page_links_land_on_anchors(tmp_path, smoke_results, shots):
+    """The entry page, built from the smoke run, loads offline; each claim and figure link
+    goes to an anchor that exists in its notebook page."""
+    results = tmp_path / "results"
+    for part in ("notebooks", "steps", "figures"):
+        if (smoke_results / part).is_dir():
+            shutil.copytree(smoke_results / part, results / part)
+    index.write_index(results)
+    problems = browser.check_entry_page(results, shots / "index.png", CHROMIUM)
+    assert not problems, "\n".join(problems)
+    text = (results / "index.html").read_text()
+    assert text.count('href="notebooks/') > text.count("<tr id=\"claim-"), "claims must link into the notebooks"
+
+
+def test_reader_check_flags_plumbing_raw_outputs_cuts_and_bare_figures():
+    """Negative control for the reader's checks, without a browser."""
+    dom = """<main>
+    <div class="jp-Cell jp-CodeCell"><div class="jp-InputArea-editor">rec.macro("X", 1)
+step = rec.finish()</div>
+    <div class="jp-OutputArea"><div class="jp-OutputArea-output jp-OutputArea-executeResult"><pre>'1.00'</pre></div>
+    <div class="jp-OutputArea-output"><table><tr><td>every key slot of a softmax row goes through t...</td></tr></table></div>
+    <div class="jp-OutputArea-output"><img src="x.png" alt="a plot"></div></div></div>
+    <div class="jp-Cell jp-CodeCell"><div class="jp-InputArea-editor">x = compute()</div>
+    <div class="jp-OutputArea"><figure><img src="y.png" alt="y"><figcaption>Figure 1. Y.</figcaption></figure></div></div>
+    </main>"""
+    problems = " | ".join(browser.reader_problems(dom))
+    for expected in ("visible code cell that only records", "raw output \"'1.00'\"", "truncated cell",
+                     "figure without a caption: 'a plot'"):
+        assert expected in problems, (expected, problems)
+    assert "x = compute()" not in problems and "'y'" not in problems
+
+
+def test_claim_link_check_names_a_dangling_anchor(tmp_path):
+    (tmp_path / "notebooks").mkdir()
+    (tmp_path / "notebooks" / "01_x.html").write_text('<div id="claim-a"></div>')
+    page = '<a href="notebooks/01_x.html#claim-a">a</a><a href="notebooks/01_x.html#claim-b">b</a>'
+    assert browser.claim_link_problems(page, tmp_path) == ["notebooks/01_x.html#claim-b does not resolve"]
 
 
 def test_the_check_fails_a_page_that_breaks_every_rule(tmp_path):

@@ -1,5 +1,6 @@
-"""results/index.html links every output and carries the claims table; the README's generated
-numbers come from provenance and claims."""
+"""results/index.html tells the story (abstract, headline figures with takeaways from claims,
+notebooks, claims by notebook with a link to the judging cell, files, citation); the README's
+generated numbers come from provenance and claims."""
 
 import shutil
 import subprocess
@@ -24,7 +25,7 @@ class Links(HTMLParser):
         for key in ("href", "src"):
             if key in attrs:
                 self.links.append(attrs[key])
-        if tag in ("script", "link"):
+        if tag == "script" or (tag == "link" and not (attrs.get("href") or "").startswith("data:")):
             self.scripts.append(attrs)
         if tag == "tr" and (attrs.get("id") or "").startswith("claim-"):
             self.rows += 1
@@ -32,12 +33,12 @@ class Links(HTMLParser):
 
 def fake_results(tmp_path):
     results = tmp_path / "results"
-    for rel in ("notebooks/01_x.html", "notebooks/01_x.ipynb", "figures/f.png", "figures/f.pdf",
+    for rel in ("notebooks/01_x.html", "notebooks/01_x.ipynb", "figures/invariance_map.png", "figures/invariance_map.pdf",
                 "tables/t.tex", "data/d.csv", "claims.json", "provenance.json"):
         (results / rel).parent.mkdir(parents=True, exist_ok=True)
         (results / rel).write_text("x")
-    steps = [{"notebook": "01_x", "claims": [{"id": "a"}], "figures_alt": {"f": "A line going up."},
-              "outputs": ["figures/f.pdf", "figures/f.png", "tables/t.tex", "data/d.csv"]}]
+    steps = [{"notebook": "01_x", "claims": [{"id": "a"}], "figures_alt": {"invariance_map": "A line going up."},
+              "outputs": ["figures/invariance_map.pdf", "figures/invariance_map.png", "tables/t.tex", "data/d.csv"]}]
     claims = [
         {"id": "a-claim", "kind": "test", "value": 1e-15, "bound": 1e-12, "comparison": "<=", "holds": True,
          "notebook": "01_x", "statement": "It <holds> & is escaped."},
@@ -55,16 +56,42 @@ def test_index_links_every_output_and_lists_every_claim(tmp_path):
     parser.feed(text)
     assert parser.rows == 2
     local = [link for link in parser.links if not link.startswith("#")]
-    for rel in ("notebooks/01_x.html", "figures/f.png", "figures/f.pdf", "tables/t.tex", "data/d.csv", "claims.json"):
+    for rel in ("notebooks/01_x.html", "figures/invariance_map.png", "figures/invariance_map.pdf", "tables/t.tex",
+                "data/d.csv", "claims.json", "notebooks/01_x.html#claim-a-claim", "notebooks/01_x.html#fig-invariance-map"):
         assert rel in local, rel
     assert all(not link.startswith(("http:", "https:", "//")) for link in local), "network link"
     assert not parser.scripts, "the page loads scripts or stylesheets"
     for link in local:
-        if not link.startswith("../"):
-            assert (results / link).exists(), f"dangling link {link}"
+        if not link.startswith(("../", "data:")):
+            assert (results / link.split("#")[0]).exists(), f"dangling link {link}"
     assert "It &lt;holds&gt; &amp; is escaped." in text and 'alt="A line going up."' in text
-    assert "The one test claim holds. Not counted as evidence: one consistency check; it fails." in text
-    assert 'class="fails">NO' in text
+    assert "1 of 2 hold" in text and 'class="fails">NO' in text
+
+
+def test_index_reads_in_story_order_with_claims_collapsed_and_visible(tmp_path):
+    """Abstract, headline results, notebooks, claims, files, cite: in that order; the claims
+    sit in <details> (closed) and each row shows statement, value, bound and kind as text."""
+    results, steps, claims, provenance = fake_results(tmp_path)
+    text = index.render_index(results, steps, claims, provenance)
+    order = [text.index(f'id="{section}"') for section in ("results", "notebooks", "claims", "files", "cite", "bundle")]
+    assert order == sorted(order)
+    assert text.index('id="abstract"') < order[0]
+    assert "<details" in text and "<details open" not in text
+    row = text[text.index('<tr id="claim-a-claim"'):]
+    row = row[:row.index("</tr>")]
+    for shown in ("It &lt;holds&gt;", "1\u00d710<sup>-15</sup>",
+                  "\u2264 1\u00d710<sup>-12</sup>", ">test<"):
+        assert shown in row, (shown, row)
+    assert 'title="' not in row, "statements belong in the row, not in a tooltip"
+    # the headline's takeaway is the claim's own sentence, not typed text
+    headline = text[text.index('class="headline"'):]
+    assert "It &lt;holds&gt; &amp; is escaped." in headline[:headline.index("</figure>")]
+
+
+def test_abstract_macros_are_filled_in():
+    macros = {"Count": "23", "bk": "b_k"}
+    out = index.tex_to_html(r"We check \Count{} conditions on $\bk$ (\texttt{need\_weights})~\citep{x}.", macros)
+    assert out == "We check 23 conditions on <i>b<sub>k</sub></i> (<code>need_weights</code>).", out
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="no headless Chromium installed (`apt-get install chromium`)")
@@ -78,7 +105,7 @@ def test_index_renders_in_headless_chromium(tmp_path):
         capture_output=True, text=True, timeout=120, check=True,
     ).stdout
     assert 'id="claim-a-claim"' in dom and 'id="claim-b-claim"' in dom
-    assert "The one test claim holds." in dom
+    assert "Claims (1 of 2 hold" in dom
 
 
 def test_readme_blocks_are_generated_from_provenance_and_claims():
@@ -95,10 +122,8 @@ def test_readme_blocks_are_generated_from_provenance_and_claims():
     text = "intro\n<!-- generated:times -->\nold numbers 99\n<!-- /generated -->\nrest\n"
     new = readme.render(text, readme.blocks(provenance, claims))
     assert "old numbers" not in new and new.startswith("intro\n") and new.endswith("<!-- /generated -->\nrest\n")
-    assert "took 201 s in all" in new and (
-        "The one test claim holds. Not counted as evidence: one consistency check and one implied claim; "
-        "one of them fails.") in new
-    assert "| `01_a` | 12 s | 1 | 0 | 0 | 0 |" in new and "| `02_b` | 50 s | 0 | 0 | 1 | 1 |" in new
+    assert "took 201 s in all" in new and "2 of 3 claims hold (1 test, 1 consistency, 1 implied)" in new
+    assert "| `01_a` | 12 s | 1 (1 / 0 / 0) |" in new
     assert readme.render(new, readme.blocks(provenance, claims)) == new
 
 

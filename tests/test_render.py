@@ -110,9 +110,106 @@ def test_toc_lists_every_markdown_heading_with_working_anchors(sample_page):
     soup = BeautifulSoup(sample_page, "html.parser")
     toc = soup.find("nav", class_="kb-toc")
     links = toc.find_all("a")
-    assert [a.get_text() for a in links] == ["02 · The map", "The sweep", "A second figure"]
+    # the notebook's title heads the page; the contents start below it and end on the findings
+    assert [a.get_text() for a in links] == ["The sweep", "A second figure", "What we found"]
+    assert [a["href"] for a in links] == ["#the-sweep", "#a-second-figure", "#what-we-found"]
     for a in links:
         assert soup.find(id=a["href"][1:]) is not None, a["href"]
+
+
+READER_CLAIMS = [
+    {"id": "demo-holds", "statement": "The demo holds.", "value": 1e-17, "bound": 1e-12, "comparison": "<=",
+     "holds": True, "kind": "test"},
+    {"id": "demo-count", "statement": "Counts agree.", "value": 3, "bound": 3, "comparison": "==",
+     "holds": True, "kind": "consistency"},
+]
+
+
+def _reader_notebook() -> dict:
+    def result(text):
+        return nbformat.v4.new_output("execute_result", data={"text/plain": text}, execution_count=1)
+
+    return _notebook([
+        nbformat.v4.new_markdown_cell("# 09 · Demo\n\nIntro."),
+        nbformat.v4.new_code_cell("profile = 'smoke'", metadata={"tags": ["parameters"]}),
+        nbformat.v4.new_code_cell('profile = "paper"\noutput_dir = "../results/.staging/09"',
+                                  metadata={"tags": ["injected-parameters"]}),
+        nbformat.v4.new_code_cell('rec = recorder.Recorder("09", output_dir, profile=profile, device=device)'),
+        nbformat.v4.new_markdown_cell("## When does $\\|b_k\\|$ matter?"),
+        nbformat.v4.new_code_cell('rec.equation(r"\\tau = 2u", "tol")\nrec.macro("Lam", 2)',
+                                  outputs=[result("'1.00\\\\times10^{-6}'")]),
+        nbformat.v4.new_code_cell("configs = build()\nlen(configs)", outputs=[result("2900")]),
+        nbformat.v4.new_code_cell("df.status.value_counts()",
+                                  outputs=[result("status\nmeasured    2290\nrejected     352\nName: count, dtype: int64")]),
+        nbformat.v4.new_code_cell('out = judge.claims(df)\nfor name, value in out["macros"].items():\n'
+                                  '    rec.macro(name, value)\nrec.claims_from(out["claims"])\n'
+                                  '[(c["claim_id"], c["value"]) for c in out["claims"]]',
+                                  outputs=[result("[('demo-holds', 1e-17), ('demo-count', 3)]")]),
+        nbformat.v4.new_code_cell("hidden_by_tag = 1", metadata={"tags": ["kb-hide"]}),
+        nbformat.v4.new_code_cell("step = rec.finish()"),
+    ])
+
+
+@pytest.fixture(scope="module")
+def reader_page():
+    return render.render_notebook_html(nbformat.writes(_reader_notebook()), name="09_demo", profile="paper",
+                                       device="cpu", commit="b" * 40, dirty=False, claims=READER_CLAIMS,
+                                       notebooks=["08_x", "09_demo", "10_y"], paper_figure_numbers={})
+
+
+def test_reader_sees_no_plumbing(reader_page):
+    soup = BeautifulSoup(reader_page, "html.parser")
+    code = [" ".join(c.get_text().split()) for c in soup.select(".jp-InputArea-editor")]
+    assert code == ['rec = recorder.Recorder("09", output_dir, profile=profile, device=device)',
+                    "configs = build() len(configs)", "df.status.value_counts()", 'out = judge.claims(df)'], code
+    outputs = " | ".join(" ".join(o.get_text(" ").split()) for o in soup.select(".jp-OutputArea-output"))
+    assert "1.00" not in outputs and "2900" not in outputs and "[(" not in outputs, outputs
+    assert "measured 2290" in outputs  # the value_counts printout, as a table
+    runwith = soup.find(class_="kb-runwith")
+    assert "paper" in runwith.get_text() and "b" * 12 in runwith.get_text() and ".staging" not in reader_page
+    # the recorded equation is typeset, not shown as a code string
+    assert "$$\\tau = 2u$$" in soup.find(class_="kb-equation").get_text()
+
+
+def test_claims_get_anchors_under_the_judging_cell_and_a_findings_section(reader_page):
+    soup = BeautifulSoup(reader_page, "html.parser")
+    for claim in READER_CLAIMS:
+        item = soup.find(id=f"claim-{claim['id']}")
+        assert item is not None and claim["statement"] in item.get_text()
+        cell = item.find_parent("aside").find_previous_sibling("div", class_="jp-CodeCell")
+        assert "judge.claims" in cell.get_text()
+    found = soup.find(id="what-we-found")
+    assert "The demo holds." in found.get_text() and "1\u00d710" in found.get_text()
+    assert found.find("a", href="#claim-demo-holds") is not None
+
+
+def test_anchors_are_readable_and_pages_link_to_neighbours(reader_page):
+    soup = BeautifulSoup(reader_page, "html.parser")
+    assert soup.find(id="when-does-b-k-matter") is not None
+    assert not [t["id"] for t in soup.find_all(id=True) if "$" in t["id"] or "%" in t["id"]]
+    assert soup.find("a", rel="prev")["href"] == "08_x.html" and soup.find("a", rel="next")["href"] == "10_y.html"
+    assert soup.find("link", rel="icon")["href"].startswith("data:image/svg+xml")
+
+
+def test_figures_get_numbered_captions_with_anchors(sample_page):
+    soup = BeautifulSoup(sample_page, "html.parser")
+    figures = soup.select("figure.kb-figure")
+    assert [f["id"] for f in figures] == ["fig-demo-map", "fig-second"]
+    assert figures[0].figcaption.get_text().startswith("Figure 1. Verdict of every configuration.")
+    assert figures[1].figcaption.get_text().startswith("Figure 2.")
+
+
+def test_paper_figure_numbers_follow_the_tex(tmp_path):
+    (tmp_path / "sections").mkdir()
+    (tmp_path / "main.tex").write_text("\\input{sections/a}\n\\input{sections/b.tex}\n")
+    (tmp_path / "sections" / "a.tex").write_text(
+        "\\section{First}\\label{sec:a}\n\\begin{figure}\\includegraphics{one.pdf}\\label{fig:one}\\end{figure}\n")
+    (tmp_path / "sections" / "b.tex").write_text(
+        "\\section{Second}\n%\\begin{figure}\\includegraphics{commented.pdf}\n"
+        "\\begin{figure}\\includegraphics[width=1cm]{two}\\label{fig:two}\\end{figure}\n")
+    found = render.paper_figures(tmp_path)
+    assert {k: (v["number"], v["label"], v["section"]["title"]) for k, v in found.items()} == {
+        "one": (1, "fig:one", "First"), "two": (2, "fig:two", "Second")}
 
 
 def test_section_falls_back_to_the_project_table_and_repository_links():

@@ -7,8 +7,10 @@ a stylesheet) leaves the machine: it arrives as a proxy request (`GET http://...
 (updates, accounts) at start-up, so what the *page* asked for is read from Chromium's NetLog:
 every request whose initiator is the page's origin, plus the page itself. Those must all be
 files inside the page's folder, and must exist. `--virtual-time-budget` lets MathJax finish
-before the DOM is dumped. Used by tests/test_browser.py; `python -m keybias.build.browser DIR`
-checks a folder by hand.
+before the DOM is dumped. Beyond loading, `reader_problems` checks what a reader meets
+(recording-only code, raw scalar outputs, cut cells, figures without captions) and
+`check_entry_page` that every link of results/index.html into a notebook lands on an anchor.
+Used by tests/test_browser.py; `python -m keybias.build.browser DIR` checks a folder by hand.
 """
 
 from __future__ import annotations
@@ -142,7 +144,7 @@ def chromium_command(chromium: str, port: int, profile_dir: Path, *, budget_ms: 
         "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1",
         f"--user-data-dir={profile_dir}",
         f"--virtual-time-budget={budget_ms}",
-        "--window-size=1200,1800",
+        "--window-size=1280,1600",  # the reader's window: 1280 px wide at 100% zoom
         "--hide-scrollbars",
     ]
 
@@ -239,6 +241,85 @@ def inspect_dom(dom: str) -> DomFindings:
     )
 
 
+_RAW_SCALAR = re.compile(r"""^(?:'[^'\n]*'|"[^"\n]*"|[-+]?\d[\d_]*(?:\.\d+)?(?:[eE][-+]?\d+)?)$""")
+
+
+def reader_problems(dom: str) -> list[str]:
+    """What a reader should not meet: a visible code cell that only records, a raw scalar
+    output (`'1.00'`, `2900`), a table cell or text output cut with "..." or "…", a figure
+    without a visible caption."""
+    from bs4 import BeautifulSoup
+
+    from keybias.build import render
+
+    soup = BeautifulSoup(dom, features="html.parser")
+    problems = []
+    for editor in soup.select(".jp-CodeCell .jp-InputArea-editor"):
+        code = editor.get_text()
+        plan = render.reader_cells({"cells": [{"cell_type": "code", "source": code, "metadata": {}, "outputs": []}]})
+        if plan[0] and plan[0]["hide"]:
+            problems.append(f"visible code cell that only records: {' '.join(code.split())[:80]!r}")
+    for output in soup.select(".jp-OutputArea-executeResult"):
+        if output.find(["table", "img", "mjx-container"]):
+            continue
+        text = output.get_text().strip()
+        if _RAW_SCALAR.match(text):
+            problems.append(f"raw output {text[:40]!r}")
+    for node in soup.select(".jp-OutputArea-output td, .jp-OutputArea-output th, .jp-OutputArea-output pre"):
+        text = node.get_text().strip()
+        if len(text) > 3 and text.endswith(("...", "\u2026")):
+            problems.append(f"truncated cell {text[-60:]!r}")
+    for img in soup.select(".jp-OutputArea img"):
+        figure = img.find_parent("figure")
+        caption = figure.find("figcaption") if figure else None
+        if caption is None or not caption.get_text().strip():
+            problems.append(f"figure without a caption: {(img.get('alt') or '')[:60]!r}")
+    return problems
+
+
+def claim_link_problems(index_html: str, folder: Path) -> list[str]:
+    """Each `notebooks/NN.html#claim-...` (or any #fragment) link of the entry page that does
+    not land on an element with that id in the page it names."""
+    from bs4 import BeautifulSoup
+
+    soup = BeautifulSoup(index_html, features="html.parser")
+    ids: dict[str, set[str]] = {}
+    problems = []
+    for link in soup.find_all("a", href=True):
+        target, _, fragment = link["href"].partition("#")
+        if not fragment or not target.startswith("notebooks/"):
+            continue
+        page = Path(folder) / target
+        if target not in ids:
+            ids[target] = ({t["id"] for t in BeautifulSoup(page.read_text(), features="html.parser").find_all(id=True)}
+                           if page.is_file() else set())
+        if fragment not in ids[target]:
+            problems.append(f"{link['href']} does not resolve")
+    return problems
+
+
+def check_entry_page(results: Path, shot: Path | None, chromium: str | None = None,
+                     *, budget_ms: int = 5000) -> list[str]:
+    """Load `<results>/index.html` offline (screenshot it), and check every link into a
+    notebook lands on an existing anchor."""
+    results = Path(results).resolve()
+    chromium = chromium or find_chromium()
+    if chromium is None:
+        raise RuntimeError("no Chromium found (apt-get install chromium, or set KEYBIAS_CHROMIUM)")
+    with LoggingServer(results) as server:
+        report = load_page(chromium, server, "index.html", shot, budget_ms=budget_ms)
+    problems = []
+    if report.external_requests:
+        problems.append(f"requested other hosts: {report.external_requests}")
+    failed = [f"{p} (HTTP {s})" for p, s in report.local_requests if s >= 400]
+    if failed:
+        problems.append(f"missing files: {failed}")
+    problems += claim_link_problems(report.dom, results)
+    if shot is not None and not (shot.is_file() and shot.stat().st_size > 1000):
+        problems.append("no screenshot written")
+    return problems
+
+
 def outside_folder(requests: list[tuple[str, int]], folder_prefix: str) -> list[str]:
     """Local requests that left the page's folder or failed (a missing font is a failure)."""
     bad = []
@@ -279,6 +360,7 @@ def page_problems(report: PageReport, page_text: str, folder_prefix: str) -> lis
         report.screenshot.is_file() and report.screenshot.stat().st_size > 1000
     ):
         problems.append("no screenshot written")
+    problems += reader_problems(report.dom)
     return problems
 
 
@@ -309,6 +391,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     t0 = time.perf_counter()
     results = check_folder(folder, shots)
+    if (folder.parent / "index.html").is_file():
+        results["../index.html"] = check_entry_page(folder.parent, shots / "index.png")
     for name, problems in results.items():
         print(f"{name}: " + ("ok" if not problems else "FAIL: " + "; ".join(problems)))
     print(f"{len(results)} pages in {time.perf_counter() - t0:.1f} s; screenshots in {shots}")

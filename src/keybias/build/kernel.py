@@ -58,6 +58,9 @@ def kernel_environment(name: str = "") -> dict[str, str]:
         "TQDM_DISABLE": "1",  # progress bars would land in the notebook's outputs
         "PYTHONWARNINGS": os.environ.get("PYTHONWARNINGS", ""),
     }
+    from keybias.build.render import kernel_startup
+
+    env["PYTHONSTARTUP"] = kernel_startup()  # pandas shows whole cells; the page wraps them
     env.update(isa_pins(name))
     # A user's own setting of these wins over the pins, and is recorded like them.
     for var in ("ATEN_CPU_CAPABILITY", "MKL_CBWR", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS"):

@@ -278,7 +278,7 @@ class Build(PaperSteps):
         if step.get("profile") != self.profile or step.get("notebook") != name:
             raise BuildError(f"notebook {name} recorded profile/notebook {step.get('profile')}/{step.get('notebook')}")
         with _output_to(log_path, append=True):
-            self._scrub_and_render(executed, step.get("figures_alt"))
+            self._scrub_and_render(executed, step.get("figures_alt"), step.get("claims"))
         from keybias.build.provenance import collect
 
         step["provenance"] = {
@@ -301,7 +301,7 @@ class Build(PaperSteps):
     def log_path(self, name: str) -> Path:
         return self.results / ".build" / "logs" / f"{name}.log"
 
-    def _scrub_and_render(self, executed: Path, figures_alt: dict | None = None) -> None:
+    def _scrub_and_render(self, executed: Path, figures_alt: dict | None = None, claims: list | None = None) -> None:
         """Drop this machine's absolute paths from the executed notebook, then render HTML."""
         text = executed.read_text()
         # Longest prefix first (the venv lies inside the root): a fixed order, not a set's,
@@ -312,7 +312,8 @@ class Build(PaperSteps):
         from keybias.build.render import render_notebook_html
 
         html = render_notebook_html(
-            text, name=executed.stem, profile=self.profile, device=self.device, figures_alt=figures_alt
+            text, name=executed.stem, profile=self.profile, device=self.device, figures_alt=figures_alt,
+            claims=claims,
         )
         atomic_write_text(executed.with_suffix(".html"), html)
 

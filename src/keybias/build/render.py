@@ -22,7 +22,8 @@ dumped docstrings, huge or path reprs, figures saved but not shown), so each not
 can fix the source.
 
 Command line: `python -m keybias.build.render [--results DIR] {render,check}`: re-render every
-executed notebook in DIR/notebooks (no kernel needed), or list their output problems.
+executed notebook in DIR/notebooks and DIR/index.html (no kernel needed), or list their output
+problems.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import ast
 import html
 import json
 import logging
+import os
 import re
 import sys
 from pathlib import Path
@@ -44,6 +46,7 @@ MATHJAX_VERSION = "3.2.2"
 MATHJAX_SOURCE = PACKAGE_DIR / "assets" / "mathjax"
 TEMPLATES = PACKAGE_DIR / "assets" / "nbconvert"
 TEMPLATE_NAME = "keybias"
+KERNEL_STARTUP = TEMPLATES / "startup.py"  # pandas display options for every notebook kernel
 STATIC_DIR = "_static"
 # Relative to the page (results/notebooks/NN_x.html); MathJax finds its fonts relative to itself.
 MATHJAX_SRC = f"{STATIC_DIR}/mathjax/tex-chtml-full.js"
@@ -360,6 +363,8 @@ def add_alt_text(nb: dict, figures_alt: dict[str, str] | None = None) -> list[di
             for mime in mimes:
                 entry = metadata.get(mime) if isinstance(metadata.get(mime), dict) else {}
                 metadata[mime] = {**entry, "alt": alt}
+            if call[0]:
+                metadata["kb_figure"] = call[0]
             report.append({"cell": index, "figure": call[0], "alt": alt, "source": source})
     return report
 
@@ -394,8 +399,496 @@ def clean_outputs(nb: dict, name: str = "") -> list[dict]:
     return dropped
 
 
+# -- the reader's view: plumbing hidden, outputs for reading, anchors, findings --------------
+PLUMBING_TAGS = ("parameters", "injected-parameters", "kb-hide")
+HIDDEN_PARAMETERS = ("output_dir", "results_dir", "profile", "device")
+TABLE_ROWS_SHOWN = 25  # a longer table is trimmed to this many rows, with a link to its CSV
+TABLE_ROWS_MAX = 40
+COMPARISON_SIGNS = {"<=": "\u2264", ">=": "\u2265", "==": "=", "<": "<", ">": ">", "!=": "\u2260"}
+_SERIES_FOOTER = re.compile(r"^(?:Name: .*, )?(?:Length: \d+, )?dtype: \w+$")
+_NUMBER = re.compile(r"^[-+]?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?$")
+_INT = re.compile(r"^[-+]?\d+$")
+# an SVG key, inline: a page loads nothing for its icon
+FAVICON = ("data:image/svg+xml,%3Csvg xmlns='http://www.w3.org/2000/svg' viewBox='0 0 16 16'%3E"
+           "%3Crect width='16' height='16' rx='3' fill='%23264653'/%3E%3Ctext x='8' y='12.5' font-size='11' "
+           "font-family='sans-serif' text-anchor='middle' fill='white'%3Eb%3C/text%3E%3C/svg%3E")
+
+
+def slugify(text: str) -> str:
+    """A readable anchor: TeX commands and markup dropped, words joined by hyphens."""
+    text = re.sub(r"\\([A-Za-z]+)", " ", text)  # \|b_k\| -> b_k ; \mathrm{x} -> x
+    text = re.sub(r"[^0-9A-Za-z]+", "-", text.replace("_", "-")).strip("-").lower()
+    return re.sub(r"-{2,}", "-", text) or "section"
+
+
+def _recorder_names(nb: dict) -> set[str]:
+    names = {"rec"}
+    for _, cell in _code_cells(nb):
+        tree = _parse(_source(cell))
+        for node in ast.walk(tree) if tree else []:
+            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
+                func = node.value.func
+                called = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+                if called == "Recorder":
+                    names |= {t.id for t in node.targets if isinstance(t, ast.Name)}
+    return names
+
+
+def _calls_recorder(node: ast.AST, names: set[str], helpers: set[str]) -> bool:
+    """`rec.anything(...)` (possibly chained), or a call of a helper that only records."""
+    if not isinstance(node, ast.Call):
+        return False
+    func = node.func
+    if isinstance(func, ast.Name):
+        return func.id in helpers
+    while isinstance(func, ast.Attribute):
+        func = func.value
+    return isinstance(func, ast.Name) and func.id in names and isinstance(node.func, ast.Attribute)
+
+
+def _loaded(node: ast.AST) -> set[str]:
+    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+
+
+def _bound(node: ast.AST) -> set[str]:
+    """Names a statement binds for the code after it (a loop's own variable does not count)."""
+    if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+        return {node.name}
+    if isinstance(node, ast.Assign | ast.AnnAssign | ast.AugAssign):
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+        return {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+    if isinstance(node, ast.For):
+        return set().union(*(_bound(s) for s in node.body)) if node.body else set()
+    return set()
+
+
+def _mentions_claims(node: ast.AST, recorded: set[str], names: set[str]) -> bool:
+    """True when an expression shows the claims bookkeeping (rec.claims, step['claims'], x_claims)."""
+    for n in ast.walk(node):
+        if isinstance(n, ast.Name) and ("claim" in n.id.lower() or n.id in recorded or n.id in names):
+            return True
+        if isinstance(n, ast.Attribute) and "claim" in n.attr.lower():
+            return True
+        if isinstance(n, ast.Constant) and n.value in ("claims", "claim_id"):
+            return True
+    return False
+
+
+def _records(stmt: ast.stmt, names: set[str], helpers: set[str], recorded: set[str]) -> bool:
+    """True for a statement that only records (or shows what was recorded), computing nothing."""
+    if isinstance(stmt, ast.Expr):
+        value = stmt.value
+        if _calls_recorder(value, names, helpers):
+            return True
+        if isinstance(value, ast.Constant):
+            return False
+        # a display of the claims just recorded: the page's claim boxes say it for the reader
+        return _mentions_claims(value, recorded, names)
+    if isinstance(stmt, ast.Assign | ast.AnnAssign) and stmt.value is not None:
+        return _calls_recorder(stmt.value, names, helpers)
+    if isinstance(stmt, ast.For) and not stmt.orelse:
+        return all(_records(s, names, helpers, recorded) for s in stmt.body)
+    if isinstance(stmt, ast.FunctionDef):
+        body = [s for s in stmt.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
+        if body and all(_records(s, names, helpers, recorded) for s in body):
+            helpers.add(stmt.name)
+            return True
+    return False
+
+
+def _saves_figure(stmt: ast.AST) -> bool:
+    """The code that makes a figure or judges a claim stays visible even though only
+    `rec.figure` / `rec.claims_from` reads what it computed."""
+    return any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+               and n.func.attr in ("figure", "claim", "claims_from") for n in ast.walk(stmt))
+
+
+def _equation_tex(call: ast.Call, literals: dict[str, str]) -> str | None:
+    if not call.args:
+        return None
+    arg = call.args[0]
+    if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+        return arg.value
+    if isinstance(arg, ast.Name):
+        return literals.get(arg.id)
+    return None
+
+
+def reader_cells(nb: dict) -> list[dict]:
+    """How each cell is shown to a reader, one dict per cell (None for markdown).
+
+    `hide`: the whole cell goes (a parameter cell, a cell tagged `kb-hide`, or code whose
+    every statement records: `rec.*` calls, `x = rec.finish()`, loops over `rec.macro`, helpers
+    that only record, displays of the claims just recorded). `source`: the code shown, with
+    the recording statements of a mixed cell left out (unless a statement kept uses a name they
+    bind). `drop_result`: the cell's execute_result is a recording call's return value or a
+    claims display. `equations`: TeX of `rec.equation` calls, typeset under the cell when the
+    cell does not show the math itself.
+    """
+    names = _recorder_names(nb)
+    helpers: set[str] = set()
+    cells = nb.get("cells", [])
+    plan: list[dict | None] = []
+    parsed = []
+    for cell in cells:
+        if cell.get("cell_type") != "code":
+            parsed.append(None)
+            continue
+        source = _source(cell)
+        parsed.append((source, _parse(source)))
+    # names loaded by any cell: a recording statement binding one of them stays
+    for index, cell in enumerate(cells):
+        if parsed[index] is None:
+            plan.append(None)
+            continue
+        source, tree = parsed[index]
+        tags = set(cell.get("metadata", {}).get("tags", []))
+        entry = {"hide": False, "source": source, "drop_result": False, "drop_displays": False, "equations": []}
+        plan.append(entry)
+        if tags & set(PLUMBING_TAGS):
+            entry["hide"] = True
+            continue
+        if tree is None or not tree.body:
+            continue
+        recorded: set[str] = set()
+        removed = []
+        for stmt in tree.body:
+            if _records(stmt, names, helpers, recorded):
+                removed.append(stmt)
+                # a name bound to what was recorded (`step = rec.finish()`) shows bookkeeping
+                value = getattr(stmt, "value", None)
+                if (isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute)
+                        and value.func.attr in ("finish", "claims_from", "claim", "claims")):
+                    recorded |= _bound(stmt)
+        if not removed:
+            continue
+        kept = [s for s in tree.body if s not in removed]
+        used_later = set().union(*(_loaded(s) for s in kept)) if kept else set()
+        for later in parsed[index + 1:]:
+            if later and later[1] is not None:
+                used_later |= _loaded(later[1])
+        removed = [s for s in removed if not (_bound(s) - {"_"}) & used_later]
+        # a TeX string only handed to rec.equation goes with it
+        literals = {t.id: s.value.value for s in tree.body if isinstance(s, ast.Assign)
+                    and isinstance(s.value, ast.Constant) and isinstance(s.value.value, str)
+                    for t in s.targets if isinstance(t, ast.Name)}
+        for stmt in removed:
+            for node in ast.walk(stmt):
+                if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                        and node.func.attr == "equation" and _calls_recorder(node, names, helpers)):
+                    tex = _equation_tex(node, literals)
+                    if tex:
+                        entry["equations"].append(tex)
+        # an assignment whose names only the removed statements read (a TeX string for
+        # rec.equation, a count for a macro) goes with them; later cells may not read it either
+        later_loads = set()
+        for later in parsed[index + 1:]:
+            if later and later[1] is not None:
+                later_loads |= _loaded(later[1])
+        changed = True
+        while changed:
+            changed = False
+            kept = [s for s in tree.body if s not in removed]
+            for stmt in kept:
+                others = set().union(*(_loaded(s) for s in kept if s is not stmt)) | later_loads
+                names_bound = _bound(stmt) - {"_"}
+                if (isinstance(stmt, ast.Assign) and names_bound and not names_bound & others
+                        and any(names_bound & _loaded(r) for r in removed)
+                        and not any(names_bound & _loaded(r) for r in removed if _saves_figure(r))):
+                    removed.append(stmt)
+                    changed = True
+        kept = [s for s in tree.body if s not in removed]
+
+        def shows(stmt):
+            return any(isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in ("display", "print")
+                       for n in ast.walk(stmt))
+
+        if any(shows(s) for s in removed) and not any(shows(s) for s in kept):
+            entry["drop_displays"] = True
+        if removed and tree.body[-1] in removed:
+            entry["drop_result"] = True
+        if not kept:
+            entry["hide"] = True
+            continue
+        lines = source.splitlines()
+        drop = set()
+        for stmt in removed:
+            start = stmt.lineno - 1
+            # comment lines right above a removed statement belong to it
+            while start > 0 and lines[start - 1].lstrip().startswith("#"):
+                start -= 1
+            drop |= set(range(start, stmt.end_lineno))
+        shown = [line for number, line in enumerate(lines) if number not in drop]
+        entry["source"] = re.sub(r"\n{3,}", "\n\n", "\n".join(shown)).strip("\n")
+    return plan
+
+
+def _literal(text: str):
+    try:
+        return ast.literal_eval(text.strip())
+    except (ValueError, SyntaxError, MemoryError, RecursionError, TypeError):
+        return _MISSING
+
+
+_MISSING = object()
+
+
+def _html_table(header: list[str] | None, rows: list[list]) -> str:
+    e = html.escape
+    head = "<thead><tr>" + "".join(f"<th>{e(str(h))}</th>" for h in header) + "</tr></thead>" if header else ""
+    body = "".join("<tr>" + "".join(f"<td>{e(_format_cell(v))}</td>" for v in row) + "</tr>" for row in rows)
+    return f'<table class="dataframe">{head}<tbody>{body}</tbody></table>'
+
+
+def _format_cell(value) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def _series_table(text: str) -> str | None:
+    """A pandas Series printout (`value_counts` and the like) as a two-column table."""
+    lines = [line for line in text.rstrip().splitlines() if line.strip()]
+    if len(lines) < 2 or not _SERIES_FOOTER.match(lines[-1].strip()):
+        return None
+    footer = lines[-1]
+    name = re.match(r"Name: (.*?), ", footer)
+    body = lines[:-1]
+    index_name = None
+    if body and len(body[0].split()) == 1 and not _NUMBER.match(body[0].strip()):
+        index_name, body = body[0].strip(), body[1:]
+    rows = []
+    for line in body:
+        parts = line.rsplit(None, 1)
+        if len(parts) != 2:
+            return None
+        rows.append([parts[0].strip(), parts[1]])
+    return _html_table([index_name or "", name.group(1) if name else "value"], rows)
+
+
+def reader_output(output: dict) -> dict | None:
+    """An output as a reader should see it: None to leave it out, else the output (maybe
+    rewritten). Raw scalar reprs (`'1.00'`, `2900`) and empty DataFrames go; a Series printout
+    or a list of tuples becomes a table."""
+    if output.get("output_type") != "execute_result":
+        return output
+    data = output.get("data", {})
+    if set(data) - {"text/plain"}:
+        plain = _plain_text(output)
+        if plain.startswith("Empty DataFrame"):
+            return None
+        return output
+    text = _plain_text(output)
+    if text.startswith("Empty DataFrame"):
+        return None
+    table = _series_table(text)
+    if table is None:
+        value = _literal(text)
+        if value is _MISSING:
+            return output
+        if isinstance(value, str | int | float | bool | bytes) or value is None:
+            return None
+        if isinstance(value, list | tuple) and value and all(isinstance(v, tuple) for v in value):
+            width = len(value[0])
+            if all(len(v) == width for v in value):
+                table = _html_table(None, [list(v) for v in value])
+        if table is None:
+            return output
+    return {**output, "data": {"text/html": table, "text/plain": text}}
+
+
+def claim_cells(nb: dict, claims: list[dict]) -> dict[str, int]:
+    """The cell that judges each claim: the first cell at or after the previous claim's that
+    records claims (`.claim(`/`.claims_from(`) and names the id in its code or outputs;
+    a claim named nowhere goes with the one recorded before it. Claims come in recording order."""
+    recording, texts = [], {}
+    for index, cell in _code_cells(nb):
+        source = _source(cell)
+        if re.search(r"\.claims?(?:_from)?\(", source):
+            recording.append(index)
+            outputs = [_stream_text(o) if o.get("output_type") == "stream"
+                       else "".join(str(v) if isinstance(v, str) else "".join(v) for k, v in o.get("data", {}).items()
+                                    if k.startswith("text/")) for o in cell.get("outputs", [])]
+            texts[index] = source + "\n".join(outputs)
+    if not recording:
+        last = [i for i, _ in _code_cells(nb)]
+        return {c["id"]: last[-1] for c in claims} if last else {}
+    found, current = {}, recording[0]
+    for claim in claims:
+        hit = next((i for i in recording if i >= current and claim["id"] in texts[i]), None)
+        current = hit if hit is not None else current
+        found[claim["id"]] = current
+    return found
+
+
+# -- the paper's figures ------------------------------------------------------------------
+def paper_figures(paper: Path = ROOT / "paper") -> dict[str, dict]:
+    """Each figure the paper includes, by file stem: its number (order of appearance, as
+    LaTeX numbers them), label and section; read from main.tex and the files it inputs."""
+    main = Path(paper) / "main.tex"
+    if not main.is_file():
+        return {}
+    token = re.compile(r"\\input\{([^}]+)\}|\\section\*?\{((?:[^{}]|\{[^{}]*\})*)\}|\\begin\{figure\*?\}"
+                       r"|\\includegraphics(?:\[[^\]]*\])?\{([^}]+)\}|\\label\{([^}]+)\}")
+    found: dict[str, dict] = {}
+    state = {"number": 0, "section": None, "pending": []}
+
+    def walk(path: Path, depth: int = 0):
+        if depth > 5 or not path.is_file():
+            return
+        text = re.sub(r"(?<!\\)%.*", "", path.read_text(errors="replace"))
+        for match in token.finditer(text):
+            included, section, graphic, label = match.group(1), match.group(2), match.group(3), match.group(4)
+            if included is not None:
+                if included.startswith("sections/") or not included.startswith(".."):
+                    target = paper / (included if included.endswith(".tex") else included + ".tex")
+                    walk(target, depth + 1)
+            elif section is not None:
+                state["section"] = {"title": re.sub(r"\\[A-Za-z]+\{([^}]*)\}", r"\1", section).replace("\\", ""),
+                                    "label": None}
+            elif match.group(0).startswith("\\begin{figure"):
+                state["number"] += 1
+                state["pending"] = []
+            elif graphic is not None and state["number"]:
+                stem = Path(graphic).stem
+                if stem not in found:
+                    found[stem] = {"number": state["number"], "label": None, "section": state["section"]}
+                    state["pending"].append(stem)
+            elif label is not None:
+                if label.startswith("fig:"):
+                    for stem in state["pending"]:
+                        found[stem]["label"] = label
+                elif state["section"] is not None and state["section"]["label"] is None:
+                    state["section"]["label"] = label
+
+    walk(main)
+    return found
+
+
+def _table_csv(source: str) -> str | None:
+    """The CSV of the table a cell displays: its last expression is (a selection of) a frame
+    the cell also wrote with `rec.csv(frame, name)`."""
+    tree = _parse(source)
+    if tree is None or not tree.body or not isinstance(tree.body[-1], ast.Expr):
+        return None
+    written = {}
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "csv"
+                and len(node.args) >= 2 and isinstance(node.args[0], ast.Name)
+                and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str)):
+            written[node.args[0].id] = node.args[1].value
+    node = tree.body[-1].value
+    while isinstance(node, ast.Subscript | ast.Attribute | ast.Call):
+        node = node.value if not isinstance(node, ast.Call) else node.func
+    return written.get(node.id) if isinstance(node, ast.Name) else None
+
+
+def injected_parameters(nb: dict) -> dict[str, str]:
+    """The parameters papermill injected (name -> source text of the value), in order."""
+    for cell in nb.get("cells", []):
+        if "injected-parameters" in cell.get("metadata", {}).get("tags", []):
+            source = _source(cell)
+            tree = _parse(source)
+            if tree is None:
+                return {}
+            return {t.id: ast.get_source_segment(source, s.value) or "" for s in tree.body
+                    if isinstance(s, ast.Assign) for t in s.targets if isinstance(t, ast.Name)}
+    return {}
+
+
+def _number_text(value) -> str:
+    if isinstance(value, bool) or value is None:
+        return str(value)
+    if isinstance(value, int):
+        return f"{value:,}"
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return str(value)
+    if number == int(number) and abs(number) < 1e15:
+        return f"{int(number):,}"
+    text = f"{number:.3g}"
+    if "e" in text:
+        mantissa, exponent = text.split("e")
+        return f"{mantissa}\u00d710<sup>{int(exponent)}</sup>"
+    return text
+
+
+def claim_line(claim: dict) -> str:
+    """`value ≤ bound` for a claim, numbers formatted for reading (HTML)."""
+    sign = COMPARISON_SIGNS.get(claim.get("comparison", "<="), html.escape(str(claim.get("comparison"))))
+    return f"{_number_text(claim.get('value'))} {sign} {_number_text(claim.get('bound'))}"
+
+
+def claims_box(claims: list[dict]) -> str:
+    """The claims a cell judges, each with its anchor, statement, value, bound and kind."""
+    e = html.escape
+    items = []
+    for c in claims:
+        verdict = "holds" if c.get("holds") else "FAILS"
+        items.append(
+            f'<li id="claim-{e(c["id"])}" class="kb-claim kb-{"holds" if c.get("holds") else "fails"}">'
+            f'<span class="kb-claim-statement">{e(c.get("statement", ""))}</span> '
+            f'<span class="kb-claim-check">{claim_line(c)}: {verdict}</span> '
+            f'<span class="kb-claim-kind">{e(c.get("kind") or "")}</span> '
+            f'<a class="kb-claim-id" href="#claim-{e(c["id"])}"><code>{e(c["id"])}</code></a></li>')
+    noun = "claim" if len(claims) == 1 else "claims"
+    return (f'<aside class="kb-claims" aria-label="Claims judged here"><p class="kb-claims-title">'
+            f"Judged here ({len(claims)} {noun})</p><ul>{''.join(items)}</ul></aside>")
+
+
+def findings_html(claims: list[dict]) -> str:
+    """The closing section: what this notebook found, in its claims' own sentences."""
+    e = html.escape
+    if not claims:
+        return ('<section class="kb-findings" id="what-we-found"><h2>What we found</h2>'
+                "<p>This notebook records no claims; its numbers feed the paper through macros.</p></section>")
+    tests = [c for c in claims if c.get("kind") == "test"]
+    others = [c for c in claims if c.get("kind") != "test"]
+    failing = [c for c in claims if not c.get("holds")]
+
+    def item(c):
+        return (f'<li><span class="kb-claim-statement">{e(c.get("statement", ""))}</span> '
+                f'<span class="kb-claim-check">({claim_line(c)}{"" if c.get("holds") else ": FAILS"})</span> '
+                f'<a href="#claim-{e(c["id"])}">where it is judged</a></li>')
+
+    parts = ['<section class="kb-findings" id="what-we-found"><h2>What we found</h2>']
+    if tests:
+        lead = ("Every test below could have failed on plausible data; each holds."
+                if not failing else f"{len(failing)} of the claims below FAIL.")
+        parts.append(f"<p>{lead}</p><ul>{''.join(item(c) for c in tests)}</ul>")
+    if others:
+        words = {"consistency": "cross-checks of the bookkeeping", "implied": "consequences of the tests above",
+                 "proof": "exact symbolic identities"}
+        kinds = sorted({c.get("kind") or "other" for c in others})
+        label = "; ".join(words.get(k, k) for k in kinds)
+        parts.append(f"<details><summary>{len(others)} more: {e(label)}</summary>"
+                     f"<ul>{''.join(item(c) for c in others)}</ul></details>")
+    parts.append("</section>")
+    return "".join(parts)
+
+
+def _neighbours(name: str, names: list[str]) -> tuple[str | None, str | None]:
+    if name not in names:
+        return None, None
+    i = names.index(name)
+    return (names[i - 1] if i > 0 else None), (names[i + 1] if i + 1 < len(names) else None)
+
+
+def notebook_title(nb: dict, name: str) -> str:
+    """The first markdown heading, without its number prefix and TeX; else the name."""
+    for cell in nb.get("cells", []):
+        if cell.get("cell_type") == "markdown":
+            match = re.search(r"^#\s+(.+)$", _source(cell), re.MULTILINE)
+            if match:
+                title = re.sub(r"^\d+\s*[·.:-]\s*", "", match.group(1)).strip()
+                return re.sub(r"\$([^$]*)\$", lambda m: re.sub(r"\\([A-Za-z]+)|[{}\\]", r"\1", m.group(1)), title)
+    return name
+
+
 # -- the page ------------------------------------------------------------------------------
-def _header_html(*, name, section, profile, device, commit, dirty, modules, repo) -> str:
+def _header_html(*, name, title, section, profile, device, commit, dirty, modules, repo, parameters,
+                 previous, following) -> str:
     e = html.escape
     short = (commit or "unknown")[:12]
     if repo and commit and re.fullmatch(r"[0-9a-f]{40}", commit):
@@ -409,44 +902,182 @@ def _header_html(*, name, section, profile, device, commit, dirty, modules, repo
     links = ", ".join(
         f'<a href="{e(module_href(m, commit, repo))}"><code>keybias.{e(m)}</code></a>' for m in modules
     ) or "none"
+    shown = {k: v for k, v in parameters.items() if k not in HIDDEN_PARAMETERS}
+    params_html = ""
+    if shown:
+        rows = "".join(f"<tr><th><code>{e(k)}</code></th><td><code>{e(v)}</code></td></tr>" for k, v in shown.items())
+        params_html = (f"<details><summary>{len(shown)} parameters of profile <code>{e(profile)}</code></summary>"
+                       f'<table class="kb-params">{rows}</table></details>')
     return (
         f'<header class="kb-header">'
-        f'<p><a href="{INDEX_HREF}">&larr; All results</a> &middot; '
-        f'<a href="{PAPER_HREF}">the paper (PDF)</a></p>'
+        f'{_pager_html(previous, following, "kb-pager-top")}'
+        f'<h1 class="kb-title">{e(title)}</h1>'
         f"<p>Notebook <code>notebooks/{e(name)}.ipynb</code> supports {section_html}.</p>"
-        f"<p>Run with profile <code>{e(profile)}</code> on device <code>{e(device)}</code>, "
-        f"commit {commit_html}.</p>"
+        f'<div class="kb-runwith"><strong>Run with</strong> profile <code>{e(profile)}</code> '
+        f"&middot; device <code>{e(device)}</code> &middot; commit {commit_html}{params_html}</div>"
         f"<p>Code it calls: {links}.</p>"
         f'<nav class="kb-toc" aria-label="Contents"></nav>'
         f"</header>"
     )
 
 
-def _insert_navigation(page: str, header: str) -> str:
+def _pager_html(previous: str | None, following: str | None, css: str) -> str:
+    e = html.escape
+    parts = [f'<a href="{INDEX_HREF}">&uarr; All results</a>', f'<a href="{PAPER_HREF}">The paper (PDF)</a>']
+    if previous:
+        parts.insert(0, f'<a rel="prev" href="{e(previous)}.html">&larr; {e(previous)}</a>')
+    if following:
+        parts.append(f'<a rel="next" href="{e(following)}.html">{e(following)} &rarr;</a>')
+    return f'<nav class="kb-pager {css}" aria-label="Notebooks">{" &middot; ".join(parts)}</nav>'
+
+
+def _display_math(tex: str) -> str:
+    return tex if tex.lstrip().startswith("\\begin") else f"$${tex}$$"
+
+
+def _heading_text(heading) -> str:
+    return "".join(s for s in heading.find_all(string=True)
+                   if not (s.parent.name == "a" and "anchor-link" in (s.parent.get("class") or []))).strip()
+
+
+def _finish_page(page: str, *, header: str, name: str, claims: list[dict], judged: dict[str, int],
+                 equations: dict[int, list[str]], kept: list[int], table_csv: dict[int, str],
+                 figures: dict[str, dict], previous: str | None, following: str | None) -> str:
+    """Everything nbconvert does not do: header, anchors, captions, claim boxes, tables, findings."""
     from bs4 import BeautifulSoup
 
     soup = BeautifulSoup(page, features="html.parser")
     main = soup.find("main") or soup.body
-    header_node = BeautifulSoup(header, features="html.parser").header
+
+    def fragment(markup: str):
+        return BeautifulSoup(markup, features="html.parser")
+
+    # cells: readable ids (cell-<index in the notebook>)
+    cell_nodes = {}
+    for node in soup.select("div.jp-Cell"):
+        ident = node.get("id", "")
+        match = re.fullmatch(r"cell-id=kb-(\d+)", ident)
+        if match:
+            node["id"] = f"cell-{match.group(1)}"
+            cell_nodes[int(match.group(1))] = node
+
+    def after_cell(index: int, markup: str):
+        before = [i for i in kept if i <= index and i in cell_nodes]
+        if before:
+            cell_nodes[before[-1]].insert_after(fragment(markup))
+        else:
+            main.insert(0, fragment(markup))
+
+    for index in sorted(equations, reverse=True):
+        blocks = "".join(f'<div class="kb-equation">{html.escape(_display_math(tex))}</div>' for tex in equations[index])
+        after_cell(index, blocks)
+    by_cell: dict[int, list[dict]] = {}
+    for claim in claims:
+        if claim["id"] in judged:
+            by_cell.setdefault(judged[claim["id"]], []).append(claim)
+    for index in sorted(by_cell, reverse=True):
+        after_cell(index, claims_box(by_cell[index]))
+
+    # headings: slugs without TeX, unique on the page
+    used = {"what-we-found"}
+    for heading in soup.select(".jp-MarkdownCell h1, .jp-MarkdownCell h2, .jp-MarkdownCell h3, .jp-MarkdownCell h4"):
+        base = slugify(_heading_text(heading))
+        slug, n = base, 2
+        while slug in used:
+            slug, n = f"{base}-{n}", n + 1
+        used.add(slug)
+        heading["id"] = slug
+        for link in heading.find_all("a", class_="anchor-link"):
+            link["href"] = f"#{slug}"
+
+    # figures: numbered captions with anchors
+    number = 0
+    for holder in soup.select(".jp-RenderedImage, .jp-RenderedSVG"):
+        img = holder.find("img")
+        if img is None:
+            continue
+        number += 1
+        stem = holder.get("data-kb-figure") or ""
+        anchor = f"fig-{slugify(stem)}" if stem else f"fig-{number}"
+        paper = figures.get(stem) if stem else None
+        e = html.escape
+        extra = []
+        if paper:
+            extra.append(f"Figure {paper['number']} in the paper")
+        if stem:
+            extra.append(f'<a href="../figures/{e(stem)}.png">PNG</a>')
+            extra.append(f'<a href="../figures/{e(stem)}.pdf">PDF</a>')
+        caption = (f'<figcaption><a class="kb-fig-number" href="#{anchor}">Figure {number}.</a> '
+                   f"{e(img.get('alt', '').removeprefix('Figure: '))}"
+                   + (f' <span class="kb-fig-links">({" &middot; ".join(extra)})</span>' if extra else "")
+                   + "</figcaption>")
+        figure = soup.new_tag("figure", attrs={"class": "kb-figure", "id": anchor})
+        img.wrap(figure)
+        figure.append(fragment(caption))
+
+    # tables: wrap, numbers formatted, long ones trimmed with a link to the CSV
+    for table in soup.select(".jp-RenderedHTML table"):
+        for cell in table.select("td, th"):
+            text = cell.get_text().strip()
+            if cell.name == "td" and _NUMBER.match(text):
+                cell["class"] = [*(cell.get("class") or []), "kb-num"]
+                if not _INT.match(text):
+                    cell.string = f"{float(text):.4g}"
+        holder = table.find_parent(class_="jp-OutputArea-output")
+        index = None
+        cell_div = table.find_parent("div", class_="jp-Cell")
+        if cell_div is not None and re.fullmatch(r"cell-\d+", cell_div.get("id", "")):
+            index = int(cell_div["id"].split("-")[1])
+        csv = table_csv.get(index) if index is not None else None
+        body = table.find("tbody")
+        rows = body.find_all("tr", recursive=False) if body else []
+        elided = [r for r in rows if all(c.get_text().strip() in ("...", "\u2026") for c in r.find_all(["td", "th"]))]
+        note = None
+        if csv and (elided or len(rows) > TABLE_ROWS_MAX):
+            for row in elided:
+                row.decompose()
+            rows = [r for r in rows if r not in elided]
+            for row in rows[TABLE_ROWS_SHOWN:]:
+                row.decompose()
+            note = (f'<p class="kb-trimmed">The first {min(len(rows), TABLE_ROWS_SHOWN)} rows; every row is in '
+                    f'<a href="../data/{html.escape(csv)}.csv">data/{html.escape(csv)}.csv</a>.</p>')
+        elif elided:
+            for row in elided:
+                row.decompose()
+            note = '<p class="kb-trimmed">Rows in the middle of this table are left out.</p>'
+        wrapper = soup.new_tag("div", attrs={"class": "kb-table"})
+        table.wrap(wrapper)
+        if note:
+            wrapper.insert_after(fragment(note))
+        if holder is not None:
+            holder["class"] = [*(holder.get("class") or []), "kb-has-table"]
+
+    # header, contents, findings, pager
+    header_node = fragment(header).header
     main.insert(0, header_node)
     toc = header_node.find("nav", class_="kb-toc")
-    title = soup.new_tag("h2")
-    title.string = "Contents"
-    toc.append(title)
+    toc.append(fragment("<h2>Contents</h2>"))
     listing = soup.new_tag("ol")
-    for heading in soup.select(".jp-MarkdownCell h1, .jp-MarkdownCell h2, .jp-MarkdownCell h3, "
-                               ".jp-MarkdownCell h4"):
-        if not heading.get("id"):
-            continue
+    for heading in soup.select(".jp-MarkdownCell h1, .jp-MarkdownCell h2, .jp-MarkdownCell h3, .jp-MarkdownCell h4"):
+        if heading.name == "h1" and heading.find_parent("div", class_="jp-Cell") is not None and not listing.contents:
+            continue  # the notebook's title is the page's title
         item = soup.new_tag("li", attrs={"class": f"kb-toc-level-{heading.name[1]}"})
         link = soup.new_tag("a", href=f"#{heading['id']}")
-        # the heading's text without nbconvert's pilcrow anchor link
-        link.string = "".join(
-            s for s in heading.find_all(string=True) if not (s.parent.name == "a" and "anchor-link" in (s.parent.get("class") or []))
-        ).strip()
+        link.string = _heading_text(heading)
         item.append(link)
         listing.append(item)
+    item = soup.new_tag("li", attrs={"class": "kb-toc-level-2"})
+    link = soup.new_tag("a", href="#what-we-found")
+    link.string = "What we found"
+    item.append(link)
+    listing.append(item)
     toc.append(listing)
+    # the notebook's own first h1 repeats the header's title
+    first = soup.select_one(".jp-MarkdownCell h1")
+    if first is not None and slugify(_heading_text(first)).endswith(slugify(header_node.h1.get_text())):
+        first.decompose()
+    main.append(fragment(findings_html(claims)))
+    main.append(fragment(_pager_html(previous, following, "kb-pager-bottom")))
     return str(soup)
 
 
@@ -459,12 +1090,18 @@ def render_notebook_html(
     figures_alt: dict[str, str] | None = None,
     commit: str | None = None,
     dirty: bool | None = None,
+    claims: list[dict] | None = None,
+    notebooks: list[str] | None = None,
+    paper_figure_numbers: dict[str, dict] | None = None,
 ) -> str:
     """The offline HTML page of one executed notebook, given as nbformat JSON text.
 
-    `figures_alt` is the step record's map from figure name to alt text; `commit`/`dirty`
-    default to the working tree's (the pipeline renders right after running the notebook).
-    The page expects the shared MathJax copy that `publish_assets` writes next to it.
+    `figures_alt` is the step record's map from figure name to alt text; `claims` its claims
+    (each gets an anchor `#claim-<id>` under the cell that judges it, and the page ends with
+    them as "What we found"); `notebooks` the names in reading order, for previous/next links
+    (default: notebooks/*.ipynb of the project); `commit`/`dirty` default to the working
+    tree's (the pipeline renders right after running the notebook). The page expects the
+    shared MathJax copy that `publish_assets` writes next to it.
     """
     import nbformat
     from nbconvert import HTMLExporter
@@ -474,13 +1111,55 @@ def render_notebook_html(
     if commit is None:
         info = current_commit()
         commit, dirty = info["commit"], info["dirty"] if dirty is None else dirty
+    if notebooks is None:
+        notebooks = sorted(p.stem for p in (ROOT / "notebooks").glob("*.ipynb"))
+    figures = paper_figures() if paper_figure_numbers is None else paper_figure_numbers
+    claims = list(claims or [])
     clean_outputs(nb, name)
     add_alt_text(nb, figures_alt)
+    plan = reader_cells(raw)
+    judged = claim_cells(raw, claims)
+    equations, kept, table_csv, cells = {}, [], {}, []
+    for index, (cell, entry) in enumerate(zip(nb.cells, plan, strict=True)):
+        cell.id = f"kb-{index}"
+        if entry is None:
+            kept.append(index)
+            cells.append(cell)
+            continue
+        if entry["equations"] and not any("text/latex" in o.get("data", {}) for o in cell.get("outputs", [])):
+            equations[index] = entry["equations"]
+        csv = _table_csv(_source(raw["cells"][index]))
+        if csv:
+            table_csv[index] = csv
+        outputs = []
+        for output in cell.get("outputs", []):
+            if entry["drop_result"] and output.get("output_type") == "execute_result":
+                continue
+            if (entry["drop_displays"] and output.get("output_type") in ("display_data", "stream")
+                    and not set(output.get("data", {})) & set(IMAGE_MIMES)):
+                continue
+            shown = reader_output(output)
+            if shown is not None:
+                outputs.append(nbformat.from_dict(shown))
+        has_image = any(set(o.get("data", {})) & set(IMAGE_MIMES) for o in outputs)
+        if entry["hide"]:
+            if not has_image or {"parameters", "injected-parameters"} & set(cell.metadata.get("tags", [])):
+                continue
+            cell.metadata["kb_hide_input"] = True
+        cell.source = entry["source"]
+        cell.outputs = outputs
+        kept.append(index)
+        cells.append(cell)
+    nb.cells = cells
     exporter = HTMLExporter(template_name=TEMPLATE_NAME, extra_template_basedirs=[str(TEMPLATES)])
-    resources = {"keybias": {"mathjax_src": MATHJAX_SRC, "mathjax_fonts": MATHJAX_FONTS}}
+    title = notebook_title(raw, name)
+    resources = {"keybias": {"mathjax_src": MATHJAX_SRC, "mathjax_fonts": MATHJAX_FONTS, "favicon": FAVICON},
+                 "metadata": {"name": f"{name}: {title}"}}
     page, _ = exporter.from_notebook_node(nb, resources=resources)
+    previous, following = _neighbours(name, notebooks)
     header = _header_html(
         name=name,
+        title=title,
         section=paper_section(raw, name),
         profile=profile,
         device=device,
@@ -488,8 +1167,12 @@ def render_notebook_html(
         dirty=bool(dirty),
         modules=called_modules(raw),
         repo=repository_url(),
+        parameters=injected_parameters(raw),
+        previous=previous,
+        following=following,
     )
-    return _insert_navigation(page, header)
+    return _finish_page(page, header=header, name=name, claims=claims, judged=judged, equations=equations,
+                        kept=kept, table_csv=table_csv, figures=figures, previous=previous, following=following)
 
 
 _REMOTE = re.compile(r"^\s*(?:(?:https?|wss?|ftp):)?//", re.IGNORECASE)
@@ -534,6 +1217,15 @@ def render_inputs() -> list[Path]:
     """Files whose change changes a rendered page (for a build key): code, templates, MathJax."""
     templates = sorted(p for p in TEMPLATES.rglob("*") if p.is_file())
     return [Path(__file__).resolve(), *templates, MATHJAX_SOURCE / "SOURCE.md"]
+
+
+def kernel_startup(cwd: Path = ROOT / "notebooks") -> str:
+    """PYTHONSTARTUP for the notebook kernels, relative to their working folder when it can be
+    (the step records keep it, and an absolute path would name this machine)."""
+    try:
+        return os.path.relpath(KERNEL_STARTUP, cwd)
+    except ValueError:
+        return str(KERNEL_STARTUP)
 
 
 # -- the shared renderer --------------------------------------------------------------------
@@ -581,6 +1273,8 @@ def render_results(results: Path) -> list[Path]:
     results = Path(results)
     publish_assets(results)
     written = []
+    names = sorted(p.stem for p in (results / "notebooks").glob("*.ipynb"))
+    figures = paper_figures()
     for path in sorted((results / "notebooks").glob("*.ipynb")):
         step_path = results / "steps" / f"{path.stem}.json"
         step = json.loads(step_path.read_text()) if step_path.is_file() else {}
@@ -593,6 +1287,9 @@ def render_results(results: Path) -> list[Path]:
             figures_alt=step.get("figures_alt"),
             commit=prov.get("commit", "unknown"),
             dirty=prov.get("dirty", False),
+            claims=step.get("claims"),
+            notebooks=names,
+            paper_figure_numbers=figures,
         )
         atomic_write_text(path.with_suffix(".html"), page)
         written.append(path.with_suffix(".html"))
@@ -614,6 +1311,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="[keybias.build.render] %(message)s")
     if args.command == "render":
         pages = render_results(args.results)
+        from keybias.build.index import write_index
+
+        write_index(args.results)
         print(f"rendered {len(pages)} notebooks; pages + shared MathJax: "
               f"{rendered_size(args.results) / 1e6:.2f} MB")
         return 0
