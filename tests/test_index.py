@@ -122,8 +122,10 @@ def test_readme_blocks_are_generated_from_provenance_and_claims():
     text = "intro\n<!-- generated:times -->\nold numbers 99\n<!-- /generated -->\nrest\n"
     new = readme.render(text, readme.blocks(provenance, claims))
     assert "old numbers" not in new and new.startswith("intro\n") and new.endswith("<!-- /generated -->\nrest\n")
-    assert "took 201 s in all" in new and "2 of 3 claims hold (1 test, 1 consistency, 1 implied)" in new
-    assert "| `01_a` | 12 s | 1 (1 / 0 / 0) |" in new
+    assert "took 201 s in all" in new and (
+        "The one test claim holds. Not counted as evidence: one consistency check and one implied claim; "
+        "one of them fails.") in new
+    assert "| `01_a` | 12 s | 1 | 0 | 0 | 0 |" in new and "| `02_b` | 50 s | 0 | 0 | 1 | 1 |" in new
     assert readme.render(new, readme.blocks(provenance, claims)) == new
 
 
