@@ -29,8 +29,18 @@ TABLES: dict[str, dict[str, str]] = {
         exact="layer step grid_steps",
         walk="noise_sum noise_rate predicted_drift",
     ),
+    "data/longrun_entries.csv": cols(
+        exact="role dtype eps seed step layer entry",
+        walk="displacement",
+    ),
+    "data/longrun_exponent.csv": cols(
+        exact="layer steps window_start window_points entries",
+        fit="exponent exponent_low exponent_high",
+    ),
     "data/longrun_extrapolation.csv": cols(
         exact="layer steps",
-        walk="norm_b_k key_norm noise_rate steps_to_key_norm ratio_at_100000 ratio_at_1000000",
+        fit="exponent exponent_high",
+        walk="norm_b_k key_norm steps_to_key_norm ratio_at_100000 ratio_at_1000000 ratio_high_at_100000 "
+        "ratio_high_at_1000000",
     ),
 }
