@@ -25,17 +25,17 @@ TABLES: dict[str, dict[str, str]] = {
     ),
     "data/training_curves.csv": cols(
         exact="optimizer dtype seed step lr eps n_test",
-        images="kept_only_correct removed_only_correct",
+        images="kept_only_correct removed_only_correct control_discordant",
         chaotic="loss_removed loss_kept loss_control test_acc_removed test_acc_kept test_acc_control",
-        noise32="param_divergence_control",
+        noise32="param_divergence_control param_divergence_control_down",
         vs_param_control="param_divergence_kept",
     ),
     "data/training_pairs.csv": cols(
         exact="optimizer seed steps n_test",
-        images="kept_only_correct removed_only_correct",
+        images="kept_only_correct removed_only_correct control_discordant",
         chaotic="identical_steps test_acc_removed test_acc_kept test_acc_control acc_diff "
         "acc_diff_control acc_standard_error",
-        noise32="max_loss_rel_diff_control final_divergence_control",
+        noise32="max_loss_rel_diff_control final_divergence_control final_divergence_control_down",
         vs_loss_control="max_loss_rel_diff",
         vs_divergence_control="final_divergence_kept",
     ),
