@@ -241,7 +241,7 @@ def _held(claims):
     return {c["id"]: c["holds"] for c in rec.claims_from(claims)}
 
 
-def _pairs(kept_only=(1, 1, 1, 0), removed_only=(1, 1, 0, 1), div_kept=1e-6):
+def _pairs(kept_only=(1, 1, 1, 0), removed_only=(1, 1, 0, 1), div_kept=1e-6, div_seeds=(1,)):
     import pandas as pd
 
     rows = []
@@ -249,7 +249,7 @@ def _pairs(kept_only=(1, 1, 1, 0), removed_only=(1, 1, 0, 1), div_kept=1e-6):
         rows.append({"optimizer": opt, "seed": seed, "identical_steps": 3 + seed, "test_acc_removed": 0.90,
                      "test_acc_kept": 0.90 + (kept_only[i] - removed_only[i]) / 360, "max_loss_rel_diff": 1e-6,
                      "max_loss_rel_diff_control": 2e-6,
-                     "final_divergence_kept": div_kept if (opt, seed) == ("adam", 1) else 1e-6,
+                     "final_divergence_kept": div_kept if opt == "adam" and seed in div_seeds else 1e-6,
                      "final_divergence_control": 2e-6, "final_divergence_control_down": 4e-6,
                      "kept_only_correct": kept_only[i], "removed_only_correct": removed_only[i],
                      "control_discordant": 1, "n_test": 360})
@@ -287,10 +287,13 @@ def test_discordant_claim_fails_one_image_past_the_bound_even_symmetric():
 
 @pytest.mark.claim_mutation("train-divergence-within-rounding-control")
 def test_divergence_claim_fails_just_past_one_decade_of_the_larger_control():
-    # controls 2e-6 (up) and 4e-6 (down): the bound is 10 x 4e-6
-    assert _held(J.pair_results(_pairs(div_kept=3.9e-5))[0])["train-divergence-within-rounding-control"]
-    held = _held(J.pair_results(_pairs(div_kept=4.1e-5))[0])
+    # controls 2e-6 (up) and 4e-6 (down): the bound is 10 x 4e-6 for every seed of an optimizer
+    assert _held(J.pair_results(_pairs(div_kept=3.9e-5, div_seeds=(0, 1)))[0])[
+        "train-divergence-within-rounding-control"]
+    held = _held(J.pair_results(_pairs(div_kept=4.1e-5, div_seeds=(0, 1)))[0])
     assert held["train-divergence-within-rounding-control"] is False
+    # one seed's chaotic outlier (30x) beside an ordinary seed (0.25x) averages to 2.7x: holds
+    assert _held(J.pair_results(_pairs(div_kept=1.2e-4))[0])["train-divergence-within-rounding-control"]
     # a missing value fails, not skipped by max()
     assert _held(J.pair_results(_pairs(div_kept=float("nan")))[0])["train-divergence-within-rounding-control"] is False
 
