@@ -294,8 +294,9 @@ def test_divergence_claim_fails_just_past_one_decade_of_the_larger_control():
     assert held["train-divergence-within-rounding-control"] is False
     # one seed's chaotic outlier (30x) beside an ordinary seed (0.25x) averages to 2.7x: holds
     assert _held(J.pair_results(_pairs(div_kept=1.2e-4))[0])["train-divergence-within-rounding-control"]
-    # a missing value fails, not skipped by max()
+    # a missing value fails, not skipped by max(); a kept run still identical to the removed one holds
     assert _held(J.pair_results(_pairs(div_kept=float("nan")))[0])["train-divergence-within-rounding-control"] is False
+    assert _held(J.pair_results(_pairs(div_kept=0.0))[0])["train-divergence-within-rounding-control"]
 
 
 def _bias(*, drift_scale=1.0, decayed_norm=0.30, optimizers=("sgd", "adam", "adamw", "adamw_bias_decay"),

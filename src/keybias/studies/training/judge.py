@@ -151,10 +151,11 @@ def pair_results(pairs: pd.DataFrame) -> tuple[list[dict], dict[str, object]]:
     # per run, kept over the larger control; per optimizer, the geometric mean over seeds: one seed's
     # chaotic amplification (a single run's ratio swings by up to a decade between CPUs) is averaged
     # with the others', while a b_k that changed the function would raise every seed of its optimizer
+    # (a kept run still bit-identical to the removed one has ratio 0, and so has its optimizer's mean)
     control = np.maximum(pairs["final_divergence_control"], pairs["final_divergence_control_down"])
-    log_ratio = np.log10(pairs["final_divergence_kept"] / control)
-    per_optimizer = [10.0 ** finite_mean(log_ratio[pairs["optimizer"] == opt], f"{opt} divergence ratios")
-                     for opt in pairs["optimizer"].unique()]
+    ratio = pairs["final_divergence_kept"] / control
+    per_optimizer = [0.0 if (r == 0).any() else 10.0 ** finite_mean(np.log10(r), f"{opt} divergence ratios")
+                     for opt, r in ratio.groupby(pairs["optimizer"], sort=False)]
     div_ratio = finite_max(per_optimizer, "kept / control divergence ratios")
     macros.update({"TrainAccDiscordant": discordant, "TrainAccDiscordantBound": bound,
                    "TrainAccDiscordantControl": int(pairs["control_discordant"].sum()),
