@@ -96,12 +96,59 @@ def test_short_run_is_reproducible_and_logs_per_layer(tokens):
     a = L.train_run(0, dtype="bfloat16", eps=1e-8, steps=12, tokens=tokens, **RUN)
     b = L.train_run(0, dtype="bfloat16", eps=1e-8, steps=12, tokens=tokens, **RUN)
     pd.testing.assert_frame_equal(a[0], b[0])
-    traj, probes, timing = a
+    pd.testing.assert_frame_equal(a[3], b[3])
+    traj, probes, timing, entries = a
     assert sorted(traj["step"].unique()) == [5, 10, 12] and set(traj["layer"]) == {0, 1}
     assert set(probes["step"]) == {0, 10, 12}
     assert (traj["drift_b_k"] > 0).all() and (traj["noise_sum"] > 0).all()
     assert (probes["key_norm"] > 0).all() and probes["output_change_rms"].notna().all()
     assert timing["steps"] == 12 and timing["threads"] == 1
+    # the entries' displacements are the logged drift, entry by entry
+    last = entries[entries["step"] == 12].groupby("layer")["displacement"].apply(lambda d: float(np.sqrt((d**2).sum())))
+    assert last.to_numpy() == pytest.approx(traj[traj["step"] == 12]["drift_b_k"].to_numpy(), rel=1e-5)
+
+
+def test_entry_steps_are_log_spaced_and_end_at_the_last_step():
+    steps = L.entry_steps(40_000, 100)
+    assert steps[0] == 100 and steps[-1] == 40_000 and 40 <= len(steps) <= 61
+    assert all(s % 100 == 0 for s in steps)
+    assert sum(s >= 4_000 for s in steps) >= 15  # the last decade has enough points for a fit
+
+
+# ----------------------------------------------------------------------------- config
+
+
+def test_config_defaults_are_the_smoke_profile_and_fields_are_the_parameters():
+    import dataclasses
+    from pathlib import Path
+
+    from keybias.studies import params
+
+    assert {f.name for f in dataclasses.fields(L.LongRunConfig)} == set(L.PARAMETERS)
+    root = Path(__file__).resolve().parents[1] / "params"
+    smoke = params.load_profile("smoke", root, ["08_longrun"])["08_longrun"]
+    assert L.LongRunConfig().as_dict() == smoke
+    paper = params.load_profile("paper", root, ["08_longrun"])["08_longrun"]
+    assert L.LongRunConfig.from_mapping(paper).long_steps == paper["long_steps"]
+
+
+def test_config_rejects_misspelled_and_bad_values_naming_them():
+    from keybias.studies.params import ParameterError
+
+    with pytest.raises(ParameterError, match="did you mean 'long_steps'"):
+        L.LongRunConfig.from_mapping({"long_step": 10})
+    with pytest.raises(ParameterError, match="did you mean 'grid_seeds'"):
+        L.LongRunConfig().replace(grid_seed=[1])
+    with pytest.raises(ParameterError, match="long_steps"):
+        L.LongRunConfig(long_steps=0)
+    with pytest.raises(ParameterError, match="divisible"):
+        L.LongRunConfig(embed_dim=10, num_heads=3)
+    with pytest.raises(ParameterError, match="must be in the grid"):
+        L.LongRunConfig(long_dtype="bfloat16", dtypes=["float32"])
+    with pytest.raises(TypeError):
+        L.LongRunConfig(long_step=10)  # the dataclass itself refuses an unknown keyword
+    cfg = L.LongRunConfig(grid_seeds=[0, 1])
+    assert cfg.grid_seeds == (0, 1) and hash(cfg) == hash(L.LongRunConfig(grid_seeds=(0, 1)))
 
 
 # ----------------------------------------------------------------------------- prediction and claims
@@ -131,6 +178,29 @@ def _probes(steps, key_norm=5.0, layers=2):
 
 
 LONG_STEPS = list(range(100, 10_001, 100))
+# the paper profile's long run: 40,000 steps logged every 100, one layer of 32 entries
+PAPER_STEPS, PAPER_LOG, PAPER_ENTRIES = 40_000, 100, 32
+
+
+def _entries(power: float, *, seed: int = 0, n: int = PAPER_ENTRIES, layers: int = 1, steps: int = PAPER_STEPS,
+             lr: float = 1e-3) -> pd.DataFrame:
+    """Per-entry displacements as `train_run` logs them: each entry an independent Adam-like walk of
+    +-lr steps (its RMS grows like t^(1/2)), multiplied by (t / t_0)^(power - 1/2), so the drift grows
+    like t^power with the walk's own fluctuations (power 1/2: a pure walk)."""
+    rng = np.random.default_rng(seed)
+    keep = np.array(L.entry_steps(steps, PAPER_LOG))
+    rows = []
+    for layer in range(layers):
+        walks = np.cumsum(rng.choice([-lr, lr], size=(steps, n)), axis=0)[keep - 1]
+        scaled = walks * (keep[:, None] / keep[0]) ** (power - 0.5)
+        for k, t in enumerate(keep):
+            rows += [{"role": "long", "dtype": "float32", "eps": 1e-12, "seed": 3, "step": int(t), "layer": layer,
+                      "entry": j, "displacement": float(v)} for j, v in enumerate(scaled[k])]
+    return pd.DataFrame(rows)
+
+
+def _exponent_holds(entries) -> bool:
+    return _held([J.exponent_claim(J.drift_exponent(entries))])["longrun-drift-exponent-decided"]
 
 
 def test_prediction_continues_the_grid_rate():
@@ -150,67 +220,60 @@ def _judged(long):
     return J.compare_with_prediction(long, pred, lr=1e-3)
 
 
-def test_walk_that_follows_the_law_passes():
+def test_comparison_with_the_law():
     comparison = _judged(_walk(LONG_STEPS, rate=2.0, seeds=(2,), role="long"))
-    held = _held([J.prediction_claim(comparison), J.own_law_claim(comparison)])
-    assert all(held.values())
     assert comparison["log2_vs_predicted"].abs().max() < 1e-9
+    assert comparison["log2_vs_own_law"].abs().max() < 1e-9
 
 
-@pytest.mark.claim_mutation("longrun-drift-matches-grid-prediction")
-def test_prediction_claim_fails_when_the_noise_level_changes():
-    # the long run's noise is 9x the grid's: its (self-consistent) walk is 3x the prediction
-    comparison = _judged(_walk(LONG_STEPS, rate=18.0, seeds=(2,), role="long"))
-    assert _held([J.prediction_claim(comparison)]) == {"longrun-drift-matches-grid-prediction": False}
+def test_walks_and_systematic_drifts_are_decided_and_named():
+    for seed in range(5):
+        ex = J.drift_exponent(_entries(0.5, seed=seed))
+        assert ex["exponent_low"].iloc[0] < ex["exponent"].iloc[0] < ex["exponent_high"].iloc[0]
+        assert ex["exponent"].iloc[0] == pytest.approx(0.5, abs=0.1)
+        assert _exponent_holds(_entries(0.5, seed=seed)) and J.drift_verdict(ex) == "random walk"
+        systematic = J.drift_exponent(_entries(1.0, seed=seed))
+        assert _exponent_holds(_entries(1.0, seed=seed)) and J.drift_verdict(systematic) == "systematic drift"
 
 
-@pytest.mark.claim_mutation("longrun-drift-is-noise-walk", "longrun-drift-matches-grid-prediction")
-def test_noise_walk_claims_fail_on_a_consistent_direction():
-    # b_k moving in a consistent direction: the drift grows like t, not sqrt(t)
-    comparison = _judged(_walk(LONG_STEPS, rate=2.0, seeds=(2,), role="long", drift_power=1.0))
-    held = _held([J.prediction_claim(comparison), J.own_law_claim(comparison)])
-    assert held == {"longrun-drift-matches-grid-prediction": False, "longrun-drift-is-noise-walk": False}
+@pytest.mark.claim_mutation("longrun-drift-exponent-decided")
+def test_exponent_claim_fails_for_a_drift_growing_like_t_to_the_0_7():
+    # the smallest violation: a drift that grows like T^0.7 (with a walk's fluctuations) is neither a
+    # walk nor a systematic drift at this length: the run does not decide, and the claim fails
+    for seed in range(8):
+        entries = _entries(0.7, seed=seed)
+        assert not _exponent_holds(entries)
+        assert J.drift_verdict(J.drift_exponent(entries)) == "undecided"
+    nan = _entries(1.0)
+    nan.loc[nan.index[-1], "displacement"] = np.nan
+    assert not _exponent_holds(nan)
 
 
-def test_extrapolation_formula():
+def test_exponent_is_read_over_the_last_decade_only():
+    entries = _entries(0.5)
+    ex = J.drift_exponent(entries)
+    assert ex["window_start"].iloc[0] >= PAPER_STEPS / 10 and ex["steps"].iloc[0] == PAPER_STEPS
+    assert ex["entries"].iloc[0] == PAPER_ENTRIES
+    early = entries.copy()
+    early.loc[early["step"] < PAPER_STEPS / 10, "displacement"] *= 100  # the first nine tenths of log-time: ignored
+    assert J.drift_exponent(early)["exponent"].iloc[0] == pytest.approx(ex["exponent"].iloc[0])
+
+
+def test_extrapolation_uses_the_measured_exponent():
     long = _walk(LONG_STEPS, rate=2.0, seeds=(2,), role="long")
-    ext = J.extrapolate(long, _probes(LONG_STEPS, key_norm=5.0), lr=1e-3, horizons=[100_000, 1_000_000])
-    per_step = 1e-6 * 16 * 2.0
+    exps = pd.DataFrame({"layer": [0, 1], "exponent": [0.5, 0.5], "exponent_high": [0.6, 0.6]})
+    ext = J.extrapolate(long, _probes(LONG_STEPS, key_norm=5.0), exps, horizons=[100_000, 1_000_000])
     norm_end = 1e-3 * math.sqrt(16 * 2.0 * 10_000)
-    assert ext["steps_to_key_norm"].iloc[0] == pytest.approx(10_000 + (25 - norm_end**2) / per_step)
-    assert ext["ratio_at_1000000"].iloc[0] == pytest.approx(math.sqrt(norm_end**2 + per_step * 990_000) / 5)
-    # at 10^6 steps ||b_k|| = 5.66 > ||k|| = 5: the regime is reached, the claim fails
-    assert _held([J.extrapolation_claim(ext)]) == {"longrun-bk-below-key-norm-at-bert-length": False}
-
-
-def test_extrapolation_claim_holds_for_large_keys_or_no_walk():
-    long = _walk(LONG_STEPS, rate=2.0, seeds=(2,), role="long")
-    far = J.extrapolate(long, _probes(LONG_STEPS, key_norm=50.0), lr=1e-3, horizons=[1_000_000])
-    assert _held([J.extrapolation_claim(far)]) == {"longrun-bk-below-key-norm-at-bert-length": True}
-    still = _walk(LONG_STEPS, rate=0.0, seeds=(2,), role="long")
-    never = J.extrapolate(still, _probes(LONG_STEPS), lr=1e-3, horizons=[1_000_000])
-    assert never["steps_to_key_norm"].iloc[0] == math.inf
-    assert _held([J.extrapolation_claim(never)]) == {"longrun-bk-below-key-norm-at-bert-length": True}
-
-
-@pytest.mark.claim_mutation("longrun-bk-below-key-norm-at-bert-length")
-def test_extrapolation_claim_fails_when_the_walk_outruns_the_keys():
-    # a noise rate 100x larger: ||b_k|| passes ||k|| = 50 long before 10^6 steps
-    fast = _walk(LONG_STEPS, rate=200.0, seeds=(2,), role="long")
-    ext = J.extrapolate(fast, _probes(LONG_STEPS, key_norm=50.0), lr=1e-3, horizons=[1_000_000])
-    assert _held([J.extrapolation_claim(ext)]) == {"longrun-bk-below-key-norm-at-bert-length": False}
-    nan = ext.copy()
-    nan.loc[0, "ratio_at_1000000"] = np.nan
-    assert _held([J.extrapolation_claim(nan)]) == {"longrun-bk-below-key-norm-at-bert-length": False}
+    assert ext["ratio_at_1000000"].iloc[0] == pytest.approx(norm_end * 100**0.5 / 5)
+    assert ext["ratio_high_at_1000000"].iloc[0] == pytest.approx(norm_end * 100**0.6 / 5)
+    assert ext["steps_to_key_norm"].iloc[0] == pytest.approx(10_000 * (5 / norm_end) ** 2)
+    big = J.extrapolate(long, _probes(LONG_STEPS, key_norm=0.1), exps, horizons=[1_000_000])
+    assert big["steps_to_key_norm"].iloc[0] == 10_000  # already there
 
 
 def test_empty_selection_fails_loudly():
-    comparison = _judged(_walk(LONG_STEPS, rate=2.0, seeds=(2,), role="long"))
     with pytest.raises(ValueError, match="empty"):
-        J.prediction_claim(comparison[comparison["step"] <= 1000])
-    nan = comparison.copy()
-    nan.loc[nan.index[-1], "log2_vs_predicted"] = np.nan
-    assert _held([J.prediction_claim(nan)]) == {"longrun-drift-matches-grid-prediction": False}
+        J.drift_exponent(_entries(0.5).iloc[0:0])
 
 
 def test_figures_tables_and_macros():
@@ -221,7 +284,8 @@ def test_figures_tables_and_macros():
     far = J.predict_drift(grid, dtype="bfloat16", eps=1e-8, steps=[10, 1000, 1_000_000], lr=1e-3, n_bias=16)
     comparison = J.compare_with_prediction(long, pred, lr=1e-3)
     probes = _probes(LONG_STEPS)
-    ext = J.extrapolate(long, probes, lr=1e-3, horizons=[100_000, 1_000_000])
+    exps = J.drift_exponent(_entries(0.5, layers=2, steps=10_000))
+    ext = J.extrapolate(long, probes, exps, horizons=[100_000, 1_000_000])
     for fig in (S.plot_drift(grid, comparison, ext, probes, far), S.plot_output_error(probes)):
         assert style.smallest_font_pt(fig) >= style.MIN_FONT_PT
         assert fig.get_figwidth() in (pytest.approx(style.FULL_WIDTH), pytest.approx(style.HALF_WIDTH))
@@ -233,6 +297,8 @@ def test_figures_tables_and_macros():
                                            "LongRateFloatThirtyTwoEpsEight", "LongStepsToKeyFloatThirtyTwoEpsEight"}
     assert r"\toprule" in S.grid_table_latex(summary)
     assert S.extrapolation_table_latex(ext, [100_000, 1_000_000]).count(r"\\") == 3  # header and two layers
-    macros = J.macros(comparison=comparison, extrap=ext, probes=probes, grid=grid, horizons=[100_000, 1_000_000])
-    assert macros["LongGridSettings"] == 2 and "LongRatioAtTenSix" in macros
+    macros = J.macros(comparison=comparison, extrap=ext, exponents=exps, long=long, probes=probes, grid=grid,
+                      horizons=[100_000, 1_000_000])
+    assert macros["LongGridSettings"] == 2 and "LongRatioAtTenSix" in macros and "LongExponentHigh" in macros
+    assert macros["LongDriftVerdict"] == "random walk" and macros["LongExponentSeparation"] > 0
     assert all(name.isalpha() for name in macros)

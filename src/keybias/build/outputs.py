@@ -269,11 +269,12 @@ TOLERANCES = {
         why="the training loss of a long run, averaged over a batch: another sample of the "
         "rounding walk moves it by under a percent",
     ),
-    "z_images": Tolerance(
-        atol=1.5,
-        spread="1.0 (McNemar z of 0 vs 1 discordant image, AMD)",
-        why="a McNemar z from a handful of discordant images: one flipped image moves it by 1; "
-        "kept below the claim's bound of 1.96 so a real accuracy difference still shows",
+    "exponent": Tolerance(
+        atol=0.25,
+        spread="0.17 (the long run's late-decade drift exponent, native vs AVX2-capped, 40,000 steps)",
+        why="a growth exponent fitted to one long chaotic training run: another CPU draws another "
+        "sample of the run; the tolerance stays below the 0.5 that separates a random walk from a "
+        "systematic drift",
     ),
     "walk_long": Tolerance(
         decades=0.67,
@@ -368,7 +369,7 @@ CLAIM_CLASSES: list[tuple[str, str, str]] = [
     ("precision-law-slope-one", "fit", EXACT),  # |slope - 1| / 0.1: the slope's spread x 10
     ("precision-rounding-model-constant", "fit", "fit"),
     ("precision-accuracy-crossing-law", "fit", EXACT),
-    ("train-accuracy-agrees-kept-removed", "z_images", EXACT),
+    ("train-accuracy-agrees-kept-removed", "images", EXACT),
     ("train-divergence-within-rounding-control", "noise", EXACT),
     ("train-bk-gradient-within-rounding", "noise", EXACT),
     ("train-sgd-bk-stays-put", "noise", EXACT),
@@ -382,8 +383,7 @@ CLAIM_CLASSES: list[tuple[str, str, str]] = [
     ("pretrained-families-refusals-needed", "f32", EXACT),
     # timings are machine outputs (macros/06_cost_machine.tex); the claim counts configurations
     ("cond-*", "effect", EXACT),
-    ("longrun-drift-*", "walk_long", EXACT),
-    ("longrun-bk-below-key-norm-at-bert-length", "statistic", EXACT),
+    ("longrun-drift-exponent-decided", "exponent", EXACT),
     ("*", EXACT, EXACT),  # symbolic identities, counts of violations, consistency checks
 ]
 
@@ -410,8 +410,7 @@ MACRO_CLASSES: list[tuple[str, str, str]] = [
     ("macros/03_precision.tex", r"PrecGrad(NoiseScaleMax|TolMax|MinDetectable)|PrecOutput(TolMax|MinDetectable)"
      r"|PrecRatioOverU\w+", "noise"),
     ("macros/04_training.tex", r"TrainAccDiscordant", "images"),
-    ("macros/04_training.tex", r"TrainAccZ", "z_images"),
-    ("macros/04_training.tex", r"TrainAccDetectable|TrainMaxAccDiff\w+", "acc_diff"),
+    ("macros/04_training.tex", r"TrainMaxAccDiff\w+", "acc_diff"),
     ("macros/04_training.tex", r"TrainAcc(?!ZBound|PairedImages)\w+", "accuracy"),
     ("macros/04_training.tex", r"TrainAdam(Factor|LogErr)|TrainDecayDev|TrainGradRmsQuery\w+", "chaotic"),
     ("macros/04_training.tex", r"TrainDivergence(Control)?(Adam|Sgd)|TrainLossRelDiffControl\w+", "noise32"),
@@ -424,7 +423,8 @@ MACRO_CLASSES: list[tuple[str, str, str]] = [
     ("macros/05_pretrained.tex", r"Pret\w+Tol(FloatSixtyFour|FloatThirtyTwo)", "rms_error"),
     ("macros/05_pretrained.tex", r"Pret\w+(CosGap|Diff|OverNoise)\w+|PretFamilies(CertifiedMax|HandledRatio)", "noise"),
     ("macros/08_longrun.tex", r"Long(DriftMeasuredEnd|NormBkEnd|OutputChangeEnd|DriftMaxFactor)", "walk_long"),
-    ("macros/08_longrun.tex", r"LongRate\w+|LongStepsToKey(?!NormMin)\w+", "walk"),
+    ("macros/08_longrun.tex", r"LongExponent(|Low|High|Separation)|LongLawExponent", "exponent"),
+    ("macros/08_longrun.tex", r"LongRate\w+|LongStepsToKey(?!NormMin)\w+|LongRatio\w+|LongBkOverKeyEnd", "walk"),
     ("macros/08_longrun.tex", r"Long(DriftPredictedEnd|OutputPredictedEnd|KeyNorm\w+|RatioAt\w+|StepsToKeyNormMin)",
      "statistic"),
 ]

@@ -24,6 +24,7 @@ The prediction and the claims live in `keybias.studies.longrun.judge`, the figur
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import hashlib
 import math
 import multiprocessing
@@ -36,10 +37,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from keybias.studies.params import Param
+from keybias.studies.params import Param, ParameterError
 from keybias.studies.precision import measure as numerics
 from keybias.studies.training import measure as training
 from keybias.studies.training import model as training_model
+from keybias.studies.training.config import StudyConfig
 
 LONGRUN_DTYPES = ("float32", "bfloat16")
 CORPUS_PACKAGE = "sympy"
@@ -73,17 +75,62 @@ PARAMETERS: dict[str, Param] = {
 }
 
 
+@dataclasses.dataclass(frozen=True)
+class LongRunConfig(StudyConfig):
+    """Every setting of notebook 08, validated once against `PARAMETERS`; defaults = the smoke profile."""
+
+    PARAMETERS = PARAMETERS
+    STUDY = "08_longrun"
+
+    num_layers: int = 1
+    embed_dim: int = 16
+    num_heads: int = 2
+    context: int = 16
+    batch_size: int = 4
+    lr: float = 0.001
+    weight_decay: float = 0.1
+    grid_steps: int = 60
+    grid_seeds: tuple[int, ...] = (0,)
+    dtypes: tuple[str, ...] = ("float32", "bfloat16")
+    adam_eps: tuple[float, ...] = (1e-12, 1e-8)
+    long_steps: int = 400
+    long_seed: int = 2
+    long_dtype: str = "float32"
+    long_eps: float = 1e-12
+    log_every: int = 10
+    probe_every: int = 100
+    probe_batch: int = 2
+    extrapolate_steps: tuple[int, ...] = (100000, 1000000)
+
+    def check(self) -> None:
+        try:
+            check_config(num_layers=self.num_layers, embed_dim=self.embed_dim, num_heads=self.num_heads,
+                         context=self.context, batch_size=self.batch_size, dtypes=self.dtypes,
+                         adam_eps=self.adam_eps, long_dtype=self.long_dtype, long_eps=self.long_eps)
+        except ValueError as exc:
+            raise ParameterError(f"{self.STUDY}: {exc}") from exc
+
+    @property
+    def model_args(self) -> dict:
+        return dict(num_layers=self.num_layers, embed_dim=self.embed_dim, num_heads=self.num_heads,
+                    context=self.context)
+
+    @property
+    def run_args(self) -> dict:
+        """The keyword arguments every `train_run` of this config shares."""
+        return dict(**self.model_args, batch_size=self.batch_size, lr=self.lr, weight_decay=self.weight_decay,
+                    log_every=self.log_every, probe_every=self.probe_every, probe_batch=self.probe_batch)
+
+
 # ----------------------------------------------------------------------------- validation
 
 
 def check_config(*, num_layers: int, embed_dim: int, num_heads: int, context: int, batch_size: int,
-                 dtypes=(), adam_eps=(), long_dtype: str = "float32", long_eps: float = 1e-8,
-                 grid_steps: int = 1, long_steps: int = 1, log_every: int = 1, probe_every: int = 1,
-                 **_ignored) -> None:
-    """Raise ValueError, naming the parameter, for a configuration that cannot run."""
+                 dtypes=(), adam_eps=(), long_dtype: str = "float32", long_eps: float = 1e-8) -> None:
+    """Raise ValueError, naming the parameter, for a model or grid that cannot run (the sizes and
+    names; `LongRunConfig` checks the types and ranges of every parameter before this)."""
     for name, value in (("num_layers", num_layers), ("embed_dim", embed_dim), ("num_heads", num_heads),
-                        ("context", context), ("batch_size", batch_size), ("grid_steps", grid_steps),
-                        ("long_steps", long_steps), ("log_every", log_every), ("probe_every", probe_every)):
+                        ("context", context), ("batch_size", batch_size)):
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
             raise ValueError(f"{name} must be a positive int, got {value!r}")
     if embed_dim % num_heads:
@@ -264,18 +311,22 @@ class _NoiseLaw:
 def train_run(seed: int, *, dtype: str, eps: float, steps: int, num_layers: int, embed_dim: int, num_heads: int,
               context: int, batch_size: int, lr: float, weight_decay: float, log_every: int, probe_every: int,
               probe_batch: int, tokens: dict[str, torch.Tensor], role: str = "grid",
-              ) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, float]]:
-    """Train the byte LM with AdamW for `steps` steps; return (trajectory, probes, timing).
+              ) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, float], pd.DataFrame]:
+    """Train the byte LM with AdamW for `steps` steps; return (trajectory, probes, timing, entries).
 
     trajectory: every `log_every` steps and per layer: ||b_k||, drift ||b_k(t) - b_k(0)||, the RMS of
     the b_k gradient over the steps since the last row, the running noise sum of notebook 04's law
     (`noise_sum`, so lr * sqrt(n * noise_sum) is the drift that law implies from this run's own
     noise), and the mean training loss since the last row.
     probes: every `probe_every` steps (and at 0 and the end), `probe_layers` on held-out windows.
-    timing: wall seconds of the training steps alone (machine-specific)."""
+    timing: wall seconds of the training steps alone (machine-specific).
+    entries: per layer and entry of b_k, the displacement b_k(t) - b_k(0) at about 60 log-spaced logged
+    steps (`entry_steps`): the units the drift exponent's confidence interval resamples."""
     check_config(num_layers=num_layers, embed_dim=embed_dim, num_heads=num_heads, context=context,
-                 batch_size=batch_size, dtypes=[dtype], adam_eps=[eps], long_dtype=dtype, long_eps=eps,
-                 grid_steps=steps, log_every=log_every, probe_every=probe_every)
+                 batch_size=batch_size, dtypes=[dtype], adam_eps=[eps], long_dtype=dtype, long_eps=eps)
+    for name, value in (("steps", steps), ("log_every", log_every), ("probe_every", probe_every)):
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
     model = build_model(seed, num_layers=num_layers, embed_dim=embed_dim, num_heads=num_heads, context=context)
     opt = make_adamw(model, lr=lr, eps=eps, weight_decay=weight_decay)
     mhas = training.attention_modules(model)
@@ -284,7 +335,8 @@ def train_run(seed: int, *, dtype: str, eps: float, steps: int, num_layers: int,
     probe_x, _ = windows(tokens["held_out"], probe_starts, context)
     b_k0 = [m.b_k.detach().clone() for m in mhas]
     law = _NoiseLaw(len(mhas), eps)
-    rows, probes = [], []
+    rows, probes, entries = [], [], []
+    keep_entries = set(entry_steps(steps, log_every))
     grad_sq = np.zeros(len(mhas))
     loss_sum, since = 0.0, 0
 
@@ -319,11 +371,16 @@ def train_run(seed: int, *, dtype: str, eps: float, steps: int, num_layers: int,
                              "loss": loss_sum / since})
             grad_sq[:] = 0.0
             loss_sum, since = 0.0, 0
+            if t in keep_entries:
+                for i, m in enumerate(mhas):
+                    moved = (m.b_k.detach() - b_k0[i]).double().tolist()
+                    entries += [{"step": t, "layer": i, "entry": j, "displacement": v} for j, v in enumerate(moved)]
         if t % probe_every == 0 or t == steps:
             probe(t)
     traj = pd.DataFrame(rows)
     probe_frame = pd.concat(probes, ignore_index=True)
-    for frame in (traj, probe_frame):
+    entry_frame = pd.DataFrame(entries)
+    for frame in (traj, probe_frame, entry_frame):
         for key, value in (("seed", seed), ("eps", eps), ("dtype", dtype), ("role", role)):
             frame.insert(0, key, value)
     traj["lr"] = lr
@@ -331,36 +388,44 @@ def train_run(seed: int, *, dtype: str, eps: float, steps: int, num_layers: int,
     timing = {"role": role, "dtype": dtype, "eps": eps, "seed": seed, "steps": steps,
               "train_seconds": train_seconds, "seconds_per_step": train_seconds / steps,
               "threads": torch.get_num_threads()}
-    return traj, probe_frame, timing
+    return traj, probe_frame, timing, entry_frame
 
 
-def run_grid(*, grid_seeds, dtypes, adam_eps, grid_steps, **cfg) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
-    """`train_run` for every dtype x eps x seed of the grid, each `grid_steps` long.
+def entry_steps(steps: int, log_every: int, count: int = 60) -> list[int]:
+    """About `count` logged steps, log-spaced from `log_every` to `steps` (always `steps` itself)."""
+    logged = np.unique(np.concatenate([np.arange(log_every, steps + 1, log_every), [steps]]))
+    want = np.geomspace(logged[0], steps, count)
+    picks = {int(logged[np.argmin(np.abs(np.log(logged) - math.log(w)))]) for w in want}
+    return sorted(picks | {steps})
+
+
+def run_grid(cfg: LongRunConfig) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """`train_run` for every dtype x eps x seed of the grid, each `cfg.grid_steps` long.
     Returns (trajectories, probes, timings)."""
-    check_config(dtypes=dtypes, adam_eps=adam_eps, grid_steps=grid_steps, **cfg)
     tokens = split_tokens(corpus()["bytes"])
     trajs, probes, times = [], [], []
-    for dtype in dtypes:
-        for eps in adam_eps:
-            for seed in grid_seeds:
-                tr, pr, tm = train_run(seed, dtype=dtype, eps=float(eps), steps=grid_steps, tokens=tokens,
-                                       role="grid", **_run_args(cfg))
+    for dtype in cfg.dtypes:
+        for eps in cfg.adam_eps:
+            for seed in cfg.grid_seeds:
+                tr, pr, tm, _ = train_run(seed, dtype=dtype, eps=float(eps), steps=cfg.grid_steps, tokens=tokens,
+                                          role="grid", **cfg.run_args)
                 trajs.append(tr)
                 probes.append(pr)
                 times.append(tm)
     return pd.concat(trajs, ignore_index=True), pd.concat(probes, ignore_index=True), pd.DataFrame(times)
 
 
-def run_long(*, long_seed, long_dtype, long_eps, long_steps, **cfg) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
-    """The long run: one `train_run` of `long_steps` steps with a seed held out from the grid."""
+def run_long(cfg: LongRunConfig) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """The long run: one `train_run` of `cfg.long_steps` steps with a seed held out from the grid.
+    Returns (trajectory, probes, timings, entries)."""
     tokens = split_tokens(corpus()["bytes"])
-    tr, pr, tm = train_run(long_seed, dtype=long_dtype, eps=float(long_eps), steps=long_steps, tokens=tokens,
-                           role="long", **_run_args(cfg))
-    return tr, pr, pd.DataFrame([tm])
+    tr, pr, tm, en = train_run(cfg.long_seed, dtype=cfg.long_dtype, eps=float(cfg.long_eps), steps=cfg.long_steps,
+                               tokens=tokens, role="long", **cfg.run_args)
+    return tr, pr, pd.DataFrame([tm]), en
 
 
-def start_long(**kwargs) -> concurrent.futures.Future:
-    """Start `run_long(**kwargs)` in a second process and return its future.
+def start_long(cfg: LongRunConfig) -> concurrent.futures.Future:
+    """Start `run_long(cfg)` in a second process and return its future.
 
     Every run trains on one thread, so the long run can use the second core while the grid trains
     on the first; the notebook writes the grid's prediction before it reads the future's result,
@@ -368,12 +433,6 @@ def start_long(**kwargs) -> concurrent.futures.Future:
     interpreter with the kernel's environment, so the run's bits are those of `run_long` in-process.
     """
     pool = concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
-    future = pool.submit(run_long, **kwargs)
+    future = pool.submit(run_long, cfg)
     pool.shutdown(wait=False)  # the submitted run goes on; the pool's worker exits after it
     return future
-
-
-def _run_args(cfg: dict) -> dict:
-    keys = ("num_layers", "embed_dim", "num_heads", "context", "batch_size", "lr", "weight_decay", "log_every",
-            "probe_every", "probe_batch")
-    return {k: cfg[k] for k in keys}

@@ -33,9 +33,18 @@ TABLES: dict[str, dict[str, str]] = {
         exact="layer step grid_steps",
         statistic="noise_sum noise_rate predicted_drift",
     ),
+    "data/longrun_entries.csv": cols(
+        exact="role dtype eps seed step layer entry",
+        walk="displacement",
+    ),
+    "data/longrun_exponent.csv": cols(
+        exact="layer steps window_start window_points entries",
+        exponent="exponent exponent_low exponent_high",
+    ),
     "data/longrun_extrapolation.csv": cols(
         exact="layer steps",
-        walk_long="norm_b_k",
-        statistic="key_norm noise_rate steps_to_key_norm ratio_at_100000 ratio_at_1000000",
+        exponent="exponent exponent_high",
+        walk="norm_b_k key_norm steps_to_key_norm ratio_at_100000 ratio_at_1000000 ratio_high_at_100000 "
+        "ratio_high_at_1000000",
     ),
 }

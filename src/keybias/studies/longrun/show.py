@@ -41,11 +41,15 @@ def plot_drift(grid: pd.DataFrame, comparison: pd.DataFrame, extrap: pd.DataFram
         ax.loglog(g["step"], g["drift_b_k"].clip(lower=1e-12), color=color, lw=1.2, label=f"layer {layer}")
         far = predicted_far[predicted_far["layer"] == layer]
         ax.loglog(far["step"], far["predicted_drift"].clip(lower=1e-12), color=color, lw=0.9, ls="--")
-        key = float(extrap.loc[extrap["layer"] == layer, "key_norm"].iloc[0])
-        ax.axhline(key, color=color, lw=0.8, ls=":")
+        row = extrap[extrap["layer"] == layer].iloc[0]
+        t_end = float(row["steps"])
+        ts = np.geomspace(t_end, float(far["step"].max()), 20)
+        ax.loglog(ts, float(row["norm_b_k"]) * (ts / t_end) ** float(row["exponent"]), color=color, lw=0.9,
+                  ls="-.")
+        ax.axhline(float(row["key_norm"]), color=color, lw=0.8, ls=":")
     ax.axvline(float(comparison["grid_steps"].iloc[0]), color="0.5", lw=0.6)
     ax.set(xlabel="step", ylabel=r"$\|b_k\|$-drift; $\|k\|$ dotted",
-           title="long run: measured, predicted (dashed)")
+           title="long run: measured, extrapolated (dash-dot), predicted (dashed)")
     ax.legend(loc="upper left", fontsize=7.0, frameon=False)
     fig.tight_layout()
     return fig
@@ -83,12 +87,13 @@ def _fmt(value) -> str:
 def extrapolation_table_latex(extrap: pd.DataFrame, horizons) -> str:
     """Per layer: ||b_k|| and ||k|| at the end of the long run, the step at which they would meet,
     and ||b_k|| / ||k|| at each horizon."""
-    header = ["layer", r"$\|b_k\|$", r"$\|k\|$", r"steps to $\|b_k\|=\|k\|$"]
+    header = ["layer", r"$\|b_k\|$", r"$\|k\|$", "exponent", r"steps to $\|b_k\|=\|k\|$"]
     header += [rf"$\|b_k\|/\|k\|$ at ${_fmt(h).strip('$')}$" for h in horizons]
     lines = [r"\begin{tabular}{l" + "r" * (len(header) - 1) + "}", r"\toprule", " & ".join(header) + r" \\",
              r"\midrule"]
     for _, r in extrap.iterrows():
-        cells = [str(int(r["layer"])), _fmt(r["norm_b_k"]), _fmt(r["key_norm"]), _fmt(r["steps_to_key_norm"])]
+        cells = [str(int(r["layer"])), _fmt(r["norm_b_k"]), _fmt(r["key_norm"]), _fmt(r["exponent"]),
+                 _fmt(r["steps_to_key_norm"])]
         cells += [_fmt(r[f"ratio_at_{int(h)}"]) for h in horizons]
         lines.append(" & ".join(cells) + r" \\")
     lines += [r"\bottomrule", r"\end{tabular}"]

@@ -25,6 +25,7 @@ macros and tables are in
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from contextlib import contextmanager, nullcontext
@@ -36,7 +37,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from keybias import verdict
-from keybias.studies.params import Param, check_choice, check_positive_int
+from keybias.studies.params import Param, ParameterError, check_choice, check_positive_int
+from keybias.studies.training.config import StudyConfig
 from keybias.studies.training.drift import predicted_adam_drift, random_walk_drift, sgd_random_walk
 from keybias.studies.training.model import (
     DEFAULT_EPS,
@@ -78,6 +80,48 @@ PARAMETERS: dict[str, Param] = {
         float, minimum=0.0, help="std of the initial b_k entries in the bias study (0: PyTorch default)"
     ),
 }
+
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainingConfig(StudyConfig):
+    """Every setting of notebook 04, validated once against `PARAMETERS`; defaults = the smoke profile."""
+
+    PARAMETERS = PARAMETERS
+    STUDY = "04_training"
+
+    seeds: tuple[int, ...] = (0,)
+    bias_seeds: tuple[int, ...] = (0,)
+    steps: int = 6
+    batch_size: int = 32
+    eval_every: int = 3
+    embed_dim: int = 16
+    num_heads: int = 2
+    num_layers: int = 1
+    patch: int = 4
+    pair_optimizers: tuple[str, ...] = ("sgd", "adam")
+    optimizers: tuple[str, ...] = ("sgd", "sgd_momentum", "adam", "adamw", "adamw_bias_decay")
+    adam_eps: tuple[float, ...] = (1e-8, 1e-12, 1e-6)
+    dtypes: tuple[str, ...] = ("float32", "bfloat16")
+    lr_sgd: float = 0.1
+    lr_adam: float = 0.003
+    momentum: float = 0.9
+    weight_decay: float = 0.5
+    key_bias_init: float = 0.3
+
+    def check(self) -> None:
+        try:
+            check_model_config(embed_dim=self.embed_dim, num_heads=self.num_heads, num_layers=self.num_layers,
+                               patch=self.patch)
+        except ValueError as exc:
+            raise ParameterError(f"{self.STUDY}: {exc}") from exc
+
+    @property
+    def arch(self) -> dict:
+        return dict(embed_dim=self.embed_dim, num_heads=self.num_heads, num_layers=self.num_layers, patch=self.patch)
+
+    def lr(self, optimizer: str) -> float:
+        return optimizer_lr(optimizer, lr_sgd=self.lr_sgd, lr_adam=self.lr_adam, momentum=self.momentum)
 
 
 # ----------------------------------------------------------------------------- probes
@@ -211,13 +255,16 @@ def train_pair(seed: int, *, optimizer: str, steps: int, batch_size: int, eval_e
                embed_dim: int, num_heads: int, num_layers: int, patch: int,
                lr: float, momentum: float = 0.9, weight_decay: float = 0.0,
                eps: float = DEFAULT_EPS, dtype: str = "float32", data=None) -> pd.DataFrame:
-    """Train three models in lockstep on the same batches: b_k removed, b_k kept (both from
-    the same seed), and a control: the removed model with every weight matrix moved up by
-    one unit in the last place at step 0 (a rounding-sized perturbation).
+    """Train four models in lockstep on the same batches: b_k removed, b_k kept (both from
+    the same seed), and two controls of the same kind: the removed model with every weight
+    matrix moved up (`control`), or down (`control_down`), by one unit in the last place at
+    step 0 (rounding-sized perturbations; two of them show how much the same run's chaos
+    amplifies one rounding-sized difference more than another).
 
-    Returns one row per step: the three losses, the relative distance of the kept and of the
-    control model's shared parameters from the removed model's, and (every `eval_every`
-    steps and at the end) the test accuracy of all three."""
+    Returns one row per step: the losses, the relative distance of the kept and of each control
+    model's shared parameters from the removed model's, and (every `eval_every` steps and at the
+    end) the test accuracy of the removed, kept and up-control models with the discordant-image
+    counts against the removed model."""
     check_train_config(optimizer=optimizer, dtype=dtype, steps=steps, batch_size=batch_size, eps=eps)
     check_model_config(embed_dim=embed_dim, num_heads=num_heads, num_layers=num_layers, patch=patch)
     check_positive_int("eval_every", eval_every)
@@ -228,11 +275,13 @@ def train_pair(seed: int, *, optimizer: str, steps: int, batch_size: int, eval_e
         "removed": build_model(seed, keep_key_bias=False, **arch),
         "kept": build_model(seed, keep_key_bias=True, **arch),
         "control": build_model(seed, keep_key_bias=False, **arch),
+        "control_down": build_model(seed, keep_key_bias=False, **arch),
     }
     with torch.no_grad():
-        for p in models["control"].parameters():
-            if p.ndim >= 2:
-                p.copy_(torch.nextafter(p, torch.full_like(p, math.inf)))
+        for key, towards in (("control", math.inf), ("control_down", -math.inf)):
+            for p in models[key].parameters():
+                if p.ndim >= 2:
+                    p.copy_(torch.nextafter(p, torch.full_like(p, towards)))
     opts = {k: make_optimizer(m, optimizer, lr=lr, momentum=momentum, weight_decay=weight_decay, eps=eps)
             for k, m in models.items()}
     rows = []
@@ -240,19 +289,24 @@ def train_pair(seed: int, *, optimizer: str, steps: int, batch_size: int, eval_e
         x, y = data["x_train"][batches[t]], data["y_train"][batches[t]]
         row = {"step": t + 1}
         for k, m in models.items():
-            row[f"loss_{k}"] = _step(m, opts[k], x, y, dtype).item()
+            loss = _step(m, opts[k], x, y, dtype).item()
+            if k != "control_down":
+                row[f"loss_{k}"] = loss
             opts[k].step()
         ref = _shared_vector(models["removed"])
         norm = float(ref.norm())
         row["param_divergence_kept"] = float((_shared_vector(models["kept"]) - ref).norm()) / norm
         row["param_divergence_control"] = float((_shared_vector(models["control"]) - ref).norm()) / norm
+        row["param_divergence_control_down"] = float((_shared_vector(models["control_down"]) - ref).norm()) / norm
         if (t + 1) % eval_every == 0 or t + 1 == steps:
-            hits = {k: correct(models[k], data["x_test"], data["y_test"], dtype) for k in models}
+            hits = {k: correct(models[k], data["x_test"], data["y_test"], dtype)
+                    for k in ("removed", "kept", "control")}
             for k, hit in hits.items():
                 row[f"test_acc_{k}"] = float(hit.float().mean())
-            # the discordant images of the paired comparison (McNemar): right with one model only
+            # the discordant images of the paired comparison: right with one model only
             row["kept_only_correct"] = int((hits["kept"] & ~hits["removed"]).sum())
             row["removed_only_correct"] = int((hits["removed"] & ~hits["kept"]).sum())
+            row["control_discordant"] = int((hits["control"] != hits["removed"]).sum())
         rows.append(row)
     frame = pd.DataFrame(rows)
     frame.insert(0, "seed", seed)
@@ -431,56 +485,40 @@ def setting_label(optimizer: str, eps: float, dtype: str) -> str:
     return label
 
 
-def run_pairs(*, seeds: list[int], pair_optimizers: list[str], steps: int, batch_size: int,
-              eval_every: int, embed_dim: int, num_heads: int, num_layers: int, patch: int,
-              lr_sgd: float, lr_adam: float, momentum: float, weight_decay: float, **_ignored) -> pd.DataFrame:
-    """`train_pair` for every optimizer in `pair_optimizers` and every seed (float32)."""
-    for name in pair_optimizers:
-        check_choice("pair_optimizers", name, OPTIMIZERS)
-    check_model_config(embed_dim=embed_dim, num_heads=num_heads, num_layers=num_layers, patch=patch)
-    check_train_config(optimizer=pair_optimizers[0], dtype="float32", steps=steps, batch_size=batch_size,
-                       eps=DEFAULT_EPS)
+def run_pairs(cfg: TrainingConfig) -> pd.DataFrame:
+    """`train_pair` for every optimizer in `cfg.pair_optimizers` and every seed (float32)."""
     data = load_digits_split()
     frames = []
-    jobs = [(o, s) for o in pair_optimizers for s in seeds]
-    for name, seed in jobs:
-        frames.append(train_pair(
-            seed, optimizer=name, steps=steps, batch_size=batch_size, eval_every=eval_every,
-            embed_dim=embed_dim, num_heads=num_heads, num_layers=num_layers, patch=patch,
-            lr=optimizer_lr(name, lr_sgd=lr_sgd, lr_adam=lr_adam, momentum=momentum),
-            momentum=momentum, weight_decay=weight_decay, data=data,
-        ))
+    for name in cfg.pair_optimizers:
+        for seed in cfg.seeds:
+            frames.append(train_pair(
+                seed, optimizer=name, steps=cfg.steps, batch_size=cfg.batch_size, eval_every=cfg.eval_every,
+                **cfg.arch, lr=cfg.lr(name), momentum=cfg.momentum, weight_decay=cfg.weight_decay, data=data,
+            ))
     return pd.concat(frames, ignore_index=True)
 
 
-def run_bias_study(*, bias_seeds: list[int], optimizers: list[str], adam_eps: list[float], dtypes: list[str],
-                   steps: int, batch_size: int, embed_dim: int, num_heads: int, num_layers: int,
-                   patch: int, lr_sgd: float, lr_adam: float, momentum: float, weight_decay: float,
-                   key_bias_init: float, **_ignored) -> tuple[pd.DataFrame, pd.DataFrame]:
+def run_bias_study(cfg: TrainingConfig) -> tuple[pd.DataFrame, pd.DataFrame]:
     """`train_bias_run` for every setting of `study_settings` and seed; then the end-of-training
     verdict (`key_bias_verdicts`, in float32 on the test images) for each trained model.
     Returns (trajectories, verdicts)."""
-    settings = study_settings(optimizers, adam_eps, dtypes)
-    check_model_config(embed_dim=embed_dim, num_heads=num_heads, num_layers=num_layers, patch=patch)
-    check_train_config(optimizer=optimizers[0], dtype="float32", steps=steps, batch_size=batch_size,
-                       eps=DEFAULT_EPS)
+    settings = study_settings(list(cfg.optimizers), list(cfg.adam_eps), list(cfg.dtypes))
     data = load_digits_split()
     trajectories, verdicts = [], []
-    jobs = [(st, s) for st in settings for s in bias_seeds]
-    for st, seed in jobs:
-        frame, model = train_bias_run(
-            seed, optimizer=st["optimizer"], eps=st["eps"], dtype=st["dtype"], steps=steps,
-            batch_size=batch_size, embed_dim=embed_dim, num_heads=num_heads, num_layers=num_layers,
-            patch=patch, lr=optimizer_lr(st["optimizer"], lr_sgd=lr_sgd, lr_adam=lr_adam, momentum=momentum),
-            momentum=momentum, weight_decay=weight_decay, key_bias_init=key_bias_init, data=data,
-        )
-        label = setting_label(st["optimizer"], st["eps"], st["dtype"])
-        trajectories.append(frame)
-        v = key_bias_verdicts(model, data["x_test"], "float32")
-        for key, value in (("setting", label), ("optimizer", st["optimizer"]), ("eps", st["eps"]),
-                           ("dtype", st["dtype"]), ("seed", seed)):
-            v.insert(0, key, value)
-        verdicts.append(v)
+    for st in settings:
+        for seed in cfg.bias_seeds:
+            frame, model = train_bias_run(
+                seed, optimizer=st["optimizer"], eps=st["eps"], dtype=st["dtype"], steps=cfg.steps,
+                batch_size=cfg.batch_size, **cfg.arch, lr=cfg.lr(st["optimizer"]), momentum=cfg.momentum,
+                weight_decay=cfg.weight_decay, key_bias_init=cfg.key_bias_init, data=data,
+            )
+            label = setting_label(st["optimizer"], st["eps"], st["dtype"])
+            trajectories.append(frame)
+            v = key_bias_verdicts(model, data["x_test"], "float32")
+            for key, value in (("setting", label), ("optimizer", st["optimizer"]), ("eps", st["eps"]),
+                               ("dtype", st["dtype"]), ("seed", seed)):
+                v.insert(0, key, value)
+            verdicts.append(v)
     verdict_frame = pd.concat(verdicts, ignore_index=True)
     verdict_frame["device"] = "cpu"
     return pd.concat(trajectories, ignore_index=True), verdict_frame
@@ -488,8 +526,9 @@ def run_bias_study(*, bias_seeds: list[int], optimizers: list[str], adam_eps: li
 
 def pair_summary(curves: pd.DataFrame) -> pd.DataFrame:
     """Per optimizer and seed: the number of steps after which the kept and removed models are
-    still bit-identical, final test accuracy with and without b_k, its binomial standard error, the largest step-by-step loss difference, and the final parameter divergence of the
-    kept model and of the one-ulp control from the removed model."""
+    still bit-identical, final test accuracy with and without b_k, its binomial standard error, the
+    largest step-by-step loss difference, the final parameter divergence of the kept model and of the
+    two one-ulp controls from the removed model, and the discordant-image counts."""
     rows = []
     for (opt, seed), g in curves.groupby(["optimizer", "seed"], sort=False):
         last = g.iloc[-1]
@@ -510,8 +549,10 @@ def pair_summary(curves: pd.DataFrame) -> pd.DataFrame:
                                                 / g["loss_removed"].abs()).max()),
             "final_divergence_kept": float(last["param_divergence_kept"]),
             "final_divergence_control": float(last["param_divergence_control"]),
+            "final_divergence_control_down": float(last["param_divergence_control_down"]),
             "kept_only_correct": int(last["kept_only_correct"]),
             "removed_only_correct": int(last["removed_only_correct"]),
+            "control_discordant": int(last["control_discordant"]),
             "n_test": n,
         })
     return pd.DataFrame(rows)

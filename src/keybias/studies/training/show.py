@@ -42,7 +42,7 @@ def plot_bias_norms(trajectories: pd.DataFrame, seed: int | None = None):
 def plot_curves(curves: pd.DataFrame):
     """Per optimizer (rows): training loss and test accuracy with b_k kept and removed (seeds
     overlaid), and the relative parameter distance from the removed model of the kept model and
-    of the one-ulp control."""
+    of the two one-ulp controls (up and down)."""
     import matplotlib.pyplot as plt
 
     style.apply()
@@ -60,7 +60,10 @@ def plot_curves(curves: pd.DataFrame):
             axes[r, 1].plot(ev["step"], ev["test_acc_kept"], "x--", color=orange, ms=3)
             axes[r, 2].semilogy(g["step"], g["param_divergence_kept"].clip(lower=1e-12), color=orange, lw=0.9)
             axes[r, 2].semilogy(g["step"], g["param_divergence_control"].clip(lower=1e-12), color=green, ls=":",
-                                label="1-ulp control vs removed" if first else None)
+                                label="1-ulp controls (up, down) vs removed" if first else None)
+            if "param_divergence_control_down" in g:
+                axes[r, 2].semilogy(g["step"], g["param_divergence_control_down"].clip(lower=1e-12), color=green,
+                                    ls="-.", lw=0.8)
         name = OPTIMIZER_LABELS[opt]
         axes[r, 0].set(xlabel="step", ylabel="training loss", title=f"{name}: loss")
         axes[r, 1].set(xlabel="step", ylabel="test accuracy", title=f"{name}: accuracy")
