@@ -122,6 +122,25 @@ def test_provenance_flags_a_build_that_mixes_commits():
     assert mixed["mixed_commits"] is True and mixed["commits"] == ["c1", "c2"] and mixed["commit"] == "c2"
 
 
+def test_provenance_names_head_when_every_step_ran_heads_code():
+    """A step run at an older commit stands for HEAD when its inputs' key equals HEAD's; the
+    paper then names HEAD. One step whose code changed makes it name the run's own commit."""
+    def step(name, commit, started):
+        return {"notebook": name, "device": "cpu", "provenance": {
+            "commit": commit, "dirty": False, "started_utc": started + "T00:00:00", "wall_seconds": 1.0,
+            "versions": {"torch": "t", "python": "p"}, "threads": 2,
+            "machine": {"cpu": "c", "torch_threads": 2, "devices_present": ["cpu"]}}}
+
+    steps = [step("a", "c1", "1"), step("b", "c2", "2")]
+    head = {"commit": "h" * 40, "dirty": False}
+    same = paper.merge_provenance(steps, "smoke", head=head, matches={"a": True, "b": True})
+    assert same["code_matches_head"] is True and same["steps"]["a"]["code_matches_head"] is True
+    assert r"\newcommand{\ProvCommit}{hhhhhhhhhh}" in paper.provenance_macros(same)
+    stale = paper.merge_provenance(steps, "smoke", head=head, matches={"a": True, "b": False})
+    assert stale["code_matches_head"] is False
+    assert r"\newcommand{\ProvCommit}{c2}" in paper.provenance_macros(stale)
+
+
 def test_claim_gate_names_the_failing_claim():
     claims = [
         {"id": "fine", "holds": True, "notebook": "x", "statement": "s", "value": 0, "bound": 1, "kind": "test"},

@@ -21,7 +21,7 @@ from keybias.build.claims import (
 )
 from keybias.build.console import _show, log, sha256_bytes, status_line
 from keybias.build.index import render_index
-from keybias.build.provenance import git
+from keybias.build.provenance import commit_info, git
 from keybias.build.readme import update_readme
 from keybias.build.recorder import atomic_write_bytes, atomic_write_text, latex_escape
 
@@ -48,12 +48,16 @@ class PaperSteps:
             steps.append(step)
         claims = [c for s in steps for c in s["claims"]]
         write_if_changed(self.results / "claims.json", json.dumps(claims, indent=2) + "\n")
-        provenance = merge_provenance(steps, self.profile)
-        if provenance["mixed_commits"]:
+        # A step run at an older commit still stands for HEAD when the code it ran is the same:
+        # its key hashes everything the notebook depends on, so an equal key means equal inputs.
+        matches = {s["notebook"]: s["notebook"] in self.params
+                   and s["provenance"].get("key") == self.step_key(s["notebook"]) for s in steps}
+        provenance = merge_provenance(steps, self.profile, head=commit_info(self.root), matches=matches)
+        if not provenance["code_matches_head"]:
+            stale = [n for n, ok in matches.items() if not ok]
             log(
-                "warning: results/ mixes notebooks run at different commits "
-                f"({', '.join(c[:10] for c in provenance['commits'])}); `make all` with --force, "
-                "or rerun the older ones, before publishing"
+                f"warning: {', '.join(stale)} ran code that differs from HEAD's; `make all` reruns "
+                "them, and `make all` with --force reruns everything"
             )
         write_if_changed(self.results / "provenance.json", json.dumps(provenance, indent=2) + "\n")
         write_if_changed(self.results / "macros" / "provenance.tex", provenance_macros(provenance))
@@ -148,7 +152,9 @@ def write_if_changed(path: Path, text: str) -> None:
 
 
 def provenance_macros(prov: dict) -> str:
-    commit = prov["commit"][:10] + (" with uncommitted changes" if prov["dirty"] else "")
+    # The commit whose code made every result: HEAD when each notebook's inputs equal HEAD's.
+    made_by = prov["head_commit"] if prov.get("code_matches_head") else prov["commit"]
+    commit = made_by[:10] + (" with uncommitted changes" if prov["dirty"] else "")
     started = max(s["started_utc"] for s in prov["steps"].values())
     values = {
         "ProvCommit": commit,
@@ -166,19 +172,26 @@ def provenance_macros(prov: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def merge_provenance(steps: list[dict], profile: str) -> dict:
-    """provenance.json from the step records: the commit of each step, and whether they differ."""
+def merge_provenance(steps: list[dict], profile: str, head: dict | None = None,
+                     matches: dict[str, bool] | None = None) -> dict:
+    """provenance.json from the step records: the commit of each step, whether they differ, and
+    whether the code each step ran is identical to the code of `head` (the checkout's HEAD)."""
     latest = max(steps, key=lambda s: s["provenance"]["started_utc"])["provenance"]
     commits = sorted({s["provenance"]["commit"] for s in steps})
+    matches = matches or {}
+    head = head or {"commit": latest["commit"], "dirty": latest["dirty"]}
     return {
         "profile": profile,
         "commit": latest["commit"],
-        "dirty": any(s["provenance"]["dirty"] for s in steps),
+        "head_commit": head["commit"],
+        "code_matches_head": bool(matches) and all(matches.get(s["notebook"], False) for s in steps),
+        "dirty": any(s["provenance"]["dirty"] for s in steps) or bool(head.get("dirty")),
         "commits": commits,
         "mixed_commits": len(commits) > 1,
         "versions": latest["versions"],
         "machine": latest["machine"],
         "threads": latest.get("threads"),
         "total_wall_seconds": round(sum(s["provenance"]["wall_seconds"] for s in steps), 2),
-        "steps": {s["notebook"]: {**s["provenance"], "device": s["device"]} for s in steps},
+        "steps": {s["notebook"]: {**s["provenance"], "device": s["device"],
+                                  "code_matches_head": matches.get(s["notebook"], False)} for s in steps},
     }

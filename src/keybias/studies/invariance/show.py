@@ -46,8 +46,10 @@ def plot_map(df: pd.DataFrame, mags: pd.DataFrame):
             sel = (sub.dtype == dt).to_numpy()
             ax.scatter(lg(sub.bk_abs, sub.tolerance_abs)[sel], (y + jitter)[sel], s=5, marker="o",
                        color=colour[dt], alpha=0.7, lw=0, label=f"$b_k$ change, {dt}")
+            # controls in grey, whatever the dtype: right of the threshold they show power, not a break
             ax.scatter(lg(sub.control_abs, sub.tolerance_abs)[sel], (y + jitter)[sel], s=7, marker="^",
-                       facecolors="none", edgecolors=colour[dt], lw=0.5, alpha=0.6, label=f"control, {dt}")
+                       facecolors="none", edgecolors="0.6", lw=0.5, alpha=0.6,
+                       label="$b_q$/$b_v$ control (any dtype)")
         ax.axvline(0.0, color="black", lw=0.8)
         ax.set_title(f"magnitude {mag:g}")
         ax.set_xlabel("log10(change / tolerance)")
