@@ -180,7 +180,9 @@ def macros(*, comparison: pd.DataFrame, extrap: pd.DataFrame, exponents: pd.Data
         "LongKeyNormEnd": finite_mean(extrap["key_norm"], "key norms"),
         "LongKeyNormMin": finite_min(extrap["key_norm"], "key norms"),
         "LongNormBkEnd": finite_mean(extrap["norm_b_k"], "final b_k norms"),
-        "LongStepsToKeyNormMin": finite_min(extrap["steps_to_key_norm"], "steps to ||k||", drop_nonfinite=True)
+        "LongStepsToKeyNormMin": finite_min(extrap["steps_to_key_norm"], "steps to ||k||",
+                                            exclude_nonfinite="layers whose b_k never reaches ||k||",
+                                            excluded=[])
         if np.isfinite(extrap["steps_to_key_norm"]).any() else math.inf,
         "LongPredictionFactorBound": PREDICTION_FACTOR_BOUND,
         "LongExponent": finite_max(exponents["exponent"], "late-decade exponents"),
