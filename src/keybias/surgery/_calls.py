@@ -133,6 +133,15 @@ def example_inputs(model: nn.Module, seed: int = 0, batch: int = 2, length: int 
 
 
 def run_model(model: nn.Module, inputs: Any) -> Any:
+    """One forward with the global RNG seeded (and restored after): models that draw random
+    numbers in eval mode (MAE's patch masking, VITS's durations) give the same draws before
+    and after a change, so the comparison sees the change alone."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        return _forward(model, inputs)
+
+
+def _forward(model: nn.Module, inputs: Any) -> Any:
     if isinstance(inputs, dict):
         return model(**inputs)
     if isinstance(inputs, tuple) and len(inputs) == 2 and isinstance(inputs[1], dict):

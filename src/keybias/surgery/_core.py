@@ -321,6 +321,7 @@ def _probe_site(site: Site, work: nn.Module, calls: list, change: Callable[[nn.M
     if strip and site.query is not None and not control > limit:
         result["reason"] = ("the redundancy probe exercised nothing: perturbing b_q did not move the output either "
                             f"({control:.3g}), so the calls say nothing about b_k")
+        result["inconclusive"] = True
         return result
     result["certified"] = True
     return result
@@ -418,6 +419,10 @@ def run_surgery(model: nn.Module, operation: str, *, storage: str, certify_seed:
                    "no inputs this model accepts were given or could be built (pass inputs=)")
             report["not_handled"].append({"module": site.name, "type": site.module_type or site.family,
                                           "reason": f"not certified: {why}; its biases were left as they are"})
+            continue
+        if result.get("inconclusive"):  # nothing proven either way: left alone and listed, not refused
+            report["not_handled"].append({"module": site.name, "type": site.module_type or site.family,
+                                          "reason": f"not certified: {result['reason']}; its biases were left as they are"})
             continue
         ratio = result["change"] / result["tolerance"] if result["tolerance"] > 0 else float("inf")
         if not result["certified"]:
