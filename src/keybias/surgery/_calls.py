@@ -20,6 +20,7 @@ and is still 2^28 times float64's own rounding.
 
 from __future__ import annotations
 
+import copy
 import inspect
 import math
 from collections.abc import Callable
@@ -176,10 +177,13 @@ def capture(model: nn.Module, inputs: Any, paths: list[str]) -> tuple[torch.Tens
     for path in dict.fromkeys(paths):
         module = model.get_submodule(path) if path else model
 
-        def hook(_m, args, kwargs, _out, path=path):
+        # A pre-hook: stateful arguments (a key/value cache the call appends to) are copied as
+        # they were before the call, so a replayed call sees what the real one saw.
+        def hook(_m, args, kwargs, path=path):
             if len(calls[path]) < CALLS_PER_UNIT:
-                calls[path].append((tuple(args), dict(kwargs)))
-        hooks.append(module.register_forward_hook(hook, with_kwargs=True))
+                calls[path].append((tuple(_snapshot(a) for a in args),
+                                    {k: _snapshot(v) for k, v in kwargs.items()}))
+        hooks.append(module.register_forward_pre_hook(hook, with_kwargs=True))
     try:
         with torch.no_grad():
             y = flatten(run_model(model, inputs))
@@ -211,9 +215,24 @@ def randomized(call: Call, gen: torch.Generator) -> Call:
     return tuple(new_args), new_kwargs
 
 
+def _stateful(obj: Any) -> bool:
+    """A mutable object a call may change (a transformers Cache), directly or inside a tuple."""
+    if isinstance(obj, (tuple, list)):
+        return any(_stateful(x) for x in obj)
+    return not isinstance(obj, (torch.Tensor, int, float, bool, str, type(None))) and callable(
+        getattr(obj, "update", None)) and type(obj).__name__.endswith("Cache")
+
+
+def _snapshot(obj: Any) -> Any:
+    return copy.deepcopy(obj) if _stateful(obj) else obj
+
+
 def unit_output(unit: nn.Module, call: Call) -> torch.Tensor:
+    """The unit's output on a captured call; stateful arguments are fresh copies each time."""
+    args = tuple(_snapshot(a) for a in call[0])
+    kwargs = {k: _snapshot(v) for k, v in call[1].items()}
     with torch.no_grad():
-        return flatten(unit(*call[0], **call[1]))
+        return flatten(unit(*args, **kwargs))
 
 
 def probe(unit: nn.Module, calls: list[Call], edit: Callable[[nn.Module], Any]) -> tuple[float, float]:

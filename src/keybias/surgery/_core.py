@@ -13,7 +13,7 @@ from torch import nn
 from torch.nn.utils import parametrize
 
 from keybias.surgery import _calls, _sites
-from keybias.surgery._certify import _float64_kernels, certify
+from keybias.surgery._certify import _float64_kernels, _own_kernels, certify
 from keybias.surgery._sites import Site, Slot, discover
 
 STORAGES = ("remove", "zeros")
@@ -279,6 +279,9 @@ def _entry(site: Site, action: str, **extra) -> dict[str, Any]:
 
 
 OPERATIONS = ("strip_key_bias", "fold_value_bias")
+# SDPA and the model's eager kernel agree to float32 softmax rounding (about 2^-24 relative);
+# 2^-12 is 4096 times that, so a larger gap means the two compute different functions.
+KERNEL_SWITCH_BOUND = 2.0**-12
 _NO_INPUTS = object()
 
 
@@ -398,9 +401,20 @@ def run_surgery(model: nn.Module, operation: str, *, storage: str, certify_seed:
             inputs = _calls.example_inputs(model)
         if inputs is not None:
             work = copy.deepcopy(model).double().eval()
-            _float64_kernels(work)
             try:
+                with torch.no_grad():
+                    y_own = _calls.flatten(_calls.run_model(work, _calls.to_float64(inputs)))
+                switched = _float64_kernels(work)
                 y_before, calls = _calls.capture(work, _calls.to_float64(inputs), [s.unit_path for s, _ in planned])
+                # The certificate must be about the function the model computes: where the SDPA
+                # kernel gives a different output than the model's own (far beyond any float32
+                # softmax rounding: it drops a term such as attention sinks), certify on the own one.
+                if switched and not _calls.change(y_own, y_before) <= KERNEL_SWITCH_BOUND * float(y_own.abs().max()):
+                    _own_kernels(switched)
+                    y_before, calls = _calls.capture(work, _calls.to_float64(inputs),
+                                                     [s.unit_path for s, _ in planned])
+                    report["notes"].append("certified with the model's own attention kernel: SDPA computes a "
+                                           "different function for this model")
             except Exception as exc:  # noqa: BLE001
                 report["notes"].append(f"the whole-model forward on the example inputs failed "
                                        f"({type(exc).__name__}: {exc}); only verified classes were certified")

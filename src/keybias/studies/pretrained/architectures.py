@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import time
 import warnings
 from concurrent.futures import ProcessPoolExecutor
@@ -32,6 +33,10 @@ import pandas as pd
 import torch
 
 STATUSES = ("removed exactly", "no key bias", "refused", "not certified", "could not build")
+# Parameters of a tiny instance, at most: a config whose sizes the shrinking cannot reach (a
+# 500k-entity vocabulary, fixed-size sub-models) is not built, so every row is cheap and the
+# table's time does not depend on a few large models.
+MAX_PARAMETERS = 3_000_000
 BOUND = 2.0**-24  # relative to max|y|: a float64 change below it cannot be seen in float32
 SMALL = {"hidden": 16, "heads": 2, "kv_heads": 1, "head_dim": 8, "layers": 1, "ffn": 32, "vocab": 99,
          "image": 32, "patch": 8, "experts": 4}
@@ -103,23 +108,59 @@ def _short(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[:160]}"
 
 
-def _key_slots_zeroed(model) -> None:
-    """Zero every key bias the tool found, by hand (no certification): the independent check
-    that a refusal was needed."""
+def _key_slots_edited(model, shift: bool, seed: int) -> None:
+    """Edit every key bias the tool found by hand (no certification): zero it, or (shift=True)
+    add a seeded random vector as large as the bias plus one. If b_k were redundant no edit
+    could move the output; the larger of the two moves is the independent witness that a
+    refusal was needed (zeroing alone has little power where the random b_k is small)."""
     from keybias.surgery._core import _owner
     from keybias.surgery._sites import discover
 
     sites, _ = discover(model)
+    gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for site in sites:
             if site.key is None:
                 continue
             unit = model.get_submodule(site.unit_path) if site.unit_path else model
             param = getattr(_owner(unit, site.key), site.key.name)
+            view = param[site.key.select()] if site.key.packed else param
+            new = view + (1 + float(view.abs().max())) * torch.randn(view.shape, generator=gen,
+                                                                      dtype=torch.float64).to(view.dtype) \
+                if shift else torch.zeros_like(view)
             if site.key.packed:
-                param[site.key.select()] = 0
+                param[site.key.select()] = new
             else:
-                param.zero_()
+                param.copy_(new)
+
+
+def _unit_moves(model, inputs, seed: int) -> tuple[float, float]:
+    """Largest change, over the attention modules with a key bias, of a module's own output on
+    its real calls (captured from the whole model) when its key bias is edited by hand (zeroed,
+    or shifted as in `_key_slots_edited`), and that module's rounding bound. The tool certifies
+    modules, and a module's output can carry rows that the model later drops (padding added
+    inside the model): there b_k can be visible to the module and not to the model."""
+    import copy
+
+    from keybias.surgery import _calls
+    from keybias.surgery._sites import discover
+
+    sites, _ = discover(model)
+    paths = [s.unit_path for s in sites if s.key is not None]
+    _, calls = _calls.capture(model, inputs, paths)
+    worst, limit = 0.0, math.nan
+    for path in dict.fromkeys(paths):
+        unit = model.get_submodule(path) if path else model
+        for call in calls.get(path, []):
+            y0 = _calls.unit_output(unit, call)
+            for shift in (False, True):
+                edited = copy.deepcopy(unit)
+                _key_slots_edited(edited, shift, seed)
+                ratio_now = _calls.change(y0, _calls.unit_output(edited, call))
+                b = _calls.bound(y0)
+                if b > 0 and (math.isnan(limit) or ratio_now / b > worst / limit):
+                    worst, limit = ratio_now, b
+    return worst, limit
 
 
 def one_architecture(model_type: str, seed: int = 0) -> dict[str, Any]:
@@ -136,16 +177,28 @@ def one_architecture(model_type: str, seed: int = 0) -> dict[str, Any]:
     transformers.utils.logging.set_verbosity_error()
     row: dict[str, Any] = {"model_type": model_type, "model_class": "", "status": "could not build", "strip": "",
                            "fold": "", "reason": "", "key_bias_sites": 0, "output_change": math.nan,
-                           "output_bound": math.nan, "naive_change": math.nan}
+                           "output_bound": math.nan, "naive_change": math.nan,
+                           "naive_unit_change": math.nan, "naive_unit_bound": math.nan,
+                           "parameters": 0}
     torch.manual_seed(seed)
     try:
         cls = _model_class(model_type)
         row["model_class"] = cls.__name__
         config_cls = getattr(transformers, configuration_auto.CONFIG_MAPPING_NAMES[model_type])
         config = config_cls.from_dict(_ids_in_vocab(shrink(config_cls().to_dict())))
+        try:  # counted on the meta device first: building and initialising a large model is slow
+            with torch.device("meta"):
+                size = sum(p.numel() for p in cls(config).parameters())
+        except Exception:  # noqa: BLE001  (some constructors need real tensors: count after building)
+            size = None
+        if size is not None and size > MAX_PARAMETERS:
+            raise ValueError(f"the shrunk config still has {size / 1e6:.1f}M parameters "
+                             f"(cap {MAX_PARAMETERS / 1e6:g}M)")
         model = cls(config)
-        if sum(p.numel() for p in model.parameters()) > 20_000_000:
-            raise ValueError("the shrunk model still has over 20M parameters")
+        row["parameters"] = sum(p.numel() for p in model.parameters())
+        if row["parameters"] > MAX_PARAMETERS:
+            raise ValueError(f"the shrunk config still has {row['parameters'] / 1e6:.1f}M parameters "
+                             f"(cap {MAX_PARAMETERS / 1e6:g}M)")
         model = families.randomize_biases(model, seed + 1).double().eval()
         inputs = _calls.example_inputs(model, seed=seed)
         if inputs is None:
@@ -157,7 +210,8 @@ def one_architecture(model_type: str, seed: int = 0) -> dict[str, Any]:
     except BaseException as exc:  # noqa: BLE001  (recorded as the reason it could not be built)
         if isinstance(exc, KeyboardInterrupt):
             raise
-        row["reason"] = _short(exc)
+        row["reason"] = ("needs timm (not installed)" if isinstance(exc, ImportError) and "timm" in str(exc)
+                         else _short(exc))
         return row
     from keybias.surgery._sites import discover
 
@@ -197,10 +251,14 @@ def one_architecture(model_type: str, seed: int = 0) -> dict[str, Any]:
     if naive is not None:
         import copy
 
-        probe = copy.deepcopy(model)
-        _key_slots_zeroed(probe)
-        with torch.no_grad():
-            row["naive_change"] = _calls.change(y1, _calls.flatten(_calls.run_model(probe, inputs)))
+        moves = []
+        for shift in (False, True):
+            probe = copy.deepcopy(model)
+            _key_slots_edited(probe, shift, seed + 2)
+            with torch.no_grad():
+                moves.append(_calls.change(y1, _calls.flatten(_calls.run_model(probe, inputs))))
+        row["naive_change"] = max(moves)
+        row["naive_unit_change"], row["naive_unit_bound"] = _unit_moves(model, inputs, seed + 2)
     return row
 
 
@@ -210,25 +268,44 @@ def model_types() -> list[str]:
     return sorted(t for t in modeling_auto.MODEL_MAPPING_NAMES if t in configuration_auto.CONFIG_MAPPING_NAMES)
 
 
+def _timed(model_type: str, seed: int) -> dict[str, Any]:
+    start = time.perf_counter()
+    row = one_architecture(model_type, seed)
+    row["seconds"] = time.perf_counter() - start  # machine-dependent: reported, never judged
+    return row
+
+
 def _chunk(types: list[str], seed: int) -> list[dict[str, Any]]:
     torch.set_num_threads(1)
-    return [one_architecture(t, seed) for t in types]
+    return [_timed(t, seed) for t in types]
 
 
-def architecture_table(seed: int = 0, workers: int = 2, limit: int | None = None) -> tuple[pd.DataFrame, float]:
-    """One row per architecture (sorted by model type) and the wall time in seconds. `limit`
-    takes an evenly spaced subset (the smoke profile)."""
-    types = model_types()
-    if limit is not None and limit < len(types):
-        step = len(types) / limit
-        types = [types[int(i * step)] for i in range(limit)]
-    start = time.perf_counter()
-    chunks = [types[i::workers * 8] for i in range(workers * 8)]
-    if workers > 1:
+def _exact_text(text: str) -> str:
+    """A reason without its measured numbers (they are in the numeric columns), so that the
+    text column is the same on every machine."""
+    return re.sub(r"-?\d+\.\d+(e[-+]?\d+)?|\d+e[-+]\d+", "#", text)
+
+
+def architecture_table(types: list[str] | None = None, seed: int = 0,
+                       workers: int = 2) -> tuple[pd.DataFrame, pd.Series]:
+    """One row per architecture (sorted by model type) and the seconds each took (machine-
+    dependent, kept out of the table). `types=None` or ["all"] takes every model type."""
+    known = model_types()
+    if types is None or list(types) == ["all"]:
+        types = known
+    unknown = sorted(set(types) - set(known))
+    if unknown:
+        raise ValueError(f"unknown model types {unknown}; choose from transformers' model types or ['all']")
+    types = sorted(set(types))
+    chunks = [c for c in (types[i::workers * 8] for i in range(workers * 8)) if c]
+    if workers > 1 and len(types) > 1:
         with ProcessPoolExecutor(max_workers=workers) as pool:
             rows = [r for part in pool.map(_chunk, chunks, [seed] * len(chunks)) for r in part]
     else:
         rows = _chunk(types, seed)
-    seconds = time.perf_counter() - start
     table = pd.DataFrame(rows).sort_values("model_type", ignore_index=True)
+    seconds = table.pop("seconds")
+    seconds.index = table["model_type"]
+    for col in ("reason", "fold"):
+        table[col] = table[col].map(_exact_text)
     return table, seconds
