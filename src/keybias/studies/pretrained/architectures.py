@@ -75,6 +75,10 @@ def shrink(d: dict[str, Any]) -> dict[str, Any]:
             out[key] = [1] * len(value)
         elif key in ("num_heads", "num_attention_heads") and all(isinstance(v, int) for v in value):
             out[key] = [SMALL["heads"]] * len(value)
+        elif key == "image_size" and value and all(isinstance(v, int) for v in value):
+            out[key] = [SMALL["image"]] * len(value)
+        elif key in ("conv_dim", "tdnn_dim") and all(isinstance(v, int) for v in value):
+            out[key] = [SMALL["ffn"]] * len(value)
         elif key in ("hidden_sizes", "embed_dims", "dims") and all(isinstance(v, int) for v in value):
             out[key] = [SMALL["hidden"] * 2**i for i in range(len(value))]
         else:

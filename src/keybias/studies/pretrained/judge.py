@@ -220,12 +220,12 @@ def architecture_claims(table: pd.DataFrame) -> tuple[list[dict], dict]:
         "float64 output beyond float32 rounding, and every refusal was needed: editing b_k by hand moves the "
         "refused model's or module's output beyond it.",
         over + unneeded, 0, "==", "test",
-        "float32 unit roundoff times the output size (2^-24 max|y|), fixed before the data; zero violations",
-        handled_over_bound=over, refusals_not_needed=unneeded)]
+        "float32 unit roundoff times the output size (2^-24 max|y|), fixed before the data; zero violations")]
     counts = table["status"].value_counts()
     macros: dict[str, Any] = {"PretArchTotal": len(table), "PretArchHandled": n_handled,
                               "PretArchFolded": int((table["fold"] == "folded").sum()),
-                              "PretArchViolations": over + unneeded,
+                              "PretArchViolations": over + unneeded, "PretArchHandledOver": over,
+                              "PretArchRefusalsNotNeeded": unneeded,
                               "PretArchTimm": int((table["reason"] == "needs timm (not installed)").sum())}
     for status, tag in ARCH_CLASSES:
         macros[f"PretArch{tag}"] = int(counts.get(status, 0))

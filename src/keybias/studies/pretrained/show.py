@@ -96,9 +96,10 @@ def architectures_latex(table: pd.DataFrame) -> str:
         groups = rows.groupby(rows.apply(lambda r: short_reason(r.status, r.reason), axis=1))
         listed = status in ("refused", "not certified")
         if status in ("refused", "not certified", "could not build"):
-            for i, (why, part) in enumerate(sorted(groups, key=lambda g: -len(g[1]))):
+            parts = sorted(groups, key=lambda g: (-len(g[1]), g[0]))
+            for i, (why, part) in enumerate(parts):
                 names = ", ".join(part["model_type"].str.replace("_", r"\_", regex=False)) if listed else ""
-                head = f"{status} ({len(rows)})" if i == 0 else ""
+                head = "" if i else f"{status}, {len(rows)}" if len(parts) > 1 else status
                 lines.append(rf"{head} & {why} & {len(part)} & {{\footnotesize {names}}} \\")
         else:
             lines.append(rf"{status} & & {len(rows)} & \\")
