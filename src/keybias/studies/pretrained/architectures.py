@@ -20,7 +20,7 @@ output after strip and fold, against the bound 2^-24 max|y| (invisible in float3
 (b) for every refused architecture what editing its key biases by hand (zeroed, or shifted by a
 random vector) does to the whole model's output and to each refused module's own output on its
 real calls: a refusal is needed only where one of them moves beyond its bound.
-""""""
+"""
 
 from __future__ import annotations
 
