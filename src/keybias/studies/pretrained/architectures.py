@@ -198,6 +198,7 @@ def one_architecture(model_type: str, seed: int = 0) -> dict[str, Any]:
                 size = sum(p.numel() for p in cls(config).parameters())
         except Exception:  # noqa: BLE001  (some constructors need real tensors: count after building)
             size = None
+        row["parameters"] = size or 0
         if size is not None and size > MAX_PARAMETERS:
             raise ValueError(f"the shrunk config still has {size / 1e6:.1f}M parameters "
                              f"(cap {MAX_PARAMETERS / 1e6:g}M)")

@@ -216,7 +216,7 @@ def architecture_claims(table: pd.DataFrame) -> tuple[list[dict], dict]:
         raise ValueError("architecture table has no handled architecture: nothing to judge")
     claims = [_claim(
         "pretrained-architectures-handled-exact-refusals-needed",
-        "Over every architecture of the installed transformers, strip and fold never moved a handled model's "
+        "Over the architectures of the installed transformers built as tiny instances, strip and fold never moved a handled model's "
         "float64 output beyond float32 rounding, and every refusal was needed: editing b_k by hand moves the "
         "refused model's or module's output beyond it.",
         over + unneeded, 0, "==", "test",

@@ -100,7 +100,8 @@ def architectures_latex(table: pd.DataFrame) -> str:
             for i, (why, part) in enumerate(parts):
                 names = ", ".join(part["model_type"].str.replace("_", r"\_", regex=False)) if listed else ""
                 head = "" if i else f"{status}, {len(rows)}" if len(parts) > 1 else status
-                lines.append(rf"{head} & {why} & {len(part)} & {{\footnotesize {names}}} \\")
+                names = rf"{{\footnotesize {names}}}" if names else ""
+                lines.append(rf"{head} & {why} & {len(part)} & {names} \\")
         else:
             lines.append(rf"{status} & & {len(rows)} & \\")
     lines += [r"\midrule", rf"total & & {len(table)} & \\", r"\bottomrule", r"\end{tabular}"]
