@@ -53,7 +53,9 @@ _FFN = ("intermediate_size", "ffn_dim", "encoder_ffn_dim", "decoder_ffn_dim", "n
         "moe_intermediate_size", "shared_expert_intermediate_size", "d_kv_ffn")
 _EXPERTS = ("num_experts", "n_routed_experts", "num_local_experts", "moe_num_experts")
 _DERIVED = ("layer_types", "mlp_layer_types", "block_types", "attention_layers", "layers_block_type",
-            "sliding_window_pattern_list")
+            "sliding_window_pattern_list", "out_features", "out_indices", "per_layer_config", "kv_source_layers",
+            "num_attention_heads_per_layer")
+_TOP_K = ("num_experts_per_tok", "moe_topk", "num_selected_experts", "num_experts_per_token")
 
 
 def shrink(d: dict[str, Any]) -> dict[str, Any]:
@@ -61,8 +63,8 @@ def shrink(d: dict[str, Any]) -> dict[str, Any]:
     per-layer entries computed from the old sizes are dropped so the config recomputes them."""
     out = {}
     for key, value in d.items():
-        if key in _DERIVED:
-            continue
+        if key in _DERIVED and not (key in ("out_features", "out_indices") and "depths" in d):
+            continue  # (staged backbones keep their stages: only their depths shrink)
         if isinstance(value, dict) and ("model_type" in value or key.endswith("config")):
             out[key] = shrink(value)
         elif isinstance(value, bool) or not isinstance(value, (int, list)):
@@ -70,7 +72,7 @@ def shrink(d: dict[str, Any]) -> dict[str, Any]:
         elif isinstance(value, int):
             small = (SMALL["hidden"] if key in _HIDDEN else SMALL["heads"] if key in _HEADS else
                      SMALL["layers"] if key in _LAYERS else SMALL["ffn"] if key in _FFN else
-                     SMALL["head_dim"] if key == "head_dim" else SMALL["kv_heads"] if key == "num_key_value_heads"
+                     SMALL["head_dim"] if key in ("head_dim", "d_head") else 2 if key in _TOP_K else SMALL["kv_heads"] if key == "num_key_value_heads"
                      else SMALL["vocab"] if key == "vocab_size" else SMALL["image"] if key == "image_size"
                      else SMALL["patch"] if key == "patch_size" else SMALL["experts"] if key in _EXPERTS else None)
             out[key] = min(value, small) if small is not None and value > 0 else value
@@ -78,6 +80,8 @@ def shrink(d: dict[str, Any]) -> dict[str, Any]:
             out[key] = [1] * len(value)
         elif key in ("num_heads", "num_attention_heads") and all(isinstance(v, int) for v in value):
             out[key] = [SMALL["heads"]] * len(value)
+        elif key == "attention_types":  # GPT-Neo: [[kinds, repeats]] expands to one kind per layer
+            out[key] = [[["global"], 1]]
         elif key == "image_size" and value and all(isinstance(v, int) for v in value):
             out[key] = [SMALL["image"]] * len(value)
         elif key in ("conv_dim", "tdnn_dim") and all(isinstance(v, int) for v in value):
@@ -86,6 +90,11 @@ def shrink(d: dict[str, Any]) -> dict[str, Any]:
             out[key] = [SMALL["hidden"] * 2**i for i in range(len(value))]
         else:
             out[key] = value
+    if isinstance(out.get("window_size"), int) and isinstance(out.get("depths"), list) and \
+            isinstance(out.get("patch_size"), int) and isinstance(out.get("image_size"), int):
+        # Windowed backbones (Swin): the last stage must still hold one window of 2x2 patches.
+        out["window_size"] = 2
+        out["image_size"] = out["patch_size"] * 2 * 2 ** (len(out["depths"]) - 1)
     return out
 
 
@@ -192,7 +201,10 @@ def one_architecture(model_type: str, seed: int = 0) -> dict[str, Any]:
         cls = _model_class(model_type)
         row["model_class"] = cls.__name__
         config_cls = getattr(transformers, configuration_auto.CONFIG_MAPPING_NAMES[model_type])
-        config = config_cls.from_dict(_ids_in_vocab(shrink(config_cls().to_dict())))
+        # Mixture-of-experts layers in float64 need the plain loop over experts (grouped matrix
+        # products take float32 and below only).
+        config = config_cls.from_dict({**_ids_in_vocab(shrink(config_cls().to_dict())),
+                                       "experts_implementation": "eager"})
         try:  # counted on the meta device first: building and initialising a large model is slow
             with torch.device("meta"):
                 size = sum(p.numel() for p in cls(config).parameters())
