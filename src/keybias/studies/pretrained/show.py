@@ -72,11 +72,12 @@ def short_reason(status: str, reason: str) -> str:
             if key in text:
                 return short
         return "tiny instance fails to build or run"
+    if "unknown attention class" in text:
+        return "attention class not recognised"
     for key, short in (("rotary", "RoPE rotates the key after $b_k$"),
                        ("disentangled", "disentangled position term uses $b_k$"),
                        ("exercised nothing", "probe inconclusive ($b_q$ control silent)"),
                        ("not called", "module not called on the inputs"),
-                       ("unknown attention class", "attention class not recognised"),
                        ("acts on the key", "key transformed before the scores")):
         if key in text:
             return short
