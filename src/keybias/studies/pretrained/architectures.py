@@ -29,6 +29,7 @@ import os
 import re
 import time
 import warnings
+import zlib
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
@@ -106,7 +107,7 @@ def _ids_in_vocab(d: dict[str, Any]) -> dict[str, Any]:
             d[key] = _ids_in_vocab(value)
         elif isinstance(vocab, int) and key.endswith(("token_id", "token_index")) and isinstance(value, int) \
                 and value >= vocab:
-            d[key] = vocab - 1 - (hash(key) % 8)
+            d[key] = vocab - 1 - (zlib.crc32(key.encode()) % 8)  # a stable hash: str hash() is salted per process
     return d
 
 
