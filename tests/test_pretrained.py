@@ -374,3 +374,15 @@ def test_architecture_rows_of_common_families():
     assert _arch_holds(table)
     assert set(table.columns) == set(__import__("keybias.studies.pretrained.schema", fromlist=["x"]).TABLES[
         "data/pretrained_architectures.csv"])
+
+
+def test_certification_uses_the_models_own_kernel_and_replays_caches():
+    """Attention sinks (ignored by the SDPA kernel) make the value fold inexact: it must be
+    refused, not certified on SDPA. XLM passes a key/value cache that each call appends to:
+    a replayed call must see the cache as it was, so its key bias is removed, not refused."""
+    from keybias.studies.pretrained import architectures
+
+    sinks = architectures.one_architecture("openai_privacy_filter")
+    assert sinks["fold"].startswith("refused") and sinks["output_change"] <= sinks["output_bound"]
+    cached = architectures.one_architecture("xlm")
+    assert cached["status"] == "removed exactly" and cached["output_change"] <= cached["output_bound"]
