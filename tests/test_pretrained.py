@@ -298,3 +298,91 @@ def test_profiles_set_every_parameter(profile):
     assert set(checked) == set(pretrained.PARAMETERS)
     if profile == "paper":
         assert checked["n_sentences"] >= 100
+
+
+# ---------------------------------------------------------------- the table over all of transformers
+
+ARCH_CLAIM = "pretrained-architectures-handled-exact-refusals-needed"
+
+
+def _arch_table() -> pd.DataFrame:
+    """A realistic table: two handled rows at float64 rounding, a needed refusal (RoPE), a
+    refusal needed only at the module level, and rows that are not judged."""
+    nan = float("nan")
+    rows = [("bert", "removed exactly", "folded", 4e-16, 1.7e-7, nan, nan, nan),
+            ("gpt2", "removed exactly", "folded", 4e-16, 1.9e-7, nan, nan, nan),
+            ("qwen2", "refused", "refused: #", 0.0, 1.4e-7, 5e-2, 2.6e-3, 4.4e-9),
+            ("led", "refused", "refused: #", 0.0, 1.5e-7, 7e-9, 1.4e-7, 6.9e-8),
+            ("llama", "no key bias", "nothing to fold", 0.0, 1.7e-7, nan, nan, nan),
+            ("segformer", "not certified", "folded", 4e-16, 1.7e-7, nan, nan, nan),
+            ("luke", "could not build", "", nan, nan, nan, nan, nan)]
+    return pd.DataFrame(rows, columns=["model_type", "status", "fold", "output_change", "output_bound",
+                                       "naive_change", "naive_unit_change", "naive_unit_bound"]).assign(
+        reason="", strip="")
+
+
+def _arch_holds(table: pd.DataFrame) -> bool:
+    claims, _ = pretrained_judge.architecture_claims(table)
+    return _holds({c["claim_id"]: c for c in claims}[ARCH_CLAIM])
+
+
+def test_architecture_claim_holds_and_counts_classes():
+    table = _arch_table()
+    assert _arch_holds(table)
+    _, macros = pretrained_judge.architecture_claims(table)
+    assert (macros["PretArchRemoved"], macros["PretArchRefused"], macros["PretArchNotCertified"],
+            macros["PretArchNotBuilt"], macros["PretArchHandled"]) == (2, 2, 1, 1, 3)
+
+
+@pytest.mark.claim_mutation(ARCH_CLAIM)
+def test_architecture_claim_fails_for_one_handled_row_just_over_its_bound():
+    table = _arch_table()
+    table.loc[table["model_type"] == "gpt2", "output_change"] = 1.9e-7 * 1.01
+    assert not _arch_holds(table)
+    table.loc[table["model_type"] == "gpt2", "output_change"] = float("nan")  # NaN never passes
+    assert not _arch_holds(table)
+
+
+@pytest.mark.claim_mutation(ARCH_CLAIM)
+def test_architecture_claim_fails_for_one_refusal_that_was_not_needed():
+    table = _arch_table()
+    led = table["model_type"] == "led"
+    table.loc[led, "naive_unit_change"] = 6.9e-8 * 0.99  # both by-hand edits now below their bounds
+    assert not _arch_holds(table)
+
+
+def test_architecture_claim_never_passes_on_nothing():
+    with pytest.raises(ValueError):
+        pretrained_judge.architecture_claims(_arch_table().iloc[0:0])
+    with pytest.raises(ValueError):
+        pretrained_judge.architecture_claims(_arch_table().query("status != 'removed exactly' and fold != 'folded'"))
+
+
+def test_architecture_table_refuses_unknown_model_types_before_work():
+    from keybias.studies.pretrained import architectures
+
+    with pytest.raises(ValueError, match="unknown model types"):
+        architectures.architecture_table(["bert", "no-such-model"])
+
+
+def test_architecture_rows_of_common_families():
+    from keybias.studies.pretrained import architectures
+
+    table, _ = architectures.architecture_table(["bert", "qwen2"], workers=1)
+    status = dict(zip(table["model_type"], table["status"], strict=True))
+    assert status == {"bert": "removed exactly", "qwen2": "refused"}
+    assert _arch_holds(table)
+    assert set(table.columns) == set(__import__("keybias.studies.pretrained.schema", fromlist=["x"]).TABLES[
+        "data/pretrained_architectures.csv"])
+
+
+def test_certification_uses_the_models_own_kernel_and_replays_caches():
+    """Attention sinks (ignored by the SDPA kernel) make the value fold inexact: it must be
+    refused, not certified on SDPA. XLM passes a key/value cache that each call appends to:
+    a replayed call must see the cache as it was, so its key bias is removed, not refused."""
+    from keybias.studies.pretrained import architectures
+
+    sinks = architectures.one_architecture("openai_privacy_filter")
+    assert sinks["fold"].startswith("refused") and sinks["output_change"] <= sinks["output_bound"]
+    cached = architectures.one_architecture("xlm")
+    assert cached["status"] == "removed exactly" and cached["output_change"] <= cached["output_bound"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -58,20 +59,37 @@ def _write_tiny(directory: Path, family: str) -> Path:
     return directory
 
 
-@pytest.mark.parametrize("case", ["missing", "not_a_dir", "no_config", "no_safetensors", "pickle_only",
-                                  "refused_architecture", "nothing_handled", "output_exists"])
+CASES = ["missing", "not_a_dir", "no_config", "no_safetensors", "pickle_only", "refused_architecture",
+         "nothing_handled", "output_exists", "corrupt_config", "empty_safetensors", "truncated_safetensors",
+         "unwritable_parent", "out_inside_in", "non_text"]
+
+
+def _patchtst(directory: Path) -> None:
+    import transformers
+
+    cfg = transformers.PatchTSTConfig(num_input_channels=2, context_length=16, patch_length=4, patch_stride=4,
+                                      d_model=16, num_attention_heads=2, num_hidden_layers=1, ffn_dim=32)
+    transformers.PatchTSTModel(cfg).save_pretrained(str(directory), safe_serialization=True)
+
+
+@pytest.mark.parametrize("case", CASES)
 def test_bad_input_fails_clearly_and_leaves_nothing(tmp_path, case, capsys):
     src, out = tmp_path / "in", tmp_path / "out"
     expected = {"missing": "does not exist", "not_a_dir": "not a directory", "no_config": "no config.json",
                 "no_safetensors": "no *.safetensors", "pickle_only": "only pickle checkpoints",
                 "refused_architecture": "rotary", "nothing_handled": "no attention module this tool handles",
-                "output_exists": "already exists"}[case]
+                "output_exists": "already exists", "corrupt_config": "not valid JSON",
+                "empty_safetensors": "empty or truncated", "truncated_safetensors": "truncated",
+                "unwritable_parent": "not writable", "out_inside_in": "inside the input",
+                "non_text": "builds inputs for models that take"}[case]
+    if case == "nothing_handled":
+        expected = "no key bias to remove"
     if case == "not_a_dir":
         src.write_text("x")
     elif case in ("no_config", "no_safetensors", "pickle_only"):
         src.mkdir()
         if case != "no_config":
-            (src / "config.json").write_text("{}")
+            (src / "config.json").write_text('{"model_type": "bert"}')
         if case == "pickle_only":
             (src / "pytorch_model.bin").write_bytes(b"never unpickled")
     elif case == "refused_architecture":
@@ -85,14 +103,63 @@ def test_bad_input_fails_clearly_and_leaves_nothing(tmp_path, case, capsys):
     elif case == "output_exists":
         _write_tiny(src, "BERT")
         out.mkdir()
+    elif case == "corrupt_config":
+        _write_tiny(src, "BERT")
+        (src / "config.json").write_text('{"model_type": "bert", ')
+    elif case in ("empty_safetensors", "truncated_safetensors"):
+        _write_tiny(src, "BERT")
+        weights = src / "model.safetensors"
+        data = weights.read_bytes()
+        weights.write_bytes(b"" if case == "empty_safetensors" else data[: len(data) // 2])
+    elif case == "unwritable_parent":
+        if os.geteuid() == 0:
+            pytest.skip("root writes into a read-only folder")
+        _write_tiny(src, "BERT")
+        locked = tmp_path / "locked"
+        locked.mkdir(mode=0o500)
+        out = locked / "out"
+    elif case == "out_inside_in":
+        _write_tiny(src, "BERT")
+        out = src / "stripped"
+    elif case == "non_text":
+        _patchtst(src)
     before = _leftovers(tmp_path)
+    capsys.readouterr()  # what writing the input printed
     code = cli.main([str(src), str(out)])
     err = capsys.readouterr().err
     assert code == 2
     assert err.startswith("error:") and expected in err
     assert _leftovers(tmp_path) == before  # no output, no temporary folder
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
     if case != "output_exists":
         assert not out.exists()
+
+
+def test_stale_temporary_folder_of_a_killed_run_is_removed(tmp_path, capsys):
+    src, out = _write_tiny(tmp_path / "in", "BERT"), tmp_path / "out"
+    stale = tmp_path / f".out{cli.TEMP_TAG}999999999"  # no such process
+    stale.mkdir()
+    (stale / "model.safetensors").write_bytes(b"partial")
+    lines: list[str] = []
+    cli.convert(src, out, log=lines.append)
+    assert not stale.exists() and out.is_dir()
+    assert any("interrupted earlier run" in line for line in lines)
+
+
+def test_an_internal_error_is_one_line_naming_where(tmp_path, capsys, monkeypatch):
+    src, out = _write_tiny(tmp_path / "in", "BERT"), tmp_path / "out"
+    monkeypatch.setattr(cli, "whole_model_check", lambda *a: 1 / 0)
+    assert cli.main([str(src), str(out)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "ZeroDivisionError" in err and "cli.py" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in"]
+
+
+@pytest.mark.parametrize("family", ["ViT", "CLIP vision", "Whisper"])
+def test_image_and_audio_models_round_trip(tmp_path, family):
+    src, out = _write_tiny(tmp_path / "in", family), tmp_path / "out"
+    assert cli.main([str(src), str(out), "--fold-value"]) == 0
+    assert (out / "keybias_surgery.json").is_file()
 
 
 def test_tiny_bert_directory_round_trips_with_dtype(tmp_path):

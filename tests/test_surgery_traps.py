@@ -150,8 +150,37 @@ def test_attention_is_found_by_structure_not_name():
     report = surgery.strip_key_bias(model)
     listed = {u["module"]: u for u in report["not_handled"]}
     assert set(listed) == {"0", "1"}
-    assert all("not been verified" in u["reason"] for u in listed.values())
+    assert "not certified" in listed["0"]["reason"]  # found by its projections, but no inputs given
+    assert "not been verified" in listed["1"]["reason"]
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def test_a_module_found_by_structure_is_certified_on_the_inputs_given():
+    torch.manual_seed(0)
+    model = nn.Sequential(Mixer()).double().eval()
+    x = torch.randn(2, 5, 8, dtype=torch.float64)
+    y0 = model(x)
+    report = surgery.strip_key_bias(model, inputs=((x,), {}))
+    assert report["modules_changed"] == ["0"] and model[0].k_proj.bias is None
+    assert (model(x) - y0).abs().max() <= 1e-12
+
+
+def test_a_module_reused_twice_is_handled_once():
+    torch.manual_seed(0)
+    layer = Mixer().double()
+    model = nn.Sequential(layer, layer).eval()
+    x = torch.randn(2, 5, 8, dtype=torch.float64)
+    y0 = model(x)
+    report = surgery.strip_key_bias(model, inputs=((x,), {}))
+    assert report["modules_changed"] == ["0"]
+    assert (model(x) - y0).abs().max() <= 1e-12
+
+
+def test_unknown_operation_is_refused():
+    from keybias.surgery import _core
+
+    with pytest.raises(ValueError, match="operation"):
+        _core.run_surgery(_mha(), "fold_everything", storage="remove")
 
 
 def test_public_import_and_light_package_import():

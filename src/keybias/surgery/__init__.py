@@ -77,7 +77,7 @@ __all__ = ["strip_key_bias", "fold_value_bias", "plan", "SurgeryRefused", "InPla
            "FullyMaskedRowWarning", "STORAGES"]
 
 
-def strip_key_bias(model: nn.Module, *, storage: str = "remove") -> dict[str, Any]:
+def strip_key_bias(model: nn.Module, *, storage: str = "remove", inputs: Any = None) -> dict[str, Any]:
     """Remove the key bias b_k from every handled attention module of `model`, in place.
 
     Identity: softmax_j(q_i . (W_k x_j + b_k) / sqrt(d) + m_ij) = softmax_j(q_i . W_k x_j /
@@ -99,11 +99,11 @@ def strip_key_bias(model: nn.Module, *, storage: str = "remove") -> dict[str, An
     unchanged, not_handled and notes. Raises SurgeryRefused (a ValueError) naming each refused
     module and its reason; the model is then unchanged.
     """
-    return run_surgery(model, "strip_key_bias", storage=storage)
+    return run_surgery(model, "strip_key_bias", storage=storage, inputs=inputs)
 
 
 def fold_value_bias(model: nn.Module, *, storage: str = "remove", allow_dropout: bool = False,
-                    assume_no_fully_masked_rows: bool = False) -> dict[str, Any]:
+                    assume_no_fully_masked_rows: bool = False, inputs: Any = None) -> dict[str, Any]:
     """Fold the value bias into the output-projection bias, in place: b_o' = b_o + W_o b_v.
 
     Identity: if the weights p_ij of each row sum to one, sum_j p_ij (W_v x_j + b_v) =
@@ -118,7 +118,7 @@ def fold_value_bias(model: nn.Module, *, storage: str = "remove", allow_dropout:
 
     Certified, all-or-nothing and reported as `strip_key_bias`.
     """
-    report = run_surgery(model, "fold_value_bias", storage=storage, allow_dropout=allow_dropout)
+    report = run_surgery(model, "fold_value_bias", storage=storage, allow_dropout=allow_dropout, inputs=inputs)
     if report["modules_changed"] and not assume_no_fully_masked_rows:
         note = ("fold_value_bias: a fully masked query row (all keys masked) gets zero weights on PyTorch's "
                 "SDPA path, so its output changes from b_o to b_o + W_o b_v; pass "

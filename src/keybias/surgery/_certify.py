@@ -135,17 +135,27 @@ def _tolerance(site: Site, unit: nn.Module, runs: list[dict[str, torch.Tensor]])
                                     value_abs_max=value, out_dim=w_o.shape[1], output_abs_max=y_max)
 
 
-def _float64_kernels(work: nn.Module) -> None:
+def _float64_kernels(work: nn.Module) -> list:
     """Certify with PyTorch's SDPA kernel: some eager Hugging Face kernels (ViT's) take the
     softmax in float32 even in a float64 model, which float64's tolerance does not allow for.
-    The copy gets its own config, so the caller's model keeps its kernel."""
+    The copy gets its own config, so the caller's model keeps its kernel. Returns the configs
+    switched, so that a caller can switch them back (`_own_kernels`) where SDPA computes a
+    different function (it ignores attention sinks, for one)."""
+    switched = []
     for module in work.modules():
         config = getattr(module, "config", None)
         if getattr(config, "_attn_implementation", None) == "eager":
             try:
                 config._attn_implementation = "sdpa"
+                switched.append(config)
             except (ValueError, AttributeError):
                 pass
+    return switched
+
+
+def _own_kernels(switched: list) -> None:
+    for config in switched:
+        config._attn_implementation = "eager"
 
 
 def certify(unit: nn.Module, site: Site, change: Callable[[nn.Module], None], *, seed: int = 0) -> dict[str, float]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+import math
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -10,7 +12,8 @@ import torch
 from torch import nn
 from torch.nn.utils import parametrize
 
-from keybias.surgery._certify import certify
+from keybias.surgery import _calls, _sites
+from keybias.surgery._certify import _float64_kernels, _own_kernels, certify
 from keybias.surgery._sites import Site, Slot, discover
 
 STORAGES = ("remove", "zeros")
@@ -73,7 +76,7 @@ def _keep_mask(owner: nn.Module, name: str) -> torch.Tensor | None:
 
 def slot_values(unit: nn.Module, slot: Slot) -> torch.Tensor:
     full = getattr(_owner(unit, slot), slot.name).detach()
-    return full if slot.start is None else full[slot.start:slot.stop]
+    return full[slot.select()] if slot.packed else full
 
 
 def slot_removed(unit: nn.Module, slot: Slot) -> bool:
@@ -83,7 +86,7 @@ def slot_removed(unit: nn.Module, slot: Slot) -> bool:
     keep = _keep_mask(owner, slot.name)
     if keep is None:
         return False
-    sel = keep if slot.start is None else keep[slot.start:slot.stop]
+    sel = keep[slot.select()] if slot.packed else keep
     return not bool(sel.any())
 
 
@@ -102,7 +105,7 @@ def _drop(unit: nn.Module, slot: Slot, storage: str) -> int:
     """Remove a bias slot: None / re-parameterized (storage='remove') or zeros. Returns the
     stored entries freed."""
     owner = _owner(unit, slot)
-    if slot.start is None and storage == "remove":
+    if not slot.packed and storage == "remove":
         saved = getattr(owner, slot.name).numel()
         setattr(owner, slot.name, None)
         return saved
@@ -111,7 +114,10 @@ def _drop(unit: nn.Module, slot: Slot, storage: str) -> int:
             raise ValueError(f"{slot.name} is re-parameterized by an earlier storage='remove' call; "
                              "use the same storage for both tools")
         param = getattr(owner, slot.name)
-        param[slice(slot.start, slot.stop)] = 0
+        if slot.packed:
+            param[slot.select()] = 0
+        else:
+            param.zero_()
         return 0
     keep = _keep_mask(owner, slot.name)
     full = getattr(owner, slot.name).detach().clone()
@@ -120,9 +126,10 @@ def _drop(unit: nn.Module, slot: Slot, storage: str) -> int:
     else:
         _private_class(owner)
         parametrize.remove_parametrizations(owner, slot.name, leave_parametrized=True)
-    saved = int(keep[slot.start:slot.stop].sum())
-    keep[slot.start:slot.stop] = False
-    full[slot.start:slot.stop] = 0
+    sel = slot.select()
+    saved = int(keep[sel].sum())
+    keep[sel] = False
+    full[sel] = 0
     getattr(owner, slot.name).copy_(full)
     parametrize.register_parametrization(owner, slot.name, _KeepEntries(keep))
     return saved
@@ -141,6 +148,36 @@ def _strip_change(site: Site, storage: str) -> Callable[[nn.Module], int]:
     return change
 
 
+def expand_value_bias(b_v: torch.Tensor, width: int, heads: int) -> torch.Tensor:
+    """b_v as the output projection sees it: under grouped- or multi-query attention each
+    key/value head serves heads/kv query heads, so its entries repeat for each of them."""
+    if b_v.numel() == width:
+        return b_v
+    d = width // heads if heads and width % heads == 0 else 0
+    kv = b_v.numel() // d if d else 0
+    if not d or kv * d != b_v.numel() or heads % kv:
+        raise ValueError(f"value bias of {b_v.numel()} entries does not map onto an output projection of "
+                         f"{width} inputs in {heads} heads")
+    return b_v.view(kv, d).repeat_interleave(heads // kv, dim=0).reshape(-1)
+
+
+def _perturb(slot: Slot, partner: Slot | None, scale: float, seed: int) -> Callable[[nn.Module], None]:
+    """Add a seeded random vector to a bias slot (and to its add_bias_kv partner, which the
+    identity moves with it): the direction of the redundancy probe."""
+    def edit(unit: nn.Module) -> None:
+        with torch.no_grad():
+            param = getattr(_owner(unit, slot), slot.name)
+            gen = torch.Generator().manual_seed(seed)
+            sel = slot.select() if slot.packed else slice(None)
+            n = param[sel].numel()
+            delta = scale * torch.randn(n, generator=gen, dtype=torch.float64).to(param.dtype)
+            param[sel] += delta
+            if partner is not None:
+                other = getattr(_owner(unit, partner), partner.name)
+                other += delta.view_as(other)
+    return edit
+
+
 def _fold_change(site: Site, storage: str) -> Callable[[nn.Module], int]:
     def change(unit: nn.Module) -> int:
         with torch.no_grad():
@@ -148,7 +185,8 @@ def _fold_change(site: Site, storage: str) -> Callable[[nn.Module], int]:
             out = unit.get_submodule(site.out)
             w_o = out.weight.detach().double()
             w_o = w_o.T if site.out_transposed else w_o
-            out.bias.copy_((out.bias.double() + w_o @ b_v.double()).to(out.bias.dtype))
+            out.bias.copy_((out.bias.double() + w_o @ expand_value_bias(b_v.double(), w_o.shape[1], site.heads))
+                           .to(out.bias.dtype))
             if site.value_partner is not None:
                 partner = getattr(_owner(unit, site.value_partner), site.value_partner.name)
                 partner.sub_(b_v.view_as(partner).to(partner.dtype))
@@ -210,9 +248,16 @@ def _stored(unit: nn.Module, slot: Slot) -> tuple[torch.Tensor, str]:
 def _shared(model: nn.Module, sites: list[tuple[Site, nn.Module]], slots: Callable[[Site], list[Slot]]):
     """Names of each written parameter across the whole model (tied parameters have several),
     and which planned sites write it."""
+    # A module registered under several names (nn.Sequential(layer, layer)) holds its parameter
+    # once: only the first name of each (module, attribute) counts as a holder.
     names: dict[int, set[str]] = {}
-    for name, p in model.named_parameters(remove_duplicate=False):
-        names.setdefault(id(p), set()).add(name)
+    seen: set[tuple[int, str]] = set()
+    for mod_name, module in model.named_modules(remove_duplicate=False):
+        for leaf, p in module._parameters.items():
+            if p is None or (id(module), leaf) in seen:
+                continue
+            seen.add((id(module), leaf))
+            names.setdefault(id(p), set()).add(f"{mod_name}.{leaf}" if mod_name else leaf)
     written: dict[int, list[tuple[Site, Slot, str]]] = {}
     for site, unit in sites:
         for slot in slots(site):
@@ -233,10 +278,66 @@ def _entry(site: Site, action: str, **extra) -> dict[str, Any]:
             "change": None, "tolerance": None, "change_over_tolerance": None, "reason": "", **extra}
 
 
+OPERATIONS = ("strip_key_bias", "fold_value_bias")
+# SDPA and the model's eager kernel agree to float32 softmax rounding (about 2^-24 relative);
+# 2^-12 is 4096 times that, so a larger gap means the two compute different functions.
+KERNEL_SWITCH_BOUND = 2.0**-12
+_NO_INPUTS = object()
+
+
+def _probe_site(site: Site, work: nn.Module, calls: list, change: Callable[[nn.Module], int], strip: bool,
+                seed: int) -> dict[str, Any]:
+    """Certify one site on the unit's real calls in the float64 copy of the model, plus random
+    calls of the same structure: the change itself, the redundancy probe (b_k + a random
+    vector: the output must not move) and its control (b_q + the same vector: it must)."""
+    unit = work.get_submodule(site.unit_path) if site.unit_path else work
+    gen = torch.Generator().manual_seed(seed)
+    probes = list(calls) + [_calls.randomized(c, gen) for c in calls]
+    result = {"certified": False, "change": math.inf, "tolerance": 0.0, "reason": ""}
+    try:
+        delta, limit = _calls.probe(copy.deepcopy(unit), probes, change)
+        result.update(change=delta, tolerance=limit)
+        slot = site.key if strip else site.value
+        scale = 1.0 + float(slot_values(unit, slot).abs().max())
+        partner = site.key_partner if strip else site.value_partner
+        if strip:
+            moved, _ = _calls.probe(copy.deepcopy(unit), probes, _perturb(slot, partner, scale, seed + 1))
+        else:
+            fold_ = _perturb(slot, partner, scale, seed + 1)
+            base = copy.deepcopy(unit)
+            fold_(base)
+            moved, _ = _calls.probe(base, probes, change)
+        control = math.inf
+        if strip and site.query is not None:
+            control, _ = _calls.probe(copy.deepcopy(unit), probes, _perturb(site.query, None, scale, seed + 1))
+    except Exception as exc:  # noqa: BLE001  (a module that cannot be probed is refused, with why)
+        result["reason"] = f"could not be certified on its captured calls: {type(exc).__name__}: {exc}"
+        return result
+    if not (delta <= limit and moved <= limit):
+        what = "b_k" if strip else "b_v (folded into b_o)"
+        result["reason"] = (f"the model's real calls show the output depends on {what}: a change of "
+                            f"{max(delta, moved):.3g} against the rounding bound {limit:.3g}")
+        if strip:
+            result["reason"] += "; " + _sites.explain_dependence(site, unit.get_submodule(site.path[len(site.unit_path):].lstrip("."))
+                                                                 if site.path != site.unit_path else unit, calls)
+        return result
+    if strip and site.query is not None and not control > limit:
+        result["reason"] = ("the redundancy probe exercised nothing: perturbing b_q did not move the output either "
+                            f"({control:.3g}), so the calls say nothing about b_k")
+        result["inconclusive"] = True
+        return result
+    result["certified"] = True
+    return result
+
+
 def run_surgery(model: nn.Module, operation: str, *, storage: str, certify_seed: int = 0,
-                allow_dropout: bool = False, _apply_hook: Callable[[int, Site], None] | None = None) -> dict[str, Any]:
-    """Plan every site, certify every planned change on a float64 copy, then apply them all;
-    any refusal or error leaves the model bit-identical."""
+                allow_dropout: bool = False, inputs: Any = None,
+                _apply_hook: Callable[[int, Site], None] | None = None) -> dict[str, Any]:
+    """Plan every site, certify every planned change on a float64 copy (on the model's own
+    calls where inputs are known), check the whole model, then apply them all; any refusal or
+    error leaves the model bit-identical."""
+    if operation not in OPERATIONS:
+        raise ValueError(f"operation={operation!r} not allowed; allowed: {list(OPERATIONS)}")
     if storage not in STORAGES:
         raise ValueError(f"storage={storage!r} not allowed; allowed: {list(STORAGES)}")
     if not isinstance(model, nn.Module):
@@ -244,7 +345,7 @@ def run_surgery(model: nn.Module, operation: str, *, storage: str, certify_seed:
     strip = operation == "strip_key_bias"
     report = _report(operation, storage)
     sites, report["not_handled"] = discover(model)
-    plan: list[tuple[Site, nn.Module]] = []
+    planned: list[tuple[Site, nn.Module]] = []
     refusals: list[dict[str, Any]] = []
 
     for site in sites:
@@ -252,12 +353,12 @@ def run_surgery(model: nn.Module, operation: str, *, storage: str, certify_seed:
         slot = site.key if strip else site.value
         refusal = site.refuse_strip if strip else site.refuse_fold
         what = "key" if strip else "value"
-        if refusal:
-            refusals.append(_entry(site, "refused", reason=refusal))
-        elif slot is None:
+        if slot is None:
             reason = "; ".join(site.notes) or f"no {what} bias"
             report["unchanged"].append({"module": site.name, "reason": reason})
             report["modules"].append(_entry(site, "unchanged", reason=reason))
+        elif refusal:
+            refusals.append(_entry(site, "refused", reason=refusal))
         elif slot_removed(unit, slot):
             reason = f"{what} bias already removed"
             report["unchanged"].append({"module": site.name, "reason": reason})
@@ -271,17 +372,17 @@ def run_surgery(model: nn.Module, operation: str, *, storage: str, certify_seed:
                 f"attention dropout p={site.dropout}: in training mode a row of dropped weights does not sum "
                 "to one (pass allow_dropout=True for a fold that is exact in eval mode)")))
         else:
-            plan.append((site, unit))
+            planned.append((site, unit))
 
     # Tied or shared parameters: a key bias shared only as a whole key bias is removed once;
     # any other sharing of a written parameter is refused, naming every holder.
-    names, written = _shared(model, plan, lambda s: [x for x in (
+    names, written = _shared(model, planned, lambda s: [x for x in (
         (s.key, s.key_partner) if strip else (s.value, s.value_partner, Slot(s.out, "bias"))) if x is not None])
     blocked = set()
     for pid, uses in written.items():
         holders = names.get(pid, set())
         own = {u[2] for u in uses}
-        once = strip and all(u[1] is u[0].key and u[1].start is None for u in uses)
+        once = strip and all(u[1] is u[0].key and not u[1].packed for u in uses)
         if (len(uses) > 1 and not once) or (holders - own):
             for site, *_ in uses:
                 blocked.add(site.name)
@@ -290,20 +391,82 @@ def run_surgery(model: nn.Module, operation: str, *, storage: str, certify_seed:
                 refusals.append(_entry(site, "refused", reason=(
                     f"shared parameter held by {culprit}: changing it for one module changes the others; "
                     "untie it first")))
-    plan = [(s, u) for s, u in plan if s.name not in blocked]
+    planned = [(s, u) for s, u in planned if s.name not in blocked]
+
+    # The model's own calls: a float64 copy runs once on inputs it accepts, hooks record each
+    # unit's arguments.
+    work, calls, y_before = None, {}, None
+    if planned:
+        if inputs is None:
+            inputs = _calls.example_inputs(model)
+        if inputs is not None:
+            work = copy.deepcopy(model).double().eval()
+            try:
+                with torch.no_grad():
+                    y_own = _calls.flatten(_calls.run_model(work, _calls.to_float64(inputs)))
+                switched = _float64_kernels(work)
+                y_before, calls = _calls.capture(work, _calls.to_float64(inputs), [s.unit_path for s, _ in planned])
+                # The certificate must be about the function the model computes: where the SDPA
+                # kernel gives a different output than the model's own (far beyond any float32
+                # softmax rounding: it drops a term such as attention sinks), certify on the own one.
+                if switched and not _calls.change(y_own, y_before) <= KERNEL_SWITCH_BOUND * float(y_own.abs().max()):
+                    _own_kernels(switched)
+                    y_before, calls = _calls.capture(work, _calls.to_float64(inputs),
+                                                     [s.unit_path for s, _ in planned])
+                    report["notes"].append("certified with the model's own attention kernel: SDPA computes a "
+                                           "different function for this model")
+            except Exception as exc:  # noqa: BLE001
+                report["notes"].append(f"the whole-model forward on the example inputs failed "
+                                       f"({type(exc).__name__}: {exc}); only verified classes were certified")
+                work, calls = None, {}
 
     certified = []
-    for site, unit in plan:
+    for site, unit in planned:
         change = _strip_change(site, storage) if strip else _fold_change(site, storage)
-        result = certify(unit, site, change, seed=certify_seed)
+        if calls.get(site.unit_path):
+            result = _probe_site(site, work, calls[site.unit_path], change, strip, certify_seed)
+        elif site.trusted or site.layout == "mha" or site.family == "torch.ao quantizable MHA":
+            result = certify(unit, site, change, seed=certify_seed)
+            result.setdefault("reason", "")
+        else:
+            why = ("it was not called by the whole-model forward on the example inputs" if work is not None else
+                   "no inputs this model accepts were given or could be built (pass inputs=)")
+            report["not_handled"].append({"module": site.name, "type": site.module_type or site.family,
+                                          "reason": f"not certified: {why}; its biases were left as they are"})
+            continue
+        if result.get("inconclusive"):  # nothing proven either way: left alone and listed, not refused
+            report["not_handled"].append({"module": site.name, "type": site.module_type or site.family,
+                                          "reason": f"not certified: {result['reason']}; its biases were left as they are"})
+            continue
         ratio = result["change"] / result["tolerance"] if result["tolerance"] > 0 else float("inf")
         if not result["certified"]:
-            refusals.append(_entry(site, "refused", change=result["change"], tolerance=result["tolerance"],
-                                   change_over_tolerance=ratio, reason=(
+            reason = result.get("reason") or (
                 f"certification failed: the float64 output changed by {result['change']:.3g}, above the "
-                f"rounding tolerance {result['tolerance']:.3g}")))
+                f"rounding tolerance {result['tolerance']:.3g}")
+            refusals.append(_entry(site, "refused", change=result["change"], tolerance=result["tolerance"],
+                                   change_over_tolerance=ratio, reason=reason))
         else:
             certified.append((site, unit, change, result, ratio))
+
+    # The whole model, as it is called: every certified change at once on the float64 copy.
+    if work is not None and certified and not refusals:
+        try:
+            for site, *_ in certified:
+                (_strip_change(site, storage) if strip else _fold_change(site, storage))(
+                    work.get_submodule(site.unit_path) if site.unit_path else work)
+            with torch.no_grad():
+                y_after = _calls.flatten(_calls.run_model(work, _calls.to_float64(inputs)))
+            delta, limit = _calls.change(y_before, y_after), _calls.bound(y_before)
+        except Exception as exc:  # noqa: BLE001
+            delta, limit = math.inf, 0.0
+            report["notes"].append(f"whole-model check failed to run: {type(exc).__name__}: {exc}")
+        report["whole_model"] = {"change": delta, "bound": limit, "holds": delta <= limit}
+        if not delta <= limit:
+            for site, *_ in certified:
+                refusals.append(_entry(site, "refused", change=delta, tolerance=limit, reason=(
+                    f"the whole model's float64 output moved by {delta:.3g} (bound 2^-24 max|y| = {limit:.3g}) "
+                    "when every certified change was applied together")))
+    del work
 
     if refusals:
         report["refused"] = refusals
@@ -335,7 +498,7 @@ def run_surgery(model: nn.Module, operation: str, *, storage: str, certify_seed:
         snapshot.restore()
         raise
 
-    if storage == "remove" and any(s.key.start is not None if strip else s.value.start is not None
+    if storage == "remove" and any(s.key.packed if strip else s.value.packed
                                    for s, *_ in certified):
         note = ("packed biases (in_proj_bias, c_attn.bias) are re-parameterized: in-place writes to them "
                 "(zero_, copy_, _reset_parameters) no longer reach the stored entries; write to "

@@ -24,7 +24,9 @@ TRIPLES = (
     ("query_proj", "key_proj", "value_proj"),
     ("q", "k", "v"),
 )
-OWN_OUTPUTS = ("o_proj", "out_proj", "out_lin", "c_proj", "o")
+OWN_OUTPUTS = ("o_proj", "out_proj", "out_lin", "c_proj", "o", "dense", "proj", "wo")
+# Fused q/k/v projections (one Linear or Conv1D computing all three).
+FUSED = ("c_attn", "query_key_value", "qkv", "Wqkv", "qkv_proj", "in_proj", "qkv_linear")
 # Classes whose function is softmax(q k^T * scale + additive mask) v followed by an output
 # projection, with no position term that touches the key: verified here and in the tests.
 # A subclass of one of them (a model that reuses the class) is handled the same way.
@@ -42,7 +44,6 @@ VERIFIED = {
     "WhisperAttention": "Whisper",
     "GPT2Attention": "GPT-2",
 }
-DEBERTA = ("DisentangledSelfAttention",)
 _ATTENTION_NAME = re.compile(r"attention|attn", re.IGNORECASE)
 
 
@@ -55,9 +56,23 @@ class Slot:
     name: str
     start: int | None = None
     stop: int | None = None
+    index: tuple[int, ...] | None = None  # scattered entries of a fused bias (per-head layouts)
+    label: str = ""
+
+    @property
+    def packed(self) -> bool:
+        return self.start is not None or self.index is not None
+
+    def select(self):
+        """What indexes the slot's entries in the full bias vector."""
+        if self.index is not None:
+            return list(self.index)
+        return slice(self.start, self.stop)
 
     def describe(self, unit_path: str) -> str:
         base = ".".join(p for p in (unit_path, self.owner, self.name) if p)
+        if self.index is not None:
+            return f"{base}[{self.label or f'{len(self.index)} entries'}]"
         return base if self.start is None else f"{base}[{self.start}:{self.stop}]"
 
 
@@ -75,6 +90,7 @@ class Site:
     layout: str  # mha | triple | packed
     key: Slot | None = None
     value: Slot | None = None
+    query: Slot | None = None  # the control of the redundancy probe
     out: str | None = None  # output projection, relative to the unit
     out_transposed: bool = False  # Conv1D stores W_o as (in, out)
     key_partner: Slot | None = None  # add_bias_kv's extra key slot
@@ -85,6 +101,8 @@ class Site:
     refuse_strip: str | None = None
     refuse_fold: str | None = None
     notes: list[str] = field(default_factory=list)
+    trusted: bool = False  # a verified class whose forward is not overridden: random inputs suffice
+    module_type: str = ""
 
     @property
     def name(self) -> str:
@@ -140,11 +158,7 @@ def _heads(module: nn.Module, config) -> int:
 
 def _rotary_reason(module: nn.Module) -> str | None:
     names = {n for n, _ in module.named_children()}
-    try:
-        params = inspect.signature(type(module).forward).parameters
-    except (TypeError, ValueError):
-        params = {}
-    if "position_embeddings" in params or any("rotary" in n for n in names) or hasattr(module, "rotary_emb"):
+    if any("rotary" in n for n in names) or hasattr(module, "rotary_emb"):
         return ("rotary position embeddings (RoPE) rotate each key by its position after b_k is added, "
                 "so the score term q_i . R_j b_k depends on the key position j and is not a row constant")
     return None
@@ -165,17 +179,6 @@ def _position_reason(module: nn.Module) -> str | None:
         return ("position_embedding_type='relative_key_query' adds k_j . r_(i-j), a score term in which "
                 "b_k . r_(i-j) depends on the key position j")
     return None
-
-
-def _deberta_reason(module: nn.Module) -> str:
-    config = getattr(module, "config", None)
-    kinds = getattr(module, "pos_att_type", None) or getattr(config, "pos_att_type", None) or ()
-    relative = getattr(module, "relative_attention", getattr(config, "relative_attention", False))
-    if relative and "p2c" in kinds:
-        return ("DeBERTa-v2 disentangled attention: its position-to-content term k_j . r_q(j - i) "
-                "contains b_k . r_q(j - i), which depends on the key position j")
-    return ("DeBERTa-v2 disentangled attention: not verified by this tool (its relative terms scale "
-            "and mix scores per position); left as is")
 
 
 def _unknown_reason(module: nn.Module) -> str:
@@ -225,79 +228,174 @@ def _mha_site(path: str, module: nn.MultiheadAttention) -> Site:
     return site
 
 
-def _hf_site(model: nn.Module, path: str, module: nn.Module, family: str, names) -> Site | None:
-    config = getattr(module, "config", None)
-    own = next((n for n in OWN_OUTPUTS if _is_projection(getattr(module, n, None))), None)
+def _trusted(module: nn.Module) -> bool:
+    """A verified class, or a subclass that keeps its forward: random inputs of the verified
+    shape exercise it fully. A subclass that overrides forward may do anything (apply rotary
+    embeddings when passed position_embeddings), so it is certified only on its real calls."""
+    for cls in type(module).__mro__:
+        if cls.__name__ in VERIFIED:
+            return type(module).forward is cls.forward
+    return False
+
+
+def _output_projection(model: nn.Module, path: str, module: nn.Module) -> tuple[str, str, str] | None:
+    """(unit_path, prefix of the module inside the unit, output projection inside the unit):
+    the module's own output projection, or its parent's `output.dense` (BERT, ViT, Swin)."""
+    own = next((n for n in OWN_OUTPUTS if _is_projection(getattr(module, n, None))
+                and n not in FUSED), None)
     if own is not None:
-        unit_path, prefix, out = path, "", own
+        return path, "", own
+    if not path:
+        return None
+    parent_path = path.rpartition(".")[0]
+    parent = model.get_submodule(parent_path)
+    dense = getattr(getattr(parent, "output", None), "dense", None)
+    if _is_projection(dense):
+        return parent_path, path.rpartition(".")[2] + ".", "output.dense"
+    return None
+
+
+def _site_base(model: nn.Module, path: str, module: nn.Module, family: str, layout: str) -> Site:
+    config = getattr(module, "config", None)
+    found = _output_projection(model, path, module)
+    unit_path, prefix, out = found if found else (path, "", None)
+    site = Site(path=path, unit_path=unit_path, family=family, layout=layout, out=out,
+                heads=_heads(module, config), dropout=_dropout(module), trusted=_trusted(module),
+                module_type=type(module).__name__)
+    site.notes.append(prefix)  # popped by the callers: the module's path inside the unit
+    if out is None:
+        site.refuse_fold = "no output projection found (o_proj, out_proj, dense, output.dense, ...) to fold b_v into"
     else:
-        parent_path = path.rpartition(".")[0] if "." in path else ""
-        if not path:
-            return None
-        parent = model.get_submodule(parent_path)
-        dense = getattr(getattr(parent, "output", None), "dense", None)
-        if not _is_projection(dense):
-            return None
-        unit_path, prefix, out = parent_path, path.rpartition(".")[2] + ".", "output.dense"
-    k, v = getattr(module, names[1]), getattr(module, names[2])
-    site = Site(path=path, unit_path=unit_path, family=family, layout="triple", out=out,
-                projections=tuple(prefix + n for n in names), heads=_heads(module, config),
-                dropout=_dropout(module))
+        unit = model.get_submodule(unit_path) if unit_path else model
+        out_module = unit.get_submodule(out)
+        if getattr(out_module, "bias", None) is None:
+            site.refuse_fold = "the output projection has no bias to fold b_v into"
+        site.out_transposed = type(out_module).__name__.endswith("Conv1D")
+    return site
+
+
+def _hf_site(model: nn.Module, path: str, module: nn.Module, family: str, names) -> Site:
+    site = _site_base(model, path, module, family, "triple")
+    prefix = site.notes.pop()
+    q, k, v = (getattr(module, n) for n in names)
+    site.projections = tuple(prefix + n for n in names)
     if k.bias is not None:
         site.key = Slot(prefix + names[1], "bias")
     else:
         site.notes.append(f"{names[1]} has no bias")
     if v.bias is not None:
         site.value = Slot(prefix + names[2], "bias")
-    out_module = module.get_submodule(out) if own else model.get_submodule(unit_path).get_submodule(out)
-    if out_module.bias is None:
-        site.refuse_fold = "the output projection has no bias to fold b_v into"
+    if q.bias is not None:
+        site.query = Slot(prefix + names[0], "bias")
     reason = _position_reason(module)
-    if reason:
-        site.refuse_strip = site.refuse_fold = reason
+    if reason:  # a key-dependent score term; values are untouched, so the fold stays exact
+        site.refuse_strip = reason
     return site
 
 
-def _gpt2_site(path: str, module: nn.Module) -> Site:
-    cross = bool(getattr(module, "is_cross_attention", False))
-    e = module.c_attn.weight.shape[0]
-    site = Site(path=path, unit_path=path, family="GPT-2", layout="packed", out="c_proj", out_transposed=True,
-                projections=("q_attn", "c_attn") if cross else ("c_attn",),
-                heads=_heads(module, getattr(module, "config", None)), dropout=_dropout(module))
-    if module.c_attn.bias is not None:
-        # c_attn computes [q | k | v] (or [k | v] in cross-attention) = x W + b, W of shape (E, 3E)
-        k0 = 0 if cross else e
-        site.key = Slot("c_attn", "bias", k0, k0 + e)
-        site.value = Slot("c_attn", "bias", k0 + e, k0 + 2 * e)
-    if module.c_proj.bias is None:
-        site.refuse_fold = "c_proj has no bias to fold b_v into"
+def _head_sizes(module: nn.Module, width: int, heads: int) -> tuple[int, int]:
+    """(head size, number of key/value heads) from the module or its config."""
+    config = getattr(module, "config", None)
+    d = getattr(module, "head_dim", None) or getattr(module, "head_size", None)
+    if not isinstance(d, int) or d <= 0:
+        d = width // max(heads, 1)
+    kv = None
+    for obj in (module, config):
+        for attr in ("num_kv_heads", "num_key_value_heads", "num_kv", "n_head_kv"):
+            value = getattr(obj, attr, None)
+            if isinstance(value, int) and value > 0:
+                kv = value
+                break
+        if kv:
+            break
+    if getattr(config, "multi_query", False) and not getattr(config, "new_decoder_architecture", False):
+        kv = 1
+    return d, kv or heads
+
+
+def _fused_site(model: nn.Module, path: str, module: nn.Module, name: str) -> Site:
+    """q, k, v computed by one projection. The layout of its output (and bias) is read from
+    the structure: [q | k | v] thirds (GPT-2's Conv1D c_attn, ViT-style qkv), [q | k | v]
+    with fewer key/value heads (multi-query, grouped-query qkv_proj), BLOOM/GPT-NeoX's per-head
+    interleaved (heads, 3, d), or Falcon's grouped (kv heads, group + 2, d). A wrong reading is
+    caught by the redundancy probe and its control, and refused."""
+    family = verified_family(module) or type(module).__name__
+    site = _site_base(model, path, module, family, "packed")
+    prefix = site.notes.pop()
+    proj = getattr(module, name)
+    conv1d = type(proj).__name__.endswith("Conv1D")
+    width_in, total = (proj.weight.shape if conv1d else proj.weight.shape[::-1])
+    site.projections = (prefix + name,)
+    cross = bool(getattr(module, "is_cross_attention", False)) and _is_projection(getattr(module, "q_attn", None))
+    if cross:  # GPT-2 cross-attention: q from q_attn, [k | v] from c_attn
+        site.projections = (prefix + "q_attn", prefix + name)
+    if getattr(proj, "bias", None) is None:
+        site.notes.append(f"{name} has no bias")
+        return site
+    heads = site.heads
+    d, kv = _head_sizes(module, width_in, heads)
+    owner = prefix + name
+    config = getattr(module, "config", None)
+    if cross:
+        e = total // 2
+        site.key, site.value = Slot(owner, "bias", 0, e), Slot(owner, "bias", e, 2 * e)
+        if getattr(module.q_attn, "bias", None) is not None:
+            site.query = Slot(prefix + "q_attn", "bias")
+        return site
+    if name == "query_key_value" and getattr(config, "new_decoder_architecture", False) and kv and heads % kv == 0:
+        g = heads // kv  # Falcon: (kv heads, g queries + key + value, d)
+        blocks = [(h, j) for h in range(kv) for j in range(g + 2)]
+        pick = {r: [b for b, (_, j) in enumerate(blocks) if (j < g if r == "q" else j == (g if r == "k" else g + 1))]
+                for r in "qkv"}
+        slots = {r: tuple(e for b in pick[r] for e in range(b * d, (b + 1) * d)) for r in "qkv"}
+        site.query, site.key, site.value = (Slot(owner, "bias", index=slots[r], label=f"{r} entries of each group")
+                                            for r in "qkv")
+    elif name == "query_key_value" and kv == heads and total == 3 * heads * d:
+        # BLOOM, GPT-NeoX, Falcon without multi-query: (heads, 3, d)
+        slots = {r: tuple(h * 3 * d + i * d + e for h in range(heads) for e in range(d)) for i, r in enumerate("qkv")}
+        site.query, site.key, site.value = (Slot(owner, "bias", index=slots[r], label=f"{r} entries of each head")
+                                            for r in "qkv")
+    elif total == heads * d + 2 * kv * d:
+        q_end, k_end = heads * d, heads * d + kv * d
+        site.query = Slot(owner, "bias", 0, q_end)
+        site.key = Slot(owner, "bias", q_end, k_end)
+        site.value = Slot(owner, "bias", k_end, total)
+    elif total % 3 == 0:
+        e = total // 3
+        site.query, site.key, site.value = (Slot(owner, "bias", i * e, (i + 1) * e) for i in range(3))
+    else:
+        site.notes.append(f"{name}: layout of its {total} outputs not recognised")
+        site.refuse_strip = site.refuse_fold = (f"the fused projection {name} has {total} outputs in a layout this "
+                                                "tool does not recognise")
     return site
+
+
+def _gpt2_site(model: nn.Module, path: str, module: nn.Module) -> Site:
+    return _fused_site(model, path, module, "c_attn")
+
+
+def _fused_name(module: nn.Module) -> str | None:
+    return next((n for n in FUSED if _is_projection(getattr(module, n, None))), None)
 
 
 def discover(model: nn.Module) -> tuple[list[Site], list[dict[str, str]]]:
-    """Attention sites this package handles or refuses by family, and unknown attention-like
-    modules (listed with a reason, never changed)."""
+    """Attention sites found by structure (q/k/v projections, separate or fused, and an output
+    projection), and other attention-like modules (listed with a reason, never changed).
+
+    Each module is visited once, however many names or containers it is registered under."""
     sites: list[Site] = []
     candidates = []
     for path, module in model.named_modules():
+        if any(path.startswith(s.path + ".") for s in sites if s.path):
+            continue  # inside a site already found (the q/k/v projections themselves)
         family = verified_family(module)
         if isinstance(module, nn.MultiheadAttention):
             sites.append(_mha_site(path, module))
-        elif family == "GPT-2" and _is_projection(getattr(module, "c_attn", None)):
-            sites.append(_gpt2_site(path, module))
-        elif family is not None and _triple(module):
-            site = _hf_site(model, path, module, family, _triple(module))
-            if site is None:
-                candidates.append((path, module, "verified class, but no output projection with the expected name"))
-            else:
-                sites.append(site)
-        elif any(n in DEBERTA for n in _mro_names(module)):
-            site = Site(path=path, unit_path=path, family="DeBERTa-v2", layout="triple")
-            site.refuse_strip = site.refuse_fold = _deberta_reason(module)
-            sites.append(site)
-        elif _triple(module) or _ATTENTION_NAME.search(type(module).__name__) or (
-            _is_projection(getattr(module, "c_attn", None)) or _is_projection(getattr(module, "qkv", None))
-        ) or _calls_sdpa(module):
+        elif _triple(module):
+            sites.append(_hf_site(model, path, module, family or type(module).__name__, _triple(module)))
+        elif _fused_name(module) and (_ATTENTION_NAME.search(type(module).__name__) or family):
+            sites.append(_fused_site(model, path, module, _fused_name(module)))
+        elif _ATTENTION_NAME.search(type(module).__name__) or _calls_sdpa(module):
             candidates.append((path, module, None))
 
     taken = [s.path for s in sites] + [s.unit_path for s in sites]
@@ -310,17 +408,30 @@ def discover(model: nn.Module) -> tuple[list[Site], list[dict[str, str]]]:
     for path, module, reason in candidates:
         if related(path):
             continue
-        rope = _rotary_reason(module) or _qk_norm_reason(module)
-        if rope and _triple(module) and getattr(module, _triple(module)[1]).bias is not None:
-            # A known breaking structure with a key bias: refuse rather than pass over it.
-            site = Site(path=path, unit_path=path, family=type(module).__name__, layout="triple")
-            site.refuse_strip = site.refuse_fold = rope
-            sites.append(site)
-            continue
-        if rope and _triple(module):
-            unknown.append({"module": path or "<root>", "type": type(module).__name__,
-                            "reason": f"{rope}; this module has no key bias, so there is nothing to remove"})
-            continue
         unknown.append({"module": path or "<root>", "type": type(module).__name__,
                         "reason": reason or _unknown_reason(module)})
     return sites, unknown
+
+
+def explain_dependence(site: Site, module: nn.Module, calls) -> str:
+    """Why b_k is not redundant in a module whose output the probe showed to depend on it,
+    read from the structure of the module and of its real calls."""
+    names = {n for n, _ in module.named_modules()}
+    rotary = hasattr(module, "rotary_emb") or any("rotary" in n for n in names)
+    for args, kwargs in calls:
+        for value in list(kwargs.values()) + list(args[1:]):
+            if (isinstance(value, tuple) and len(value) == 2 and all(hasattr(t, "shape") for t in value)
+                    and value[0].shape == value[1].shape):
+                rotary = True  # a (cos, sin) pair
+    if rotary:
+        return ("rotary position embeddings (RoPE) rotate each key by its position after b_k is added, so the "
+                "score term q_i . R_j b_k depends on the key position j and is not a row constant")
+    if _qk_norm_reason(module):
+        return _qk_norm_reason(module)
+    config = getattr(module, "config", None)
+    kinds = getattr(module, "pos_att_type", None) or getattr(config, "pos_att_type", None) or ()
+    if "p2c" in kinds:
+        return ("disentangled attention: its position-to-content term k_j . r_q(j - i) contains b_k . r_q(j - i), "
+                "which depends on the key position j")
+    return ("the output depends on b_k beyond rounding: something acts on the key between b_k and the score "
+            "(a key-dependent position term, a normalization, a gate)")

@@ -18,7 +18,6 @@ import json
 import os
 import shutil
 import sys
-import tempfile
 import warnings
 from pathlib import Path
 from typing import Any
@@ -32,31 +31,99 @@ class CliError(Exception):
     """A problem with the input that stops the tool before anything is written."""
 
 
+TEMP_TAG = ".keybias-tmp-"
+
+
+def _check_safetensors(path: Path) -> None:
+    """The header of a safetensors file: 8 bytes of length, a JSON table whose tensors all lie
+    inside the file (a truncated or empty file fails here, before anything is loaded)."""
+    size = path.stat().st_size
+    if size < 8:
+        raise CliError(f"{path} is empty or truncated ({size} bytes): not a safetensors file")
+    with path.open("rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        if n <= 0 or 8 + n > size:
+            raise CliError(f"{path} is truncated or corrupt: its header claims {n} bytes, the file has {size}")
+        try:
+            header = json.loads(f.read(n))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise CliError(f"{path} has a corrupt header ({exc.__class__.__name__}): not a safetensors file") from exc
+    if not isinstance(header, dict):
+        raise CliError(f"{path} has a corrupt header: not a table of tensors")
+    end = max((int(v["data_offsets"][1]) for k, v in header.items()
+               if k != "__metadata__" and isinstance(v, dict) and "data_offsets" in v), default=0)
+    if 8 + n + end > size:
+        raise CliError(f"{path} is truncated: its tensors need {8 + n + end} bytes, the file has {size}")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def clean_stale(out_dir: Path, log=print) -> None:
+    """Temporary folders of earlier runs for the same OUT_DIR: removed when their process is
+    gone (a killed run), named when it still runs."""
+    for stale in sorted(out_dir.parent.glob(f".{out_dir.name}{TEMP_TAG}*")):
+        pid = stale.name.rpartition("-")[2]
+        if pid.isdigit() and _pid_alive(int(pid)) and int(pid) != os.getpid():
+            raise CliError(f"another run (process {pid}) is writing {out_dir} (its temporary folder {stale})")
+        shutil.rmtree(stale, ignore_errors=True)
+        log(f"removed {stale}, the temporary folder of an interrupted earlier run")
+
+
 def check_input(in_dir: Path, out_dir: Path) -> None:
-    """Every way the arguments can be wrong, checked before any model is loaded."""
+    """Every way the arguments can be wrong, checked before any model is loaded; the output's
+    parent first, so that no work is done for a result that could not be written."""
+    parent = out_dir.absolute().parent
+    if not parent.is_dir():
+        raise CliError(f"the parent of the output, {parent}, does not exist")
+    probe = parent / f".{out_dir.name}{TEMP_TAG}probe-{os.getpid()}"
+    try:
+        probe.mkdir()
+        probe.rmdir()
+    except OSError as exc:
+        raise CliError(f"the parent of the output, {parent}, is not writable ({exc.strerror})") from exc
+    if out_dir.exists():
+        raise CliError(f"output {out_dir} already exists; choose a new directory")
     if not in_dir.exists():
         raise CliError(f"input directory {in_dir} does not exist")
     if not in_dir.is_dir():
         raise CliError(f"input {in_dir} is not a directory")
-    if not (in_dir / "config.json").is_file():
+    if out_dir.absolute().resolve().is_relative_to(in_dir.resolve()):
+        raise CliError(f"output {out_dir} lies inside the input {in_dir}; choose a directory outside it")
+    config = in_dir / "config.json"
+    if not config.is_file():
         raise CliError(f"{in_dir} has no config.json: not a Hugging Face model directory")
-    safetensors = list(in_dir.glob("*.safetensors"))
+    try:
+        parsed = json.loads(config.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CliError(f"{config} is not valid JSON ({exc})") from exc
+    if not isinstance(parsed, dict) or not isinstance(parsed.get("model_type"), str):
+        raise CliError(f"{config} has no model_type: not a transformers config")
+    safetensors = sorted(in_dir.glob("*.safetensors"))
     if not safetensors:
         pickles = sorted(p.name for p in in_dir.iterdir() if p.suffix in PICKLE_SUFFIXES)
         if pickles:
             raise CliError(f"{in_dir} holds only pickle checkpoints ({', '.join(pickles)}); this tool loads "
                            "safetensors only, because unpickling runs arbitrary code. Convert them first.")
         raise CliError(f"{in_dir} has no *.safetensors weights")
-    if out_dir.exists():
-        raise CliError(f"output {out_dir} already exists; choose a new directory")
-    if not out_dir.parent.is_dir():
-        raise CliError(f"the parent of the output, {out_dir.parent}, does not exist")
+    for path in safetensors:
+        _check_safetensors(path)
 
 
 def _architecture(in_dir: Path):
     import transformers
 
-    config = transformers.AutoConfig.from_pretrained(str(in_dir), local_files_only=True)
+    try:
+        config = transformers.AutoConfig.from_pretrained(str(in_dir), local_files_only=True)
+    except (OSError, ValueError, KeyError) as exc:
+        raise CliError(f"transformers cannot read {in_dir / 'config.json'}: {' '.join(str(exc).split())[:200]}") from exc
     for name in getattr(config, "architectures", None) or []:
         cls = getattr(transformers, name, None)
         if cls is not None:
@@ -64,33 +131,19 @@ def _architecture(in_dir: Path):
     return config, transformers.AutoModel
 
 
-def _probe_inputs(model, seed: int = 0) -> dict[str, Any]:
-    """Random token ids with padding on the second example (never a fully masked row)."""
-    import torch
-
-    cfg = model.config
-    vocab = getattr(cfg, "vocab_size", None)
-    if not vocab:
-        raise CliError(f"{type(model).__name__}: the whole-model check needs a token model (config.vocab_size)")
-    gen = torch.Generator().manual_seed(seed)
-    ids = torch.randint(min(5, vocab - 1), vocab, (2, 12), generator=gen)
-    mask = torch.ones_like(ids)
-    mask[1, -4:] = 0
-    return {"input_ids": ids, "attention_mask": mask}
-
-
 def whole_model_check(before, after) -> dict[str, float]:
-    """Run float64 copies of the model before and after on random inputs; the change must stay
+    """Run float64 copies of the model before and after on inputs it accepts; the change must stay
     below float32's unit roundoff times the output size (2^-24 max|y|): a float64 change
     below it cannot be seen in float32 (bound from the float32 format, fixed in advance)."""
     import torch
 
-    from keybias import families
+    from keybias.surgery import _calls
 
     a, b = copy.deepcopy(before).double().eval(), copy.deepcopy(after).double().eval()
-    inputs = _probe_inputs(a)
-    y0 = families.model_outputs(a, (), inputs)
-    y1 = families.model_outputs(b, (), inputs)
+    inputs = _calls.example_inputs(a)
+    with torch.no_grad():
+        y0 = _calls.flatten(_calls.run_model(a, inputs))
+        y1 = _calls.flatten(_calls.run_model(b, inputs))
     diff = (y1 - y0).abs()
     finite = bool(torch.isfinite(diff).all())
     change = float(diff.max()) if finite else float("inf")
@@ -112,6 +165,7 @@ def convert(in_dir: Path, out_dir: Path, *, fold_value: bool = False, dtype: str
     """The whole command: check, load, strip (and fold), certify, write atomically."""
     check_input(in_dir, out_dir)
     require_transformers()
+    clean_stale(out_dir, log)
     os.environ["HF_HUB_OFFLINE"] = "1"
     os.environ["TRANSFORMERS_OFFLINE"] = "1"
     import torch
@@ -123,11 +177,21 @@ def convert(in_dir: Path, out_dir: Path, *, fold_value: bool = False, dtype: str
     if dtype is not None and dtype not in DTYPES:
         raise CliError(f"--dtype {dtype!r} unknown; allowed: {list(DTYPES)}")
     config, cls = _architecture(in_dir)
-    model = cls.from_pretrained(str(in_dir), local_files_only=True, use_safetensors=True).eval()
+    try:
+        model = cls.from_pretrained(str(in_dir), local_files_only=True, use_safetensors=True).eval()
+    except (OSError, ValueError, RuntimeError, KeyError) as exc:
+        raise CliError(f"transformers could not load {in_dir} as {cls.__name__}: {' '.join(str(exc).split())[:300]}") \
+            from exc
     if dtype is not None:
         model = model.to(getattr(torch, dtype))
     log(f"loaded {type(model).__name__} ({config.model_type}) from {in_dir}: "
         f"{sum(p.numel() for p in model.parameters()):,} parameters, {next(model.parameters()).dtype}")
+    from keybias.surgery import _calls
+
+    if _calls.example_inputs(model) is None:
+        raise CliError(f"{type(model).__name__} ({config.model_type}): the tool builds inputs for models that take "
+                       "token ids, pixel values, audio features or waveforms; this one takes "
+                       f"{getattr(model, 'main_input_name', 'something else')!r}")
     original = copy.deepcopy(model)
     reports = []
     try:
@@ -141,7 +205,13 @@ def convert(in_dir: Path, out_dir: Path, *, fold_value: bool = False, dtype: str
                     "mode) dropped rows do not sum to one. A fully masked query row (every key masked) "
                     "outputs b_o + W_o b_v instead of b_o on PyTorch's SDPA path.")
     except surgery.SurgeryRefused as exc:
-        raise CliError(str(exc)) from exc
+        first, more = exc.refusals[0], len(exc.refusals) - 1
+        tail = f" (and {more} more module{'s' if more > 1 else ''})" if more else ""
+        raise CliError(f"{exc.report['operation']} refused, model unchanged: {first['module']} ({first['family']}): "
+                       f"{first['reason']}{tail}") from exc
+    if not any(r["modules_changed"] for r in reports) and reports[0]["unchanged"] and not reports[0]["not_handled"]:
+        raise CliError(f"architecture {config.model_type!r}: no key bias to remove ("
+                       f"{reports[0]['unchanged'][0]['reason']}); nothing written")
     if not any(r["modules_changed"] for r in reports):
         unknown = reports[0]["not_handled"]
         detail = "; ".join(f"{u['module']} ({u['type']}): {u['reason']}" for u in unknown[:3])
@@ -154,8 +224,9 @@ def convert(in_dir: Path, out_dir: Path, *, fold_value: bool = False, dtype: str
     if not check["holds"]:
         raise CliError("the whole-model check failed; nothing written")
 
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".tmp", dir=out_dir.parent))
+    tmp = out_dir.parent / f".{out_dir.name}{TEMP_TAG}{os.getpid()}"
     try:
+        tmp.mkdir()
         for item in in_dir.iterdir():
             if item.name == "config.json" or item.suffix in WEIGHT_SUFFIXES or item.name.endswith(".index.json"):
                 continue
@@ -203,5 +274,16 @@ def main(argv: list[str] | None = None) -> int:
         convert(args.in_dir, args.out_dir, fold_value=args.fold_value, dtype=args.dtype)
     except CliError as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("error: interrupted; nothing written", file=sys.stderr)
+        return 2
+    except Exception as exc:  # noqa: BLE001  (one line for the user, the bug's place kept visible)
+        import traceback
+
+        where = traceback.extract_tb(exc.__traceback__)[-1]
+        print(f"error: {' '.join(str(exc).split())[:300] or type(exc).__name__}; nothing written "
+              f"[internal {type(exc).__name__} at {Path(where.filename).name}:{where.lineno}; please report it]",
+              file=sys.stderr)
         return 2
     return 0

@@ -180,3 +180,54 @@ def family_claims(table: pd.DataFrame) -> tuple[list[dict], dict]:
         "PretFamiliesCertifiedMax": float(np.nanmax(table["certified_max_ratio"].to_numpy(dtype=float))),
     }
     return claims, macros
+
+
+ARCH_CLASSES = (("removed exactly", "Removed"), ("no key bias", "NoKeyBias"), ("refused", "Refused"),
+                ("not certified", "NotCertified"), ("could not build", "NotBuilt"))
+
+
+def architecture_violations(table: pd.DataFrame) -> tuple[int, int, int]:
+    """(handled rows over their bound, refused rows whose refusal was not needed, handled rows).
+
+    Handled: the tool changed the model (status "removed exactly", or a fold that was kept);
+    its float64 output change must be <= 2^-24 max|y|. Refused: editing b_k by hand (zeroed, or
+    shifted) must move the whole model's output, or the refused module's own output on its real
+    calls, beyond that module's or model's bound. NaN counts as a violation."""
+    handled = table[(table["status"] == "removed exactly") | (table["fold"] == "folded")]
+    over = ~(handled["output_change"].astype(float) <= handled["output_bound"].astype(float))
+    refused = table[table["status"] == "refused"]
+    needed = ((refused["naive_change"].astype(float) > refused["output_bound"].astype(float))
+              | (refused["naive_unit_change"].astype(float) > refused["naive_unit_bound"].astype(float)))
+    return int(over.sum()), int((~needed).sum()), len(handled)
+
+
+def architecture_claims(table: pd.DataFrame) -> tuple[list[dict], dict]:
+    """The claim and macros of the table over all of transformers (pure: a test hands it
+    doctored tables). One `test` claim counts the violations of both halves: a handled
+    architecture whose output moved beyond rounding, and a refusal where b_k was redundant.
+    An empty table or one with no handled row raises: the claim never passes on nothing."""
+    if table.empty:
+        raise ValueError("architecture table is empty")
+    unknown = set(table["status"]) - {s for s, _ in ARCH_CLASSES}
+    if unknown:
+        raise ValueError(f"unknown statuses {sorted(unknown)} in the architecture table")
+    over, unneeded, n_handled = architecture_violations(table)
+    if n_handled == 0:
+        raise ValueError("architecture table has no handled architecture: nothing to judge")
+    claims = [_claim(
+        "pretrained-architectures-handled-exact-refusals-needed",
+        "Over the architectures of the installed transformers built as tiny instances, strip and fold never moved a handled model's "
+        "float64 output beyond float32 rounding, and every refusal was needed: editing b_k by hand moves the "
+        "refused model's or module's output beyond it.",
+        over + unneeded, 0, "==", "test",
+        "float32 unit roundoff times the output size (2^-24 max|y|), fixed before the data; zero violations")]
+    counts = table["status"].value_counts()
+    macros: dict[str, Any] = {"PretArchTotal": len(table), "PretArchHandled": n_handled,
+                              "PretArchFolded": int((table["fold"] == "folded").sum()),
+                              "PretArchViolations": over + unneeded, "PretArchHandledOver": over,
+                              "PretArchRefusalsNotNeeded": unneeded,
+                              "PretArchTimm": int((table["reason"] == "needs timm (not installed)").sum())}
+    for status, tag in ARCH_CLASSES:
+        macros[f"PretArch{tag}"] = int(counts.get(status, 0))
+    macros["PretArchClassified"] = len(table) - macros["PretArchNotBuilt"]
+    return claims, macros

@@ -41,6 +41,8 @@ PARAMETERS = {
     "dtypes": Param(str, many=True, choices=("float32", "float64"), help="precisions to run"),
     "num_threads": Param(int, positive=True, help="torch threads for all runs (recorded)"),
     "seed": Param(int, minimum=0, help="seed of the sentence generator and the random biases"),
+    "architectures": Param(str, many=True, help="model types of the table over all of transformers "
+                           "([all] for every one)"),
 }
 
 MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"

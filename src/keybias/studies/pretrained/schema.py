@@ -14,6 +14,10 @@ TABLES: dict[str, dict[str, str]] = {
         f64="bound",
         noise="forced_change whole_change certified_max_ratio",
     ),
+    "data/pretrained_architectures.csv": cols(
+        exact="model_type model_class status strip fold reason key_bias_sites parameters",
+        noise="output_change output_bound naive_change naive_unit_change naive_unit_bound",
+    ),
     "data/pretrained_bias_norms.csv": cols(
         exact="layer",
         f32="bq_norm bk_norm bv_norm wk_fro_over_sqrt_din key_norm_median bk_over_key_norm",

@@ -60,3 +60,50 @@ def family_table_latex(table: pd.DataFrame) -> str:
                                   "certified_max_ratio": "certified/tol.", "whole_change": "change",
                                   "forced_change": "by hand", "bound": "bound"})
     return shown.to_latex(index=False, escape=False, float_format="%.2g", na_rep="--")
+
+
+def short_reason(status: str, reason: str) -> str:
+    """A few words for the appendix table, from the tool's (or the builder's) full reason."""
+    text = reason.lower()
+    if status == "could not build":
+        for key, short in (("needs timm", "needs timm"), ("parameters (cap", "over the parameter cap"),
+                           ("validationerror", "config rejects tiny sizes"),
+                           ("no inputs built", "no generic inputs")):
+            if key in text:
+                return short
+        return "tiny instance fails to build or run"
+    if "unknown attention class" in text:
+        return "attention class not recognised"
+    for key, short in (("rotary", "RoPE rotates the key after $b_k$"),
+                       ("disentangled", "disentangled position term uses $b_k$"),
+                       ("exercised nothing", "probe inconclusive ($b_q$ control silent)"),
+                       ("not called", "module not called on the inputs"),
+                       ("acts on the key", "key transformed before the scores")):
+        if key in text:
+            return short
+    return reason[:60]
+
+
+def architectures_latex(table: pd.DataFrame) -> str:
+    """The appendix table: one line per class, and for refused and not-certified architectures
+    one line per reason with the model types (a tabular body)."""
+    lines = [r"\begin{tabular}{llrp{0.55\linewidth}}", r"\toprule",
+             r"class & reason & count & model types \\", r"\midrule"]
+    order = ("removed exactly", "no key bias", "refused", "not certified", "could not build")
+    for status in order:
+        rows = table[table["status"] == status]
+        if rows.empty:
+            continue
+        groups = rows.groupby(rows.apply(lambda r: short_reason(r.status, r.reason), axis=1))
+        listed = status in ("refused", "not certified")
+        if status in ("refused", "not certified", "could not build"):
+            parts = sorted(groups, key=lambda g: (-len(g[1]), g[0]))
+            for i, (why, part) in enumerate(parts):
+                names = ", ".join(part["model_type"].str.replace("_", r"\_", regex=False)) if listed else ""
+                head = "" if i else f"{status}, {len(rows)}" if len(parts) > 1 else status
+                names = rf"{{\footnotesize {names}}}" if names else ""
+                lines.append(rf"{head} & {why} & {len(part)} & {names} \\")
+        else:
+            lines.append(rf"{status} & & {len(rows)} & \\")
+    lines += [r"\midrule", rf"total & & {len(table)} & \\", r"\bottomrule", r"\end{tabular}"]
+    return "\n".join(lines) + "\n"
