@@ -154,3 +154,17 @@ def test_readme_bitwise_block_from_the_measurement():
     assert "| none | 2 of 30 differ | 1 of 30 differ | avx512 2000 ms, avx2 3000 ms |" in text
     assert "| `ATEN_CPU_CAPABILITY=avx2` | identical | not run | avx512 2500 ms |" in text
     assert "One thread against 2: identical" in text
+
+
+def test_readme_block_prints_the_budgets_and_the_last_verify_run():
+    provenance = {"commit": "0123456789abcdef", "profile": "paper", "threads": 2, "total_wall_seconds": 201.0,
+                  "machine": {"cpu_count": 2, "cpu": "Some CPU", "torch_threads": 2, "isa_flags": ["avx2", "fma"]},
+                  "steps": {"01_a": {"wall_seconds": 12.0}, "02_b": {"wall_seconds": 50.0}}}
+    claims = [{"id": "a", "notebook": "01_a", "kind": "test", "holds": True}]
+    verified = {"cpu": "Other CPU", "isa_flags": ["avx2"], "isa_env": {"ATEN_CPU_CAPABILITY": "avx2"},
+                "wall_seconds": {"01_a": 14.0}, "total_wall_seconds": 14.0, "ok": True, "failures": 0}
+    text = readme.blocks(provenance, claims, None, verified)["times"]
+    assert "instruction-set flags avx2, fma" in text
+    assert "12 min on this machine kind and 15 min on a 2-core AVX2-only machine" in text
+    assert "`ATEN_CPU_CAPABILITY=avx2`" in text and "took 14 s" in text and "passed" in text
+    assert "| `01_a` | 12 s | 14 s |" in text and "| `02_b` | 50 s | not run |" in text

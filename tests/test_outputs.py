@@ -131,7 +131,7 @@ def test_noise_tolerance_floor_and_decades():
 
 def test_smoke_run_declares_every_file_and_column(smoke_results):
     missing = outputs.undeclared(smoke_results)
-    assert not missing, "declare these in src/keybias/build/outputs.py:\n" + "\n".join(missing)
+    assert not missing, "declare each column in its study's src/keybias/studies/<topic>/schema.py (whole files in build/outputs.py FILES):\n" + "\n".join(missing)
 
 
 def test_smoke_run_compares_equal_with_itself(smoke_results, tmp_path):

@@ -28,33 +28,45 @@ def _same(a, b) -> bool:
             all(na == nb and ia == ib and torch.equal(va, vb) for (na, ia, va), (nb, ib, vb) in zip(pa, pb, strict=True)))
 
 
-def _fail_at(index: int):
-    def hook(i, site):
-        if i == index:
-            raise RuntimeError(f"injected failure at site {i} ({site.name})")
-    return hook
+def _fail_at(monkeypatch, index: int) -> None:
+    """Make the `index`-th applied change fail after it was made (when its report entry is
+    written), so that the ones before it and this one must be rolled back."""
+    applied = []
+    real = _core._entry
+
+    def entry(site, action, *args, **kwargs):
+        if action in ("removed", "folded"):
+            if len(applied) == index:
+                raise RuntimeError(f"injected failure at site {index} ({site.name})")
+            applied.append(site)
+        return real(site, action, *args, **kwargs)
+
+    monkeypatch.setattr(_core, "_entry", entry)
 
 
 @pytest.mark.parametrize("operation", ["strip_key_bias", "fold_value_bias"])
 @pytest.mark.parametrize("name", ["nn.TransformerDecoderLayer", "BERT", "GPT-2"])
-def test_injected_failure_midway_restores_bit_exactly(name, operation):
+def test_injected_failure_midway_restores_bit_exactly(name, operation, monkeypatch):
     model = families.build(name)
     if operation == "fold_value_bias":  # a model that was already stripped (parametrized) rolls back too
         surgery.strip_key_bias(model)
     before = _fingerprint(model)
-    with pytest.raises(RuntimeError, match="injected failure at site 1"):
-        _core.run_surgery(model, operation, storage="remove", allow_dropout=True, _apply_hook=_fail_at(1))
+    with monkeypatch.context() as patch:
+        _fail_at(patch, 1)
+        with pytest.raises(RuntimeError, match="injected failure at site 1"):
+            _core.run_surgery(model, operation, storage="remove", allow_dropout=True)
     assert _same(before, _fingerprint(model))
     # and the model still works, then the real call succeeds
     surgery.strip_key_bias(model) if operation == "strip_key_bias" else surgery.fold_value_bias(model, allow_dropout=True)
 
 
-def test_rollback_keeps_tied_parameters_tied():
+def test_rollback_keeps_tied_parameters_tied(monkeypatch):
     model = families.build("BERT")
     model.encoder.layer[1].attention.self.query.weight = model.encoder.layer[0].attention.self.query.weight
     before = _fingerprint(model)
-    with pytest.raises(RuntimeError):
-        _core.run_surgery(model, "strip_key_bias", storage="remove", _apply_hook=_fail_at(1))
+    _fail_at(monkeypatch, 1)
+    with pytest.raises(RuntimeError, match="injected failure"):
+        _core.run_surgery(model, "strip_key_bias", storage="remove")
     assert _same(before, _fingerprint(model))
     assert model.encoder.layer[1].attention.self.query.weight is model.encoder.layer[0].attention.self.query.weight
 

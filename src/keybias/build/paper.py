@@ -67,7 +67,8 @@ class PaperSteps:
         write_if_changed(self.results / "macros" / "all.tex", "\n".join(index) + "\n")
         write_if_changed(self.results / "index.html", render_index(self.results, steps, claims, provenance))
         if self.results == (self.root / "results").resolve():
-            update_readme(self.root / "README.md", provenance, claims, self.results / "machine" / "bitwise.json")
+            update_readme(self.root / "README.md", provenance, claims, self.results / "machine" / "bitwise.json",
+                          self.results / "machine" / "verify.json")
         return claims
 
     def check_claims(self, claims: list[dict]) -> None:

@@ -391,7 +391,31 @@ def verify(reference: Path, scratch: Path, seconds: float | None = None) -> int:
     print(f"verify: {report.summary()}", flush=True)
     took = f" after regenerating for {seconds:.0f} s" if seconds is not None else ""
     print(f"verify: {'PASSED' if report.ok else 'FAILED'}{took}; fresh results in {scratch}", flush=True)
+    record_verify(reference, scratch, report)
     return 0 if report.ok else 1
+
+
+def record_verify(reference: Path, scratch: Path, report) -> None:
+    """`<reference>/machine/verify.json`: where the last verify ran (CPU, instruction-set flags
+    and caps), what each notebook took there, and the outcome; the README prints it."""
+    from keybias.build.provenance import cpu_flags, cpu_model
+
+    walls = {}
+    for step in sorted((scratch / "steps").glob("*.json")):
+        walls[step.stem] = json.loads(step.read_text())["provenance"]["wall_seconds"]
+    caps = ("ATEN_CPU_CAPABILITY", "MKL_CBWR", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")
+    record = {
+        "machine_specific": True,
+        "cpu": cpu_model(),
+        "isa_flags": cpu_flags(),
+        "isa_env": {k: os.environ[k] for k in caps if os.environ.get(k)},
+        "wall_seconds": walls,
+        "total_wall_seconds": round(sum(walls.values()), 1),
+        "ok": report.ok,
+        "failures": len(report.failures),
+        "summary": report.summary(),
+    }
+    atomic_write_text(reference / "machine" / "verify.json", json.dumps(record, indent=2) + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -41,25 +41,52 @@ def bitwise_block(result: dict) -> str:
     return "\n".join(rows) + "\n\n" + note
 
 
-def blocks(provenance: dict, claims: list[dict], bitwise: dict | None = None) -> dict[str, str]:
+# What `make all` may take, notebooks and paper together, on 2 cores (the budgets the profile
+# `paper` is sized for): on the machine kind that made the results, and on an AVX2-only CPU,
+# whose bfloat16 arithmetic has no native instructions.
+BUDGET_MINUTES = {"this machine kind": 12, "a 2-core AVX2-only machine": 15}
+
+
+def verify_sentence(record: dict) -> str:
+    """One sentence on the last `make verify` (results/machine/verify.json): where it ran, what
+    it took and whether it passed."""
+    pins = " ".join(f"`{k}={v}`" for k, v in sorted(record.get("isa_env", {}).items()))
+    where = f"with {pins}" if pins else "without instruction-set caps"
+    outcome = "passed" if record["ok"] else f"failed ({record['failures']} differences)"
+    return (f"The last `make verify` ran {where} on {record['cpu']} "
+            f"(flags {', '.join(record.get('isa_flags') or ['unknown'])}): its notebooks took "
+            f"{record['total_wall_seconds']:.0f} s, and the comparison with these results {outcome}.")
+
+
+def blocks(provenance: dict, claims: list[dict], bitwise: dict | None = None,
+           verified: dict | None = None) -> dict[str, str]:
     """Generated README text per marker name."""
     steps = provenance["steps"]
+    fresh = (verified or {}).get("wall_seconds", {})
     # test claims in their own column: they alone count as evidence, so no column sums the kinds
-    rows = ["| notebook | wall time | test claims | proof checks | consistency checks | implied claims |",
-            "|---|---|---|---|---|---|"]
+    head = "| notebook | wall time |" + (" `make verify` run |" if fresh else "")
+    rows = [head + " test claims | proof checks | consistency checks | implied claims |",
+            "|---|---|" + ("---|" if fresh else "") + "---|---|---|---|"]
     per_notebook = {name: Counter(c.get("kind") or "none" for c in claims if c["notebook"] == name) for name in steps}
     for name, step in sorted(steps.items()):
         kinds = per_notebook[name]
+        verify_cell = (f" {fresh[name]:.0f} s |" if name in fresh else " not run |") if fresh else ""
         rows.append(
-            f"| `{name}` | {step['wall_seconds']:.0f} s | {kinds['test']} | {kinds['proof']} "
+            f"| `{name}` | {step['wall_seconds']:.0f} s |{verify_cell} {kinds['test']} | {kinds['proof']} "
             f"| {kinds['consistency']} | {kinds['implied']} |"
         )
     machine = provenance["machine"]
+    flags = ", ".join(machine.get("isa_flags") or []) or "not recorded"
+    budgets = " and ".join(f"{minutes} min on {where}" for where, minutes in BUDGET_MINUTES.items())
     summary = (
         f"Measured by the build of commit `{provenance['commit'][:10]}` (profile `{provenance['profile']}`) "
-        f"on {machine['cpu_count']} CPU cores ({machine['cpu']}), {provenance.get('threads') or machine['torch_threads']} "
+        f"on {machine['cpu_count']} CPU cores ({machine['cpu']}; instruction-set flags {flags}), "
+        f"{provenance.get('threads') or machine['torch_threads']} "
         f"kernel threads: the notebooks took {provenance['total_wall_seconds']:.0f} s in all. "
-        f"{kind_summary(claims)} Source: `results/provenance.json`, `results/claims.json`."
+        f"The budget of `make all` is {budgets}. "
+        + (verify_sentence(verified) + " " if verified else "")
+        + f"{kind_summary(claims)} Source: `results/provenance.json`, `results/claims.json`"
+        + (", `results/machine/verify.json`." if verified else ".")
     )
     generated = {"times": summary + "\n\n" + "\n".join(rows)}
     if bitwise:
@@ -77,13 +104,15 @@ def render(text: str, generated: dict[str, str]) -> str:
     return _BLOCK.sub(replace, text)
 
 
-def update_readme(path: Path, provenance: dict, claims: list[dict], bitwise_json: Path | None = None) -> bool:
+def update_readme(path: Path, provenance: dict, claims: list[dict], bitwise_json: Path | None = None,
+                  verify_json: Path | None = None) -> bool:
     """Rewrite the generated blocks of `path`; True when the file changed."""
     if not path.exists():
         return False
     bitwise = json.loads(bitwise_json.read_text()) if bitwise_json and bitwise_json.exists() else None
+    verified = json.loads(verify_json.read_text()) if verify_json and verify_json.exists() else None
     text = path.read_text()
-    new = render(text, blocks(provenance, claims, bitwise))
+    new = render(text, blocks(provenance, claims, bitwise, verified))
     if new != text:
         atomic_write_text(path, new)
         return True

@@ -331,8 +331,7 @@ def _probe_site(site: Site, work: nn.Module, calls: list, change: Callable[[nn.M
 
 
 def run_surgery(model: nn.Module, operation: str, *, storage: str, certify_seed: int = 0,
-                allow_dropout: bool = False, inputs: Any = None,
-                _apply_hook: Callable[[int, Site], None] | None = None) -> dict[str, Any]:
+                allow_dropout: bool = False, inputs: Any = None) -> dict[str, Any]:
     """Plan every site, certify every planned change on a float64 copy (on the model's own
     calls where inputs are known), check the whole model, then apply them all; any refusal or
     error leaves the model bit-identical."""
@@ -475,9 +474,7 @@ def run_surgery(model: nn.Module, operation: str, *, storage: str, certify_seed:
 
     snapshot = _Snapshot([u for _, u, *_ in certified])
     try:
-        for i, (site, unit, change, result, ratio) in enumerate(certified):
-            if _apply_hook is not None:
-                _apply_hook(i, site)
+        for site, unit, change, result, ratio in certified:
             slot = site.key if strip else site.value
             entries = 0 if slot_removed(unit, slot) else slot_values(unit, slot).numel()
             saved = change(unit)
