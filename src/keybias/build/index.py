@@ -17,6 +17,8 @@ import json
 import re
 from pathlib import Path
 
+from keybias.build.render import number_text
+
 ROOT = Path(__file__).resolve().parents[3]
 
 # (figure, claim whose statement is the takeaway): the paper's main results, in its order.
@@ -61,19 +63,14 @@ def _esc(value) -> str:
 
 
 def _number(value) -> str:
+    """A claim's value or bound as HTML: numbers as the notebook pages print them, the rest escaped."""
     if isinstance(value, bool) or value is None:
         return _esc(value)
     try:
-        number = float(value)
+        float(value)
     except (TypeError, ValueError):
         return _esc(value)
-    if number == int(number) and abs(number) < 1e15:
-        return f"{int(number):,}"
-    text = f"{number:.3g}"
-    if "e" in text:
-        mantissa, exponent = text.split("e")
-        return f"{mantissa}\u00d710<sup>{int(exponent)}</sup>"
-    return text
+    return number_text(value)
 
 
 def _count(n: int, kind: str) -> str:

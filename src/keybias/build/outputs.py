@@ -49,8 +49,6 @@ class Tolerance:
     with `decades` set, their ratio must lie within 10**decades (same sign, neither zero);
     otherwise |a - b| <= atol + rtol * max(|a|, |b|) + scale_factor * |reference scale_column|.
     Both NaN agree; one NaN does not. `integer` values are counts: both must be whole numbers.
-    A text column (`changed_fraction` set) may differ in at most that fraction of its rows; a
-    column with `follows` is not compared in rows where that text column changed.
 
     `spread` is the largest difference measured between two machines or instruction sets (the
     committed Intel AVX-512 run vs a real AMD AVX2-only run, and a smoke run native vs capped at
@@ -69,8 +67,6 @@ class Tolerance:
     scale_column: str | None = None  # adds scale_factor * |reference row's scale_column| to atol
     scale_factor: float = 0.0
     integer: bool = False
-    changed_fraction: float | None = None
-    follows: str | None = None
     split_at: float | None = None  # both below: rounding level, by `decades`; else by rtol/atol
     split_u: float | None = None  # as split_at, in unit roundoffs of the row's dtype
 
@@ -627,32 +623,12 @@ def _compare_csv(rel: str, ref: Path, new: Path, report: Report, reference: Path
             continue
         bad = 0
         tol = TOLERANCES.get(cls)
-        if tol is not None and tol.changed_fraction is not None:
-            changed = [i for i, (x, y) in enumerate(zip(a[col], b[col], strict=True)) if x != y]
-            allowed = math.floor(tol.changed_fraction * len(a))
-            ratio = len(changed) / allowed if allowed else (math.inf if changed else 0.0)
-            report.note_ratio(ratio, f"{rel}:{col} ({len(changed)} of {len(a)} rows changed)", cls)
-            if ratio > 1:
-                report.failures.append(
-                    f"{rel}: column {col}: {len(changed)} of {len(a)} rows changed, beyond tolerance "
-                    f"{cls!r} ({allowed} allowed), first row {changed[0]}: {a[col][changed[0]]!r} != "
-                    f"{b[col][changed[0]]!r}"
-                )
-            else:
-                report.rounding += 1
-                report.rounding_identical += int(not changed)
-            continue
-        skip = set()
-        if tol is not None and tol.follows:
-            skip = {i for i, (x, y) in enumerate(zip(a[tol.follows], b[tol.follows], strict=True)) if x != y}
         for i, (x, y) in enumerate(zip(a[col], b[col], strict=True)):
             if cls == EXACT:
                 report.note_exact(x == y)
                 if x != y:
                     bad += 1
                     report.failures.append(f"{rel}: column {col}, row {i}: {x!r} != {y!r} (exact)")
-                continue
-            if i in skip:
                 continue
             fx, fy = _as_float(x if x != "" else "nan"), _as_float(y if y != "" else "nan")
             if fx is None or fy is None:

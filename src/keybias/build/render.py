@@ -796,7 +796,7 @@ def injected_parameters(nb: dict) -> dict[str, str]:
     return {}
 
 
-def _number_text(value) -> str:
+def number_text(value) -> str:
     if isinstance(value, bool) or value is None:
         return str(value)
     if isinstance(value, int):
@@ -817,7 +817,7 @@ def _number_text(value) -> str:
 def claim_line(claim: dict) -> str:
     """`value ≤ bound` for a claim, numbers formatted for reading (HTML)."""
     sign = COMPARISON_SIGNS.get(claim.get("comparison", "<="), html.escape(str(claim.get("comparison"))))
-    return f"{_number_text(claim.get('value'))} {sign} {_number_text(claim.get('bound'))}"
+    return f"{number_text(claim.get('value'))} {sign} {number_text(claim.get('bound'))}"
 
 
 def claims_box(claims: list[dict]) -> str:
