@@ -37,11 +37,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from keybias.studies.config import StudyConfig
 from keybias.studies.params import Param, ParameterError
 from keybias.studies.precision import measure as numerics
 from keybias.studies.training import measure as training
 from keybias.studies.training import model as training_model
-from keybias.studies.training.config import StudyConfig
 
 LONGRUN_DTYPES = ("float32", "bfloat16")
 CORPUS_PACKAGE = "sympy"

@@ -37,8 +37,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from keybias import verdict
+from keybias.studies.config import StudyConfig
 from keybias.studies.params import Param, ParameterError, check_choice, check_positive_int
-from keybias.studies.training.config import StudyConfig
 from keybias.studies.training.drift import predicted_adam_drift, random_walk_drift, sgd_random_walk
 from keybias.studies.training.model import (
     DEFAULT_EPS,
