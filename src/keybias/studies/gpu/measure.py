@@ -72,7 +72,7 @@ QUICK = dict(
     cost=dict(COST, blocks=["tiny"], seq_lens=[16], batch=2, max_reps=30, target_half_width=0.0, n_boot=200, warmup=1),
     memory_widths=[64],
 )
-DEADLINES = {"cost": 120.0, "memory": 30.0, "precision": 90.0, "invariance": 120.0}
+DEADLINES = {"cost": 120.0, "memory": 30.0, "precision": 90.0, "invariance": 180.0}
 
 
 def _write_csv(frame: pd.DataFrame, path: Path) -> None:
@@ -118,20 +118,27 @@ def run_invariance(out: Path, device: str, spec: dict, cases: int, deadline: flo
     calibration_seconds = time.perf_counter() - t0
     order = list(range(len(configs)))
     random.Random(spec["seed"]).shuffle(order)  # a cut at the deadline is then a random subsample
-    frames, mags, times, done = [], [], [], 0
+    frames, mags, times, errors, done = [], [], [], [], 0
     stop = time.perf_counter() + max(0.0, deadline - calibration_seconds)
     while done < len(order) and time.perf_counter() < stop:
-        chunk = [configs[i] for i in order[done:done + 64]]
-        rows, per_mag, secs = measure.run_sweep(chunk, MAGNITUDES, null_factor=null_factor, unpowered=unpowered)
+        cfg = configs[order[done]]
+        try:  # one configuration at a time: an unforeseen failure costs that row, recorded, not the section
+            rows, per_mag, secs = measure.run_sweep([cfg], MAGNITUDES, null_factor=null_factor, unpowered=unpowered)
+        except Exception as exc:  # noqa: BLE001 - kept as an `error` row with PyTorch's message
+            errors.append({"config_id": done, "family": cfg["family"], "case": cfg["case"], "dtype": cfg["dtype"],
+                           "error": f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"})
+            done += 1
+            continue
         for frame in (rows, per_mag, secs):
             if "config_id" in frame:
-                frame["config_id"] += done
+                frame["config_id"] = done
         frames.append(rows)
         mags.append(per_mag)
         times.append(secs)
-        done += len(chunk)
+        done += 1
+    _write_csv(pd.DataFrame(errors, columns=["config_id", "family", "case", "dtype", "error"]),
+               out / "invariance_errors.csv")
     rows = pd.concat(frames, ignore_index=True)
-    rows["order"] = rows["config_id"]
     _write_csv(rows, out / "invariance_configs.csv")
     _write_csv(pd.concat(mags, ignore_index=True), out / "invariance_magnitudes.csv")
     _write_csv(pd.concat(times, ignore_index=True), out / "invariance_seconds.csv")
@@ -141,7 +148,8 @@ def run_invariance(out: Path, device: str, spec: dict, cases: int, deadline: flo
                             for m, k in by.items()])
     _write_csv(factors, out / "invariance_null_factor.csv")
     _write_csv(pd.DataFrame(sorted(unpowered), columns=["dtype", "magnitude"]), out / "invariance_unpowered.csv")
-    return {"configs_planned": len(configs), "configs_measured": done, "calibration_seconds": calibration_seconds}
+    return {"configs_planned": len(configs), "configs_run": done, "configs_failed": len(errors),
+            "calibration_seconds": calibration_seconds}
 
 
 def run_precision(out: Path, device: str, spec: dict) -> dict:

@@ -187,7 +187,7 @@ def _mha_projections(m: nn.MultiheadAttention, q_in, k_in, v_in, batch_first: bo
         wq, wk, wv = m.in_proj_weight.chunk(3)
     else:
         wq, wk, wv = m.q_proj_weight, m.k_proj_weight, m.v_proj_weight
-    bias = m.in_proj_bias if m.in_proj_bias is not None else torch.zeros(3 * e, dtype=wq.dtype)
+    bias = m.in_proj_bias if m.in_proj_bias is not None else torch.zeros(3 * e, dtype=wq.dtype, device=wq.device)
     bq, bk, bv = bias.chunk(3)
     q = q_in.double() @ wq.double().T + bq.double()
     k = k_in.double() @ wk.double().T + bk.double()
@@ -197,8 +197,8 @@ def _mha_projections(m: nn.MultiheadAttention, q_in, k_in, v_in, batch_first: bo
         k = torch.cat([k, m.bias_k.double().reshape(1, 1, e).expand(bsz, 1, e)], 1)
         v = torch.cat([v, m.bias_v.double().reshape(1, 1, e).expand(bsz, 1, e)], 1)
     if m.add_zero_attn:
-        k = torch.cat([k, torch.zeros(bsz, 1, e, dtype=k.dtype)], 1)
-        v = torch.cat([v, torch.zeros(bsz, 1, e, dtype=v.dtype)], 1)
+        k = torch.cat([k, torch.zeros(bsz, 1, e, dtype=k.dtype, device=k.device)], 1)
+        v = torch.cat([v, torch.zeros(bsz, 1, e, dtype=v.dtype, device=v.device)], 1)
     return q, k, v
 
 
@@ -507,7 +507,7 @@ def perturbed(views: list, delta: torch.Tensor):
     saved = [v.clone() for v in views]
     with torch.no_grad():
         for v in views:
-            v.add_(delta.to(v.dtype).reshape(v.shape))
+            v.add_(delta.to(device=v.device, dtype=v.dtype).reshape(v.shape))
     try:
         yield
     finally:
