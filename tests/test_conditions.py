@@ -17,6 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 SIZES = dict(embed_dim=8, num_heads=2, seq_len=4, batch=1)
 KNOBS = dict(softcap=5.0, weight_decay=0.01, regulariser=0.01, dropout=0.3)
+CFG = conditions.ConditionsConfig(**SIZES, **KNOBS, seeds=[0])
 ALL_CASE_IDS = [claim_id(c) for c in CASES]
 TEST_CASES = [c for c in CASES if c.kind == "test"]
 TEST_CASE_IDS = [claim_id(c) for c in TEST_CASES]
@@ -45,7 +46,7 @@ def judged(claims) -> dict[str, dict]:
 
 @pytest.fixture(scope="module")
 def frame():
-    return conditions.measure(**SIZES, **KNOBS, seeds=[0, 1])
+    return conditions.measure(CFG.replace(seeds=[0, 1]))
 
 
 def case(condition, variant):
@@ -64,7 +65,7 @@ def test_each_case_has_a_measurement_and_unique_id():
     assert len(set(ALL_CASE_IDS)) == len(CASES)
     w = conditions._weights(0, **SIZES)
     for c in CASES:
-        assert math.isfinite(conditions.measure_case(c, w, **KNOBS))
+        assert math.isfinite(conditions.measure_case(c, w, CFG))
 
 
 def test_cases_whose_outcome_the_code_guarantees_are_consistency_checks():
@@ -102,13 +103,13 @@ def test_sigmoid_instead_of_softmax_breaks_the_redundant_cases(monkeypatch, reco
     so every redundant case and the plain fold must fail."""
     monkeypatch.setattr(conditions.torch, "softmax", lambda s, dim: torch.sigmoid(s))
     redundant = [c for c in TEST_CASES if c.predicted == REDUNDANT]
-    mutated = conditions.measure(**SIZES, **KNOBS, seeds=[0], cases=redundant)
+    mutated = conditions.measure(CFG, cases=redundant)
     record_mutation(*judged(conditions.judge(mutated, redundant)).values())
 
 
 def test_no_regulariser_leaves_no_gradient(tmp_path):
     c = case("loss", "l2-on-bk")
-    mutated = conditions.measure(**SIZES, **{**KNOBS, "regulariser": 1e-300}, seeds=[0], cases=[c])
+    mutated = conditions.measure(CFG.replace(regulariser=1e-300), cases=[c])
     assert holds(conditions.judge(mutated, [c]), tmp_path) == {claim_id(c): False}
 
 
@@ -126,13 +127,13 @@ def test_a_cap_far_above_the_scores_is_linear(record_mutation):
     """Near the smallest cap at which the claim fails: the effect falls as 1/cap^2 and crosses
     BREAK_MIN near cap 1200 on these sizes; at 1500 it is about 0.7 BREAK_MIN."""
     c = case("scores", "softcap")
-    mutated = conditions.measure(**SIZES, **{**KNOBS, "softcap": 1500.0}, seeds=[0], cases=[c])
+    mutated = conditions.measure(CFG.replace(softcap=1500.0), cases=[c])
     record_mutation(*judged(conditions.judge(mutated, [c])).values())
 
 
 def test_fold_with_dropout_off_is_exact(tmp_path):
     c = case("fold", "attention-dropout")
-    mutated = conditions.measure(**SIZES, **{**KNOBS, "dropout": 1e-300}, seeds=[0], cases=[c])
+    mutated = conditions.measure(CFG.replace(dropout=1e-300), cases=[c])
     assert holds(conditions.judge(mutated, [c]), tmp_path) == {claim_id(c): False}
 
 
@@ -183,7 +184,7 @@ def test_explicit_attention_matches_torch_mha():
 ])
 def test_bad_sizes_are_refused_before_work(sizes, message):
     with pytest.raises(ValueError, match=message):
-        conditions.measure(**sizes, **KNOBS, seeds=[0])
+        conditions.ConditionsConfig(**sizes, **KNOBS)
 
 
 def test_profiles_validate():
@@ -191,7 +192,23 @@ def test_profiles_validate():
 
     for profile in ("smoke", "paper"):
         params = load_profile(profile, ROOT / "params", ["07_conditions"])["07_conditions"]
-        conditions.check_parameters(params["embed_dim"], params["num_heads"], params["seq_len"], params["batch"])
+        assert conditions.ConditionsConfig.from_mapping(params).as_dict() == params
+    smoke = load_profile("smoke", ROOT / "params", ["07_conditions"])["07_conditions"]
+    assert conditions.ConditionsConfig().as_dict() == smoke
+
+
+def test_config_fields_are_the_parameters_and_misspellings_name_the_nearest():
+    import dataclasses
+
+    from keybias.studies.params import ParameterError
+
+    assert {f.name for f in dataclasses.fields(conditions.ConditionsConfig)} == set(conditions.PARAMETERS)
+    with pytest.raises(ParameterError, match="did you mean 'regulariser'"):
+        conditions.ConditionsConfig.from_mapping({"regularizer": 0.1})
+    with pytest.raises(ParameterError, match="seeds"):
+        conditions.ConditionsConfig(seeds=[])
+    quirk_ids = {i for _, *ids in conditions.QUIRK_CLAIM_IDS for i in ids} | {"cond-quirk-plain-paths-agree"}
+    assert quirk_ids == set(QUIRK_IDS)
 
 
 def quirk_rows(**overrides):

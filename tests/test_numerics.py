@@ -262,11 +262,11 @@ def test_precision_claims_hold_on_consistent_data():
     law, pooled, df, checks, gsum, grads = _claim_inputs()
     claims = nj.precision_claims(law, pooled, df, checks, gsum, grads, 16)
     assert all(_holds(claims).values()), _holds(claims)
-    by_id = {c["claim_id"]: c for c in claims}
-    assert "2^13" in by_id["precision-bk-gradient-scales-with-u"]["statement"]
-    assert all(c["kind"] == "test" and c["bound_origin"] for c in claims)
+    by_id = {c.id: c for c in claims}
+    assert "2^13" in by_id["precision-bk-gradient-scales-with-u"].statement
+    assert all(c.kind == "test" and c.bound_origin for c in claims)
     # the tolerance claim judges only the powered row (float32), and says what it could have seen
-    assert by_id["precision-bk-gradient-within-tolerance"]["min_detectable"] == pytest.approx(0.01)
+    assert by_id["precision-bk-gradient-within-tolerance"].min_detectable == pytest.approx(0.01)
 
 
 def test_gradient_tolerance_claim_ignores_unpowered_rows_and_fails_without_any():
@@ -283,8 +283,8 @@ def test_output_claim_judges_only_magnitudes_whose_tolerance_is_below_the_output
     law, pooled, df, checks, gsum, grads = _claim_inputs()
     vacuous = df.assign(tolerance=np.where(df["ratio"] > 100, 10.0, 0.5), delta_max=np.where(df["ratio"] > 100, 5.0, 1e-6))
     claim = next(c for c in nj.precision_claims(law, pooled, vacuous, checks, gsum, grads, 16)
-                 if c["claim_id"] == "precision-output-change-within-tolerance")
-    assert claim["value"] < 1 and claim["min_detectable"] == pytest.approx(0.5)
+                 if c.id == "precision-output-change-within-tolerance")
+    assert claim.value < 1 and claim.min_detectable == pytest.approx(0.5)
     nothing_judged = df.assign(tolerance=10.0)
     assert not _holds(nj.precision_claims(law, pooled, nothing_judged, checks, gsum, grads, 16))[
         "precision-output-change-within-tolerance"]
@@ -293,61 +293,112 @@ def test_output_claim_judges_only_magnitudes_whose_tolerance_is_below_the_output
 def test_precision_claims_fail_when_a_dtype_has_no_fit():
     law, pooled, df, checks, gsum, grads = _claim_inputs()
     extra = pd.concat([df, df.assign(dtype="float16")], ignore_index=True)
-    c = {c["claim_id"]: c for c in nj.precision_claims(law, pooled, extra, checks, gsum, grads, 16)}
-    assert math.isnan(c["precision-law-slope-one"]["value"])
-    assert math.isnan(c["precision-rounding-model-constant"]["value"])
+    c = {c.id: c for c in nj.precision_claims(law, pooled, extra, checks, gsum, grads, 16)}
+    assert math.isnan(c["precision-law-slope-one"].value)
+    assert math.isnan(c["precision-rounding-model-constant"].value)
 
 
 def test_precision_claims_with_no_data_fail_or_are_left_out():
     law, pooled, df, checks, gsum, grads = _claim_inputs()
-    claims = {c["claim_id"]: c for c in nj.precision_claims(
+    claims = {c.id: c for c in nj.precision_claims(
         law.iloc[0:0], pooled.iloc[0:0], df.iloc[0:0], checks.iloc[0:0], gsum.iloc[0:0], grads.iloc[0:0], 16)}
     assert "precision-bk-gradient-scales-with-u" not in claims
-    assert all(math.isnan(c["value"]) for c in claims.values())
-    one = {c["claim_id"] for c in nj.precision_claims(law, pooled, df, checks, gsum.iloc[:1], grads, 16)}
+    assert all(math.isnan(c.value) for c in claims.values())
+    one = {c.id for c in nj.precision_claims(law, pooled, df, checks, gsum.iloc[:1], grads, 16)}
     assert "precision-bk-gradient-scales-with-u" not in one  # one dtype: no scaling to test
 
 
 # ----------------------------------------------------------------------------- mutation tests
 @pytest.mark.claim_mutation("precision-law-slope-one")
-@pytest.mark.parametrize("alpha", [1 - 1.5 * nj.SLOPE_MARGIN, 1 + 1.5 * nj.SLOPE_MARGIN, 0.5, 2.0])
-def test_slope_claim_fails_on_a_law_of_another_slope(alpha):
+@pytest.mark.parametrize("alpha", [1 - 1.1 * nj.SLOPE_MARGIN, 1 + 1.1 * nj.SLOPE_MARGIN])
+def test_slope_claim_fails_on_a_law_just_past_the_margin(alpha, record_mutation):
+    """A law whose true slope lies 10% of the margin beyond it, on either side."""
     law, pooled, df, checks, gsum, grads = _claim_inputs()
     bent = nj.add_floor(_synthetic(alpha))
     bent["delta_max"], bent["tolerance"] = bent["delta_rms"], 0.5
     claims = nj.precision_claims(nj.fit_law(bent), nj.pooled_slope(bent), bent, checks, gsum, grads, 16)
-    assert not _holds(claims)["precision-law-slope-one"]
+    record_mutation(_by_id(claims)["precision-law-slope-one"])
 
 
 def test_slope_claim_states_the_smallest_deviation_it_detects():
     law, pooled, df, checks, gsum, grads = _claim_inputs()
     vague = pooled.assign(slope_se=0.05, detectable_dev=nj.SLOPE_MARGIN + nj.normal_quantile() * 0.05)
     claim = next(c for c in nj.precision_claims(law, vague, df, checks, gsum, grads, 16)
-                 if c["claim_id"] == "precision-law-slope-one")
-    assert claim["min_detectable"] == pytest.approx(nj.SLOPE_MARGIN + nj.normal_quantile() * 0.05)
+                 if c.id == "precision-law-slope-one")
+    assert claim.min_detectable == pytest.approx(nj.SLOPE_MARGIN + nj.normal_quantile() * 0.05)
 
 
-@pytest.mark.claim_mutation("precision-rounding-model-constant")
-def test_model_constant_claim_fails_when_the_model_is_off_by_more_than_lambda():
-    law, pooled, df, checks, gsum, grads = _claim_inputs()
-    off = df.assign(pred_rms=df["pred_rms"] / (3 * verdict.LAMBDA))
-    claims = nj.precision_claims(nj.fit_law(off), pooled, off, checks, gsum, grads, 16)
-    assert not _holds(claims)["precision-rounding-model-constant"]
+# The smallest realistic violation of each claim: the judged quantity 5% beyond its bound (EDGE),
+# made in the data the judge reads, on the consistent inputs of `_claim_inputs`.
+EDGE = 1.05
+LAM_SQRT_16 = verdict.LAMBDA * 4.0  # lambda sqrt(n) for the n = 16 the claims below are judged with
 
 
-@pytest.mark.claim_mutation("precision-accuracy-crossing-law")
-def test_crossing_claim_fails_when_the_calibration_mispredicts():
-    law, pooled, df, checks, gsum, grads = _claim_inputs()
-    miscalibrated = law.assign(model_constant=law["model_constant"] * 10)
-    bad_checks = nj.crossing_check(nj.accuracy_crossing(df, miscalibrated), miscalibrated, 0.25)
-    assert not _holds(nj.precision_claims(law, pooled, df, bad_checks, gsum, grads, 16))["precision-accuracy-crossing-law"]
+def _edge_model_constant(law, pooled, df, checks, gsum, grads):
+    """The model misses the measured change by a factor 5% beyond lambda."""
+    c0 = float(nj.fit_law(df)["model_constant"].iloc[0])
+    off = df.assign(pred_rms=df["pred_rms"] * c0 / (EDGE * verdict.LAMBDA))
+    return nj.fit_law(off), pooled, off, checks, gsum, grads
 
 
-@pytest.mark.claim_mutation("precision-bq-gradient-consistent")
-def test_control_claim_fails_when_the_bq_gradient_has_no_direction():
-    law, pooled, df, checks, gsum, grads = _claim_inputs()
-    aimless = gsum.assign(bq_mean_cos=[0.01, 0.1])
-    assert not _holds(nj.precision_claims(law, pooled, df, checks, aimless, grads, 16))["precision-bq-gradient-consistent"]
+def _edge_crossing(law, pooled, df, checks, gsum, grads):
+    """The predicted crossing misses the measured one by 5% more than the allowance."""
+    crossing = nj.accuracy_crossing(df, law)
+    allowance = float(nj.crossing_check(crossing, law, 0.25)["allowance_log10"].iloc[0])
+    moved = crossing.assign(crossing_pred=crossing["crossing"] * 10 ** (EDGE * allowance))
+    return law, pooled, df, nj.crossing_check(moved, law, 0.25), gsum, grads
+
+
+def _edge_output(law, pooled, df, checks, gsum, grads):
+    """One judged magnitude's output change lies 5% above its tolerance."""
+    worst = df.index[df["ratio"] == df["ratio"].max()]
+    return law, pooled, df.assign(delta_max=df["delta_max"].where(~df.index.isin(worst), EDGE * df["tolerance"])), \
+        checks, gsum, grads
+
+
+EDGE_MUTATIONS = {
+    "precision-output-change-within-tolerance": _edge_output,
+    "precision-rounding-model-constant": _edge_model_constant,
+    "precision-accuracy-crossing-law": _edge_crossing,
+    # the powered (float32) row's largest b_k gradient entry 5% above its tolerance
+    "precision-bk-gradient-within-tolerance":
+        lambda law, pooled, df, checks, gsum, grads: (law, pooled, df, checks,
+                                                      gsum.assign(grad_over_tol_max=[EDGE, 1e-3]), grads),
+    # one batch's |g_bk|/|g_bq| 5% above lambda sqrt(n) u
+    "precision-bk-gradient-noise-scale":
+        lambda law, pooled, df, checks, gsum, grads: (law, pooled, df, checks, gsum, grads.assign(
+            ratio=[EDGE * LAM_SQRT_16 * 2.0**-24, 0.2 * 2.0**-11])),
+    # the spread of ratio/u across dtypes 5% above lambda sqrt(n)
+    "precision-bk-gradient-scales-with-u":
+        lambda law, pooled, df, checks, gsum, grads: (law, pooled, df, checks, gsum.assign(
+            ratio_over_u=[0.5, 0.5 / (EDGE * LAM_SQRT_16)]), grads),
+    # one b_k mean cosine 5% beyond the isotropic-noise bound (0.2)
+    "precision-bk-gradient-no-direction":
+        lambda law, pooled, df, checks, gsum, grads: (law, pooled, df, checks,
+                                                      gsum.assign(bk_mean_cos=[0.01, -EDGE * 0.2]), grads),
+    # one b_q mean cosine 5% below the bound: the positive control just misses
+    "precision-bq-gradient-consistent":
+        lambda law, pooled, df, checks, gsum, grads: (law, pooled, df, checks,
+                                                      gsum.assign(bq_mean_cos=[0.8, 0.2 / EDGE]), grads),
+}
+
+
+def _by_id(claims):
+    return {c.id: c for c in claims}
+
+
+@pytest.mark.claim_mutation(*EDGE_MUTATIONS)
+@pytest.mark.parametrize("claim_id", list(EDGE_MUTATIONS))
+def test_each_claim_fails_just_past_its_bound(claim_id, record_mutation):
+    inputs = _claim_inputs()
+    claims = _by_id(nj.precision_claims(*EDGE_MUTATIONS[claim_id](*inputs), 16))
+    c = claims[claim_id]
+    distance = C.mutation_distance({"value": c.value, "bound": c.bound, "comparison": c.comparison})
+    assert 1 < distance <= 1.06, f"the mutation must sit just past the bound, not far beyond it ({distance})"
+    record_mutation(claims[claim_id])
+    # and only that claim fails: the mutation is of the one quantity the claim judges
+    untouched = _by_id(nj.precision_claims(*inputs, 16))
+    assert all(c.holds for cid, c in untouched.items())
 
 
 _ATTENTION = nm.attention
@@ -373,7 +424,7 @@ def _measured_claims(monkeypatch, mutant=None):
     grads = nm.gradient_sweep(dtypes, paths, batches=12, **sizes)
     _, pooled, _, checks, _, _ = _claim_inputs()
     law = nj.fit_law(errors)
-    return _holds(nj.precision_claims(law, pooled, errors, checks, nm.gradient_summary(grads), grads, 8))
+    return _by_id(nj.precision_claims(law, pooled, errors, checks, nm.gradient_summary(grads), grads, 8))
 
 
 MEASURED = ["precision-rounding-model-constant", "precision-output-change-within-tolerance",
@@ -383,27 +434,27 @@ MEASURED = ["precision-rounding-model-constant", "precision-output-change-within
 
 
 def test_measured_claims_hold_for_nn_attention(monkeypatch):
-    holds = _measured_claims(monkeypatch)
-    assert all(holds[c] for c in MEASURED), holds
+    claims = _measured_claims(monkeypatch)
+    assert all(claims[c].holds for c in MEASURED), claims
 
 
 @pytest.mark.claim_mutation(*MEASURED[:-1])
-def test_measured_claims_fail_when_keys_are_reused_as_values(monkeypatch):
+def test_measured_claims_fail_when_keys_are_reused_as_values(monkeypatch, record_mutation):
     """b_k then reaches the output through the values: a real, directed gradient."""
-    holds = _measured_claims(monkeypatch, _attention_keys_as_values)
-    assert not any(holds[c] for c in MEASURED[:-1]), holds
+    claims = _measured_claims(monkeypatch, _attention_keys_as_values)
+    record_mutation(*[claims[c] for c in MEASURED[:-1]])
 
 
 @pytest.mark.claim_mutation(*MEASURED[:5])
-def test_measured_claims_fail_with_an_extra_key_slot(monkeypatch):
+def test_measured_claims_fail_with_an_extra_key_slot(monkeypatch, record_mutation):
     """A zero key slot after the bias (add_zero_attn) makes b_k change outputs and gradients.
 
     Its b_k gradient sum_i q_i c_i has no direction across batches (the queries have zero
     mean), so the direction claim does not see this break; the size claims do.
     """
-    holds = _measured_claims(monkeypatch, _attention_with_zero_slot)
-    assert not any(holds[c] for c in MEASURED[:5]), holds
-    assert holds["precision-bk-gradient-no-direction"]
+    claims = _measured_claims(monkeypatch, _attention_with_zero_slot)
+    record_mutation(*[claims[c] for c in MEASURED[:5]])
+    assert claims["precision-bk-gradient-no-direction"].holds
 
 
 def test_macros_and_figures_from_summaries():
@@ -422,8 +473,8 @@ def test_macros_and_figures_from_summaries():
     g = nj.gradient_macros(gsum.assign(bk_consistency=0.3, bq_consistency=0.9), grads, 16)
     assert g["PrecUnitRoundoffSpanLog"][0] == 13 and g["PrecGradRedundantCount"][0] == 1
     assert g["PrecGradPoweredCount"][0] == 1 and g["PrecGradPoweredDtypes"][0] == "float32"
-    r = nj.run_macros(head_dim=16, num_heads=2, seq_len=8, batch=2, grad_batches=4, ratio_points=5,
-                      ratio_log10_min=-1, ratio_log10_max=2)
+    r = nj.run_macros(nm.PrecisionConfig(head_dim=16, num_heads=2, seq_len=8, batch=2, grad_batches=4,
+                                         ratio_points=5, ratio_log10_min=-1, ratio_log10_max=2))
     assert r["PrecDominance"][0] == nj.DOMINANCE and r["PrecFailureProbability"][0] == "10^{-6}"
     crossing = nj.accuracy_crossing(df, law)
     fig = ns.plot_error_vs_bias(df, law, ["float32"])
@@ -440,7 +491,7 @@ def test_macros_and_figures_from_summaries():
 
 
 @pytest.mark.claim_mutation("precision-output-change-within-tolerance")
-def test_output_claim_fails_when_a_dtype_in_its_scope_has_no_judged_row():
+def test_output_claim_fails_when_a_dtype_in_its_scope_has_no_judged_row(record_mutation):
     """A selection with zero judged rows never passes: float32 rows whose tolerance all lie above
     the output leave the claim without float32 evidence, and it fails even though float64 holds."""
     law, pooled, df, checks, gsum, grads = _claim_inputs()
@@ -448,9 +499,10 @@ def test_output_claim_fails_when_a_dtype_in_its_scope_has_no_judged_row():
     assert _holds(nj.precision_claims(law, pooled, both, checks, gsum, grads, 16))[
         "precision-output-change-within-tolerance"]
     blind = both.assign(tolerance=np.where(both["dtype"] == "float32", 10 * both["ref_rms"], both["tolerance"]))
-    claim = next(c for c in nj.precision_claims(law, pooled, blind, checks, gsum, grads, 16)
-                 if c["claim_id"] == "precision-output-change-within-tolerance")
-    assert math.isnan(claim["value"])
+    claim = _by_id(nj.precision_claims(law, pooled, blind, checks, gsum, grads, 16))[
+        "precision-output-change-within-tolerance"]
+    assert math.isnan(claim.value)
+    record_mutation(claim)
 
 
 def test_delta_bias_rms_is_exactly_zero_below_the_floor_multiple():
@@ -458,3 +510,46 @@ def test_delta_bias_rms_is_exactly_zero_below_the_floor_multiple():
     below = df["delta_rms"] < nj.FLOOR_RESOLUTION * df["floor_rms"]
     assert below.any() and (df.loc[below, "delta_bias_rms"] == 0.0).all()
     assert (df.loc[~below, "delta_bias_rms"] > 0).all() and df["delta_bias_rms"].notna().all()
+
+
+# ----------------------------------------------------------------------------- config
+def test_config_defaults_are_the_smoke_profile_and_fields_are_the_parameters():
+    import dataclasses
+
+    from keybias.studies import params
+
+    assert {f.name for f in dataclasses.fields(nm.PrecisionConfig)} == set(nm.PARAMETERS)
+    smoke = params.load_profile("smoke", ROOT / "params", ["03_precision"])["03_precision"]
+    assert nm.PrecisionConfig().as_dict() == smoke
+    paper = params.load_profile("paper", ROOT / "params", ["03_precision"])["03_precision"]
+    assert nm.PrecisionConfig.from_mapping(paper).as_dict() == paper
+
+
+def test_config_rejects_misspelled_and_bad_values_naming_them():
+    from keybias.studies.params import ParameterError
+
+    with pytest.raises(ParameterError, match="did you mean 'grad_batches'"):
+        nm.PrecisionConfig.from_mapping({"grad_batch": 4})
+    with pytest.raises(ParameterError, match="did you mean 'calibration_seed'"):
+        nm.PrecisionConfig().replace(calibration_seeds=2)
+    with pytest.raises(ParameterError, match="calibration_seed must differ"):
+        nm.PrecisionConfig(seed=1, calibration_seed=1)
+    with pytest.raises(ParameterError, match="ratio_log10_min"):
+        nm.PrecisionConfig(ratio_log10_min=2.0, ratio_log10_max=1.0)
+    with pytest.raises(ParameterError, match="paths"):
+        nm.PrecisionConfig(paths=["sdpa_cudnn"])
+    cfg = nm.PrecisionConfig(ratio_points=4, ratio_log10_min=-1.0, ratio_log10_max=2.0)
+    assert cfg.grid_step_log10 == 1.0 and list(cfg.ratios) == pytest.approx([0.1, 1.0, 10.0, 100.0])
+
+
+def test_per_dtype_macro_names_spell_the_dtype_with_the_one_dtype_map():
+    from keybias.studies.params import DTYPE_MACRO
+
+    prefixes = ("PrecSlope", "PrecFitPoints", "PrecSlopeSe", "PrecSlopeDetectable", "PrecSecondOrder")
+    for dtype, names in nj.SLOPE_MACROS.items():
+        assert names == tuple(p + DTYPE_MACRO[dtype] for p in prefixes)
+    for dtype, names in nj.CROSSING_MACROS.items():
+        assert names == ("PrecCrossMin" + DTYPE_MACRO[dtype], "PrecCrossMax" + DTYPE_MACRO[dtype])
+    for dtype, name in nj.ERROR_MACROS.items():
+        assert name == "PrecErrMax" + DTYPE_MACRO[dtype]
+    assert set(nj.SLOPE_MACROS) == set(nj.CROSSING_MACROS) == set(DTYPE_MACRO)

@@ -26,7 +26,7 @@ def test_vanishes_detects_zero_and_nonzero():
 
 
 def test_grid_sees_key_bias_zero_and_query_bias_control():
-    grid = symbolic.grid([1, 3], [2], [2])
+    grid = symbolic.grid(symbolic.SymbolicConfig(grid_n=[1, 3], grid_d=[2], grid_heads=[2]))
     assert grid["nonzero_derivatives"].sum() == 0
     assert grid.set_index("n_keys").loc[3, "nonzero_query_bias_controls"] == 2
     assert grid.set_index("n_keys").loc[1, "nonzero_query_bias_controls"] == 0
@@ -34,7 +34,7 @@ def test_grid_sees_key_bias_zero_and_query_bias_control():
 
 def test_grid_rejects_bad_sizes():
     with pytest.raises(ValueError, match="grid_n"):
-        symbolic.grid([0], [1], [1])
+        symbolic.SymbolicConfig(grid_n=[0])
 
 
 def test_counterexamples():
@@ -69,15 +69,20 @@ def _results(model="mha", kind="softmax", split_model="mha", normalised=True, ns
         shift=symbolic.shift_invariance(kind),
         grad=symbolic.zero_gradient(kind),
         jacobian=symbolic.jacobian_ones_grid(list(ns), kind),
-        grid_rows=symbolic.grid(list(ns), list(ds), list(heads), model),
+        grid_rows=symbolic.grid(symbolic.SymbolicConfig(grid_n=ns, grid_d=ds, grid_heads=heads), model),
         counter=symbolic.counterexamples(model),
         fold=symbolic.value_bias_fold(normalised),
         folds=symbolic.fold_grid(list(ns), normalised),
     )
 
 
+def _judged(**results) -> dict[str, dict]:
+    """{claim id: record} of the claims judged on `results` (records `record_mutation` accepts)."""
+    return claims.evaluate(symbolic.symbolic_claims(**results))
+
+
 def _holds(**results) -> dict[str, bool]:
-    return {cid: r["holds"] for cid, r in claims.evaluate(symbolic.symbolic_claims(**results)).items()}
+    return {cid: r["holds"] for cid, r in _judged(**results).items()}
 
 
 @pytest.fixture(scope="module")
@@ -101,50 +106,48 @@ def test_exact_derivations_are_proof_checks_that_name_their_identity():
 
 
 @pytest.mark.claim_mutation("symbolic-score-split")
-def test_split_fails_for_a_per_key_bias(mha_holds):
-    holds = _holds(**_results(split_model="per_key_bias"))
-    assert mha_holds["symbolic-score-split"] and not holds["symbolic-score-split"]
+def test_split_fails_for_a_per_key_bias(mha_holds, record_mutation):
+    judged = _judged(**_results(split_model="per_key_bias"))
+    assert mha_holds["symbolic-score-split"]
+    record_mutation(judged["symbolic-score-split"])
 
 
 @pytest.mark.claim_mutation("symbolic-softmax-shift-invariance", "symbolic-zero-gradient")
-def test_shift_and_gradient_claims_fail_for_sigmoid_weights():
-    holds = _holds(**_results(kind="sigmoid"))
-    assert not holds["symbolic-softmax-shift-invariance"]
-    assert not holds["symbolic-zero-gradient"]
-    assert not holds["symbolic-jacobian-ones-grid"]
+def test_shift_and_gradient_claims_fail_for_sigmoid_weights(record_mutation):
+    judged = _judged(**_results(kind="sigmoid"))
+    record_mutation(judged["symbolic-softmax-shift-invariance"], judged["symbolic-zero-gradient"])
+    assert not judged["symbolic-jacobian-ones-grid"]["holds"]
 
 
 @pytest.mark.claim_mutation("symbolic-grid-zero-derivatives", "symbolic-key-bias-example")
 @pytest.mark.parametrize("model", ["extra_key_slot", "per_key_bias"])
-def test_key_bias_claims_fail_when_a_slot_escapes_the_shift(model):
-    holds = _holds(**_results(model=model))
-    assert not holds["symbolic-grid-zero-derivatives"]
-    assert not holds["symbolic-key-bias-example"]
+def test_key_bias_claims_fail_when_a_slot_escapes_the_shift(model, record_mutation):
+    judged = _judged(**_results(model=model))
+    record_mutation(judged["symbolic-grid-zero-derivatives"], judged["symbolic-key-bias-example"])
 
 
 @pytest.mark.claim_mutation("symbolic-grid-query-bias-control", "symbolic-query-bias-matters")
-def test_query_bias_claims_fail_without_a_query_bias():
-    holds = _holds(**_results(model="no_query_bias"))
-    assert not holds["symbolic-grid-query-bias-control"]
-    assert not holds["symbolic-query-bias-matters"]
+def test_query_bias_claims_fail_without_a_query_bias(record_mutation):
+    judged = _judged(**_results(model="no_query_bias"))
+    record_mutation(judged["symbolic-grid-query-bias-control"], judged["symbolic-query-bias-matters"])
 
 
 @pytest.mark.claim_mutation("symbolic-grid-query-bias-control")
-def test_query_bias_control_fails_on_single_key_grids_only():
+def test_query_bias_control_fails_on_single_key_grids_only(record_mutation):
     """Single-key sizes carry no evidence: a grid of only those is an empty selection, which fails."""
-    holds = _holds(**_results(ns=(1,)))
-    assert not holds["symbolic-grid-query-bias-control"]
+    record_mutation(_judged(**_results(ns=(1,)))["symbolic-grid-query-bias-control"])
 
 
 @pytest.mark.claim_mutation("symbolic-value-bias-matters")
-def test_value_bias_claim_fails_without_a_value_bias():
-    assert not _holds(**_results(model="no_value_bias"))["symbolic-value-bias-matters"]
+def test_value_bias_claim_fails_without_a_value_bias(record_mutation):
+    record_mutation(_judged(**_results(model="no_value_bias"))["symbolic-value-bias-matters"])
 
 
 @pytest.mark.claim_mutation("symbolic-value-bias-fold")
-def test_fold_claims_fail_when_weights_do_not_sum_to_one():
-    holds = _holds(**_results(normalised=False))
-    assert not holds["symbolic-value-bias-fold"] and not holds["symbolic-value-bias-fold-grid"]
+def test_fold_claims_fail_when_weights_do_not_sum_to_one(record_mutation):
+    judged = _judged(**_results(normalised=False))
+    record_mutation(judged["symbolic-value-bias-fold"])
+    assert not judged["symbolic-value-bias-fold-grid"]["holds"]
 
 
 def test_empty_grids_fail_the_grid_claims():
@@ -159,3 +162,27 @@ def test_empty_grids_fail_the_grid_claims():
 def test_unknown_model_is_rejected():
     with pytest.raises(ValueError, match="allowed"):
         symbolic.attention_output(2, 1, model="rope")
+
+
+def test_config_defaults_are_the_smoke_profile_and_fields_are_the_parameters():
+    import dataclasses
+    from pathlib import Path
+
+    from keybias.studies import params
+
+    root = Path(__file__).resolve().parents[1] / "params"
+    assert {f.name for f in dataclasses.fields(symbolic.SymbolicConfig)} == set(symbolic.PARAMETERS)
+    smoke = params.load_profile("smoke", root, ["01_symbolic"])["01_symbolic"]
+    assert symbolic.SymbolicConfig().as_dict() == smoke
+    paper = params.load_profile("paper", root, ["01_symbolic"])["01_symbolic"]
+    assert symbolic.SymbolicConfig.from_mapping(paper).as_dict() == paper
+
+
+def test_config_rejects_misspelled_and_bad_values_naming_them():
+    from keybias.studies.params import ParameterError
+
+    with pytest.raises(ParameterError, match="did you mean 'grid_heads'"):
+        symbolic.SymbolicConfig.from_mapping({"grid_head": [1]})
+    with pytest.raises(ParameterError, match="grid_d"):
+        symbolic.SymbolicConfig(grid_d=[7])
+    assert symbolic.SymbolicConfig(grid_n=[3]).grid_n == (3,)

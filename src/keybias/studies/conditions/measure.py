@@ -9,7 +9,7 @@ key heads, partial rotary embeddings, a LayerNorm on the keys, and the condition
 b_v folds into the output bias.
 
 Three layers, as in every study module:
-- measure: `measure(...)` runs every case of `CASES` on every seed and returns one row per
+- measure: `measure(cfg)` runs every case of `CASES` on every seed of a `ConditionsConfig` and returns one row per
   (case, seed) with the relative effect of perturbing the parameter in question;
 - judge: `judge(frame)` is pure (DataFrame in, `Claim`s out), so a test can hand it
   doctored data; `summary(frame)` reduces seeds the same way for tables and macros;
@@ -34,7 +34,8 @@ import torch
 import torch.nn.functional as F
 
 from keybias.build.recorder import Claim, format_number
-from keybias.studies.params import Param
+from keybias.studies.config import StudyConfig
+from keybias.studies.params import Param, ParameterError
 from keybias.studies.reduce import finite_max, finite_min
 
 PARAMETERS = {
@@ -48,6 +49,32 @@ PARAMETERS = {
     "dropout": Param(float, positive=True, maximum=0.9, help="attention dropout of the fold case"),
     "seeds": Param(int, many=True, minimum=0, help="independent draws of weights and inputs"),
 }
+
+
+
+@dataclass(frozen=True)
+class ConditionsConfig(StudyConfig):
+    """Every setting of notebook 07, validated once against `PARAMETERS`; defaults = the smoke profile."""
+
+    PARAMETERS = PARAMETERS
+    STUDY = "07_conditions"
+
+    embed_dim: int = 8
+    num_heads: int = 2
+    seq_len: int = 4
+    batch: int = 1
+    softcap: float = 5.0
+    weight_decay: float = 0.01
+    regulariser: float = 0.01
+    dropout: float = 0.3
+    seeds: tuple[int, ...] = (0,)
+
+    def check(self) -> None:
+        try:
+            check_parameters(self.embed_dim, self.num_heads, self.seq_len, self.batch)
+        except ValueError as exc:
+            raise ParameterError(f"{self.STUDY}: {exc}") from exc
+
 
 # Bounds, fixed from theory before any data (the claims name these origins):
 # float64 has unit roundoff 1.1e-16; a handful of sums of O(1) terms stays below 1e-13
@@ -370,9 +397,10 @@ def _head_dims(w: dict, rotated: bool) -> list[int]:
     return [h * d + i for h in range(H) for i in range(d) if (i < r) == rotated]
 
 
-def measure_case(case: Case, w: dict, *, softcap: float, weight_decay: float, regulariser: float,
-                 dropout: float) -> float:
-    """The effect of one case on one draw of weights (see QUANTITIES for its meaning)."""
+def measure_case(case: Case, w: dict, cfg: ConditionsConfig) -> float:
+    """The effect of one case on one draw of weights (see QUANTITIES for its meaning), with the
+    softcap, weight decay, regulariser and dropout of `cfg`."""
+    softcap, weight_decay, regulariser, dropout = cfg.softcap, cfg.weight_decay, cfg.regulariser, cfg.dropout
     H = w["heads"]
     d = w["x"].shape[-1] // H
     key = (case.condition, case.variant)
@@ -425,19 +453,13 @@ def measure_case(case: Case, w: dict, *, softcap: float, weight_decay: float, re
     raise ValueError(f"no measurement for case {key}")
 
 
-def measure(*, embed_dim: int, num_heads: int, seq_len: int, batch: int, softcap: float,
-            weight_decay: float, regulariser: float, dropout: float, seeds: list[int],
-            cases: list[Case] = CASES) -> pd.DataFrame:
-    """One row per (case, seed): condition, variant, quantity, predicted, seed, effect."""
-    check_parameters(embed_dim, num_heads, seq_len, batch)
-    if not seeds:
-        raise ValueError("seeds must not be empty")
+def measure(cfg: ConditionsConfig, cases: list[Case] = CASES) -> pd.DataFrame:
+    """One row per (case, seed of `cfg.seeds`): condition, variant, quantity, predicted, seed, effect."""
     rows = []
-    for seed in seeds:
-        w = _weights(seed, embed_dim, num_heads, seq_len, batch)
+    for seed in cfg.seeds:
+        w = _weights(seed, cfg.embed_dim, cfg.num_heads, cfg.seq_len, cfg.batch)
         for case in cases:
-            effect = measure_case(case, w, softcap=softcap, weight_decay=weight_decay,
-                                  regulariser=regulariser, dropout=dropout)
+            effect = measure_case(case, w, cfg)
             rows.append({"condition": case.condition, "variant": case.variant,
                          "quantity": case.quantity, "predicted": case.predicted,
                          "seed": seed, "effect": effect})
@@ -515,6 +537,16 @@ def run_quirk_script(script: Path = QUIRK_SCRIPT, seed: int = 0) -> pd.DataFrame
     return pd.DataFrame(json.loads(done.stdout))
 
 
+# option with appended slots -> (claim that need_weights changes the output, claim that
+# need_weights=True gives the documented output)
+QUIRK_CLAIM_IDS = (
+    ("add_bias_kv", "cond-quirk-add-bias-kv-need-weights-changes-output",
+     "cond-quirk-add-bias-kv-need-weights-true-documented"),
+    ("add_zero_attn", "cond-quirk-add-zero-attn-need-weights-changes-output",
+     "cond-quirk-add-zero-attn-need-weights-true-documented"),
+)
+
+
 def judge_quirk(rows: pd.DataFrame) -> list[Claim]:
     """Claims on the reproducer: with appended slots, need_weights changes the output and only
     need_weights=True matches the documented mask; without them, both paths agree."""
@@ -523,15 +555,15 @@ def judge_quirk(rows: pd.DataFrame) -> list[Claim]:
         return float(sel.iloc[0]) if len(sel) == 1 else math.nan
 
     claims = []
-    for option, slug in (("add_bias_kv", "add-bias-kv"), ("add_zero_attn", "add-zero-attn")):
+    for option, changes_id, documented_id in QUIRK_CLAIM_IDS:
         claims.append(Claim(
-            f"cond-quirk-{slug}-need-weights-changes-output",
+            changes_id,
             f"With {option} and is_causal=True, nn.MultiheadAttention's output with need_weights=False differs from need_weights=True (the appended slot is hidden by SDPA's causal mask).",
             value=value(option, "max_abs_diff_need_weights"), bound=BREAK_MIN,
             comparison=">=", kind="test", bound_origin=BREAK_ORIGIN,
         ))
         claims.append(Claim(
-            f"cond-quirk-{slug}-need-weights-true-documented",
+            documented_id,
             f"With {option} and is_causal=True, need_weights=True gives the documented output (the given causal mask, padded for the extra slot) to float64 rounding.",
             value=value(option, "max_abs_diff_true_vs_reference"), bound=REDUNDANT_MAX,
             comparison="<=", kind="test", bound_origin=REDUNDANT_ORIGIN,

@@ -1,7 +1,7 @@
 """Notebook 03, judged: the law fit, the accuracy crossing, and the claims and macros.
 
-Pure functions: measurements from `keybias.studies.precision.measure` (DataFrames) in, fits, claims (keyword
-dicts for `Recorder.claim`) and macros out, so that a test can hand them doctored data or the
+Pure functions: measurements from `keybias.studies.precision.measure` (DataFrames) in, fits, claims
+(`keybias.build.recorder.Claim`) and macros out, so that a test can hand them doctored data or the
 measurements of a mutated model. Every bound is fixed before the data (theory, the verdict
 rule, a held-out calibration) and every reduction is over an explicit, checked selection
 (`keybias.studies.reduce.finite_max`): an empty selection or a NaN fails the claim.
@@ -15,7 +15,8 @@ import numpy as np
 import pandas as pd
 
 from keybias import verdict
-from keybias.studies.precision.measure import RHO
+from keybias.build.recorder import Claim
+from keybias.studies.precision.measure import RHO, PrecisionConfig
 from keybias.studies.reduce import finite_max, finite_min
 
 # Law fit (method constants, printed in the paper as macros): fit where the change is at
@@ -35,9 +36,25 @@ CROSSING_FACTOR = 2.0
 # with the model. A true deviation beyond SLOPE_MARGIN + z SE fails the claim with
 # probability at least 1 - p/2: that is the smallest deviation the claim detects.
 SLOPE_MARGIN = VALIDITY
-# dtype -> the spelled-out suffix of per-dtype macro names.
-DTYPE_MACRO = {"float64": "FloatSixtyFour", "float32": "FloatThirtyTwo",
-               "bfloat16": "BfloatSixteen", "float16": "FloatSixteen"}
+# Per-dtype macro names, written out so that a search from paper/ finds each one; the dtype word of
+# each is `keybias.studies.params.DTYPE_MACRO[dtype]` (a test checks that).
+SLOPE_MACROS = {  # dtype -> (pooled slope, fit points, slope SE, detectable deviation, second-order size)
+    "float64": ("PrecSlopeFloatSixtyFour", "PrecFitPointsFloatSixtyFour", "PrecSlopeSeFloatSixtyFour",
+                "PrecSlopeDetectableFloatSixtyFour", "PrecSecondOrderFloatSixtyFour"),
+    "float32": ("PrecSlopeFloatThirtyTwo", "PrecFitPointsFloatThirtyTwo", "PrecSlopeSeFloatThirtyTwo",
+                "PrecSlopeDetectableFloatThirtyTwo", "PrecSecondOrderFloatThirtyTwo"),
+    "bfloat16": ("PrecSlopeBfloatSixteen", "PrecFitPointsBfloatSixteen", "PrecSlopeSeBfloatSixteen",
+                 "PrecSlopeDetectableBfloatSixteen", "PrecSecondOrderBfloatSixteen"),
+    "float16": ("PrecSlopeFloatSixteen", "PrecFitPointsFloatSixteen", "PrecSlopeSeFloatSixteen",
+                "PrecSlopeDetectableFloatSixteen", "PrecSecondOrderFloatSixteen"),
+}
+CROSSING_MACROS = {  # dtype -> (smallest, largest accuracy crossing)
+    "float64": ("PrecCrossMinFloatSixtyFour", "PrecCrossMaxFloatSixtyFour"),
+    "float32": ("PrecCrossMinFloatThirtyTwo", "PrecCrossMaxFloatThirtyTwo"),
+    "bfloat16": ("PrecCrossMinBfloatSixteen", "PrecCrossMaxBfloatSixteen"),
+    "float16": ("PrecCrossMinFloatSixteen", "PrecCrossMaxFloatSixteen"),
+}
+ERROR_MACROS = {"bfloat16": "PrecErrMaxBfloatSixteen", "float16": "PrecErrMaxFloatSixteen"}  # largest error
 
 def add_floor(df: pd.DataFrame, floor_ratio: float = FLOOR_RATIO) -> pd.DataFrame:
     """Add the measured floor of each (dtype, path): the median delta_rms over magnitudes
@@ -252,8 +269,8 @@ def powered_gradients(gsum: pd.DataFrame) -> pd.DataFrame:
     return ok[ok["control_over_tol_min"] > 1]
 
 
-def precision_claims(law, pooled, errors, checks, gsum, grads, seq_len) -> list[dict]:
-    """The findings of notebook 03 as claims (keyword dicts for `Recorder.claim`), each with
+def precision_claims(law, pooled, errors, checks, gsum, grads, seq_len) -> list[Claim]:
+    """The findings of notebook 03 as `Claim`s (for `Recorder.claims_from`), each with
     its kind, the origin of its bound and, for "no effect" claims, the smallest effect it
     would have seen. Pure: tests hand it doctored data or a mutated model's measurements.
     Every reduction is over an explicit selection; an empty one gives NaN, which fails.
@@ -280,36 +297,36 @@ def precision_claims(law, pooled, errors, checks, gsum, grads, seq_len) -> list[
     covered = ran.merge(law[["dtype", "path", "model_constant"]], on=["dtype", "path"], how="left") if len(law) else ran.assign(model_constant=math.nan)
     lam_sqrt_n = verdict.LAMBDA * math.sqrt(seq_len)
     claims = [
-        dict(claim_id="precision-output-change-within-tolerance", kind="test",
+        Claim(id="precision-output-change-within-tolerance", kind="test",
              bound_origin="verdict rule's rounding bound for each magnitude's own scores and values (theory)",
              min_detectable=_ratio_max(judged["tolerance"], judged["ref_rms"], "tolerance over output RMS"),
              statement="In float64 and float32, for every code path and key-bias magnitude whose rounding tolerance lies below the RMS output (each dtype has such magnitudes), the largest output change that b_k causes stays within the tolerance for that magnitude; the smallest detectable change, relative to the RMS output, is given for the worst judged magnitude. In bfloat16 and float16 the analytic tolerance exceeds the output, and the rounding-model claim judges those dtypes.",
              value=output_claim_value(errors),
              bound=1.0, comparison="<="),
-        dict(claim_id="precision-law-slope-one", kind="test",
+        Claim(id="precision-law-slope-one", kind="test",
              bound_origin="fixed margin: the first-order model's validity limit VALIDITY, set before the run",
              min_detectable=finite_max(detectable, "detectable slope deviation per dtype"),
              statement=f"For every dtype, the pooled log-log slope of the b_k-induced output change against |b_k|/|k| is within the fixed margin of 1 that the first-order model allows; a true slope farther from 1 than the margin plus z standard errors (z for p = {p_tex}), the smallest detectable deviation, would have failed it.",
              value=finite_max(slope_dev, "slope deviation per dtype") / SLOPE_MARGIN, bound=1.0, comparison="<="),
-        dict(claim_id="precision-rounding-model-constant", kind="test",
+        Claim(id="precision-rounding-model-constant", kind="test",
              bound_origin="probabilistic rounding constant lambda of Higham and Mary (theory)",
              statement="Across dtypes and code paths, the first-order rounding model predicts the measured change within a factor lambda (the probabilistic rounding constant of Higham & Mary).",
              value=finite_max(np.abs(np.log10(covered["model_constant"].to_numpy(dtype=float))), "model constants (log10)"),
              bound=math.log10(verdict.LAMBDA), comparison="<="),
-        dict(claim_id="precision-accuracy-crossing-law", kind="test",
+        Claim(id="precision-accuracy-crossing-law", kind="test",
              bound_origin="half a grid step plus z times the scatter of the model constant calibrated on a held-out seed",
              statement="The magnitude |b_k|/|k| at which the error against float64 doubles agrees with the prediction of the rounding model calibrated on a held-out seed, within half a grid step plus z times the scatter of that calibration.",
              value=_ratio_max(checks["deviation_log10"], checks["allowance_log10"], "crossing deviation over allowance")
              if len(checks) else math.nan,
              bound=1.0, comparison="<="),
-        dict(claim_id="precision-bk-gradient-within-tolerance", kind="test",
+        Claim(id="precision-bk-gradient-within-tolerance", kind="test",
              bound_origin="verdict rule's rounding bound from the measured query, value and upstream-gradient magnitudes (theory)",
              min_detectable=_ratio_max(1.0 / powered["control_over_tol_min"].to_numpy(dtype=float),
                                        np.ones(len(powered)), "tolerance over control"),
              statement="In every dtype and code path where the b_q gradient (positive control) exceeds the rounding tolerance, every entry of the b_k gradient stays within it; the smallest b_k gradient it would have seen, as a fraction of the b_q gradient, is given for the worst case.",
              value=finite_max(powered["grad_over_tol_max"], "b_k gradient over tolerance (powered rows)"),
              bound=1.0, comparison="<="),
-        dict(claim_id="precision-bk-gradient-noise-scale", kind="test",
+        Claim(id="precision-bk-gradient-noise-scale", kind="test",
              bound_origin="rounding of n-term row sums: lambda sqrt(n) u times the measured b_q gradient (theory)",
              min_detectable=finite_max(lam_sqrt_n * ok_b["unit_roundoff"], "largest noise bound"),
              statement="In every dtype, code path and batch, |grad b_k| / |grad b_q| stays below lambda sqrt(n) u, the size of rounding noise in row sums of n terms: the b_k gradient is no larger than rounding noise at the scale of the measured gradients.",
@@ -318,8 +335,8 @@ def precision_claims(law, pooled, errors, checks, gsum, grads, seq_len) -> list[
     ]
     g_dtypes = list(dict.fromkeys(ok_g["dtype"])) if len(ok_g) else []
     if len(g_dtypes) >= 2:
-        claims.append(dict(
-            claim_id="precision-bk-gradient-scales-with-u", kind="test",
+        claims.append(Claim(
+            id="precision-bk-gradient-scales-with-u", kind="test",
             bound_origin="lambda sqrt(n), the spread rounding noise allows (theory)",
             statement=f"The ratio |grad b_k| / |grad b_q| divided by the unit roundoff varies across dtypes and paths by less than lambda sqrt(n), while u itself spans {_span_tex(g_dtypes)}.",
             value=finite_max(ok_g["ratio_over_u"], "ratio over u") / finite_min(ok_g["ratio_over_u"], "ratio over u"),
@@ -327,13 +344,13 @@ def precision_claims(law, pooled, errors, checks, gsum, grads, seq_len) -> list[
     # a consistent component of relative size a (to the noise) gives mean cosine a^2 / (1 + a^2)
     cos_bound = ok_g["cos_bound"].to_numpy(dtype=float) if len(ok_g) else np.array([])
     claims += [
-        dict(claim_id="precision-bk-gradient-no-direction", kind="test",
+        Claim(id="precision-bk-gradient-no-direction", kind="test",
              bound_origin=f"isotropic-noise bound on the mean pairwise cosine at p = {p_tex} (theory)",
              min_detectable=finite_max(np.sqrt(cos_bound / np.clip(1 - cos_bound, 1e-12, None)), "detectable consistent component"),
              statement=f"The b_k gradients of independent batches point in unrelated directions: their mean pairwise cosine stays within what isotropic noise reaches (p = {p_tex}); a consistent component of the size given, relative to the noise, would have exceeded it.",
              value=finite_max(ok_g["bk_mean_cos"].abs().to_numpy(dtype=float) / cos_bound, "b_k cosine over bound"),
              bound=1.0, comparison="<="),
-        dict(claim_id="precision-bq-gradient-consistent", kind="test",
+        Claim(id="precision-bq-gradient-consistent", kind="test",
              bound_origin=f"isotropic-noise bound on the mean pairwise cosine at p = {p_tex} (theory)",
              statement=f"Positive control: the b_q gradients of the same batches share a direction, their mean pairwise cosine exceeding what isotropic noise reaches (p = {p_tex}).",
              value=finite_min(ok_g["bq_mean_cos"].to_numpy(dtype=float) / cos_bound, "b_q cosine over bound"),
@@ -343,20 +360,19 @@ def precision_claims(law, pooled, errors, checks, gsum, grads, seq_len) -> list[
 
 
 # ----------------------------------------------------------------------------- macros
-def run_macros(*, head_dim, num_heads, seq_len, batch, grad_batches, ratio_points,
-               ratio_log10_min, ratio_log10_max) -> dict[str, tuple]:
+def run_macros(cfg: PrecisionConfig) -> dict[str, tuple]:
     """Macros for the parameters and method constants of the run: name -> (value, digits)."""
     return {
-        "PrecHeadDim": (int(head_dim), 3), "PrecNumHeads": (int(num_heads), 3),
-        "PrecSeqLen": (int(seq_len), 3), "PrecBatch": (int(batch), 3),
-        "PrecGradBatches": (int(grad_batches), 3), "PrecRatioPoints": (int(ratio_points), 3),
-        "PrecRatioMin": (10.0**ratio_log10_min, 3), "PrecRatioMax": (10.0**ratio_log10_max, 3),
+        "PrecHeadDim": (cfg.head_dim, 3), "PrecNumHeads": (cfg.num_heads, 3),
+        "PrecSeqLen": (cfg.seq_len, 3), "PrecBatch": (cfg.batch, 3),
+        "PrecGradBatches": (cfg.grad_batches, 3), "PrecRatioPoints": (cfg.ratio_points, 3),
+        "PrecRatioMin": (10.0**cfg.ratio_log10_min, 3), "PrecRatioMax": (10.0**cfg.ratio_log10_max, 3),
         "PrecLambda": (verdict.LAMBDA, 2), "PrecZ": (normal_quantile(), 2), "PrecRho": (RHO, 2),
         "PrecDominance": (int(DOMINANCE) if float(DOMINANCE).is_integer() else DOMINANCE, 2),
         "PrecValidity": (VALIDITY, 2),
         "PrecFailureProbability": (failure_probability_tex(), 3),
         "PrecInvSqrtTwo": (1 / math.sqrt(2), 2),
-        "PrecSqrtBatchesInv": (1 / math.sqrt(grad_batches), 2),
+        "PrecSqrtBatchesInv": (1 / math.sqrt(cfg.grad_batches), 2),
     }
 
 
@@ -366,20 +382,21 @@ def law_macros(errors: pd.DataFrame, law: pd.DataFrame, pooled: pd.DataFrame) ->
     precision; other paths in half precision), extremes. name -> (value, digits)."""
     out: dict[str, tuple] = {}
     for _, p in pooled.iterrows():
-        if p["dtype"] not in DTYPE_MACRO or not np.isfinite(p["slope"]):
+        if p["dtype"] not in SLOPE_MACROS or not np.isfinite(p["slope"]):
             continue
-        name = DTYPE_MACRO[p["dtype"]]
-        out["PrecSlope" + name] = (float(p["slope"]), 4)
-        out["PrecFitPoints" + name] = (int(p["points"]), 3)
-        out["PrecSlopeSe" + name] = (float(p["slope_se"]), 2)
-        out["PrecSlopeDetectable" + name] = (float(p["detectable_dev"]), 2)
-        out["PrecSecondOrder" + name] = (float(p["second_order"]), 2)
+        slope, points, slope_se, detectable, second_order = SLOPE_MACROS[p["dtype"]]
+        out[slope] = (float(p["slope"]), 4)
+        out[points] = (int(p["points"]), 3)
+        out[slope_se] = (float(p["slope_se"]), 2)
+        out[detectable] = (float(p["detectable_dev"]), 2)
+        out[second_order] = (float(p["second_order"]), 2)
     if len(law):
         half = law["dtype"].isin(["bfloat16", "float16"])
         sdpa = law["path"].str.startswith("sdpa")
-        for name, sel in [("Wide", ~half), ("SdpaHalf", half & sdpa), ("OtherHalf", half & ~sdpa)]:
+        for name, sel in [("PrecModelConstWide", ~half), ("PrecModelConstSdpaHalf", half & sdpa),
+                          ("PrecModelConstOtherHalf", half & ~sdpa)]:
             if sel.any():
-                out["PrecModelConst" + name] = (float(law.loc[sel, "model_constant"].mean()), 2)
+                out[name] = (float(law.loc[sel, "model_constant"].mean()), 2)
         out["PrecModelConstMin"] = (float(law["model_constant"].min()), 2)
         out["PrecModelConstMax"] = (float(law["model_constant"].max()), 2)
         out["PrecLawResidMax"] = (float(law["resid_log10"].max()), 2)
@@ -400,14 +417,15 @@ def crossing_macros(errors: pd.DataFrame, crossing: pd.DataFrame, checks: pd.Dat
     out: dict[str, tuple] = {}
     for dtype, c in crossing.groupby("dtype", sort=False):
         c = c["crossing"].dropna()
-        if len(c) and dtype in DTYPE_MACRO:
-            out["PrecCrossMin" + DTYPE_MACRO[dtype]] = (float(c.min()), 2)
-            out["PrecCrossMax" + DTYPE_MACRO[dtype]] = (float(c.max()), 2)
+        if len(c) and dtype in CROSSING_MACROS:
+            cross_min, cross_max = CROSSING_MACROS[dtype]
+            out[cross_min] = (float(c.min()), 2)
+            out[cross_max] = (float(c.max()), 2)
     ok = errors[errors["status"].eq("ok")]
-    for dtype in ("bfloat16", "float16"):
+    for dtype, name in ERROR_MACROS.items():
         e = ok[ok["dtype"] == dtype]
         if len(e):
-            out["PrecErrMax" + DTYPE_MACRO[dtype]] = (float(e["err_rms"].max()), 2)
+            out[name] = (float(e["err_rms"].max()), 2)
     fin = crossing["crossing"].dropna() if len(crossing) else pd.Series(dtype=float)
     out["PrecCrossMin"] = (finite_min(fin, "crossings"), 2)
     out["PrecCrossMax"] = (finite_max(fin, "crossings"), 2)

@@ -34,6 +34,7 @@ so the gradient is noise of size ~u (see keybias.verdict for the bound).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -43,7 +44,8 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from keybias import verdict
-from keybias.studies.params import DTYPES, Param
+from keybias.studies.config import StudyConfig
+from keybias.studies.params import DTYPES, Param, ParameterError
 
 # Code paths: the attention product written out, F.scaled_dot_product_attention with each
 # backend that runs on CPU, and nn.MultiheadAttention (b_k enters through the in-projection).
@@ -72,6 +74,63 @@ PARAMETERS: dict[str, Param] = {
     "seed": Param(int, minimum=0),
     "calibration_seed": Param(int, minimum=0, help="seed of the held-out run that calibrates the crossing prediction"),
 }
+
+
+@dataclasses.dataclass(frozen=True)
+class PrecisionConfig(StudyConfig):
+    """Every setting of notebook 03, validated once against `PARAMETERS`; defaults = the smoke profile."""
+
+    PARAMETERS = PARAMETERS
+    STUDY = "03_precision"
+
+    dtypes: tuple[str, ...] = ("float64", "float32", "bfloat16", "float16")
+    paths: tuple[str, ...] = ("explicit", "sdpa_math", "mha")
+    head_dim: int = 32
+    num_heads: int = 1
+    seq_len: int = 32
+    batch: int = 4
+    ratio_log10_min: float = -1.5
+    ratio_log10_max: float = 3.0
+    ratio_points: int = 10
+    grad_batches: int = 8
+    seed: int = 0
+    calibration_seed: int = 1
+
+    def check(self) -> None:
+        if self.ratio_log10_min >= self.ratio_log10_max:
+            raise ParameterError(f"{self.STUDY}: ratio_log10_min ({self.ratio_log10_min}) must be < "
+                                 f"ratio_log10_max ({self.ratio_log10_max})")
+        if self.calibration_seed == self.seed:
+            raise ParameterError(f"{self.STUDY}: calibration_seed must differ from seed ({self.seed}): the "
+                                 "crossing prediction is calibrated on held-out data")
+
+    @property
+    def ratios(self) -> np.ndarray:
+        """The log grid of |b_k| / |k| that both error sweeps use."""
+        return bias_ratios(self.ratio_log10_min, self.ratio_log10_max, self.ratio_points)
+
+    @property
+    def grid_step_log10(self) -> float:
+        """The spacing of that grid in log10 (half of it is the crossing claim's interpolation allowance)."""
+        return (self.ratio_log10_max - self.ratio_log10_min) / (self.ratio_points - 1)
+
+    @property
+    def sizes(self) -> dict:
+        """The attention sizes every sweep of this config shares."""
+        return dict(head_dim=self.head_dim, num_heads=self.num_heads, seq_len=self.seq_len, batch=self.batch)
+
+
+def run_error_sweep(cfg: PrecisionConfig, device: str, seed: int, progress: bool = False) -> pd.DataFrame:
+    """`error_sweep` over the config's dtypes, paths and magnitudes with `seed` (cfg.seed for the main
+    run, cfg.calibration_seed for the held-out calibration)."""
+    return error_sweep(list(cfg.dtypes), list(cfg.paths), **cfg.sizes, ratios=cfg.ratios, seed=seed,
+                       device=device, progress=progress)
+
+
+def run_gradient_sweep(cfg: PrecisionConfig, device: str, progress: bool = False) -> pd.DataFrame:
+    """`gradient_sweep` over the config's dtypes and paths, cfg.grad_batches batches, seed cfg.seed."""
+    return gradient_sweep(list(cfg.dtypes), list(cfg.paths), **cfg.sizes, batches=cfg.grad_batches,
+                          seed=cfg.seed, device=device, progress=progress)
 
 
 # ----------------------------------------------------------------------------- validation

@@ -7,6 +7,7 @@ import math
 import numpy as np
 import pandas as pd
 
+from keybias.build.recorder import latex_escape
 from keybias.studies.precision.judge import CROSSING_FACTOR
 from keybias.studies.precision.measure import PATHS
 
@@ -131,7 +132,7 @@ def gradient_table_with_devices(gsum: pd.DataFrame, absent: pd.DataFrame) -> str
 def law_table(law: pd.DataFrame) -> str:
     """The fitted law per dtype and path as a LaTeX tabular body (booktabs)."""
     frame = pd.DataFrame({
-        "dtype": law["dtype"], "path": law["path"].str.replace("_", r"\_"), "points": law["points"],
+        "dtype": law["dtype"], "path": law["path"].map(latex_escape), "points": law["points"],
         "slope": [f"${s:.3f} \\pm {e:.3f}$" for s, e in zip(law["slope"], law["slope_se"], strict=True)],
         "$A/u$": [f"{c:.3g}" for c in law["const_over_u"]],
         "$C$ (model)": [f"{c:.2f}" for c in law["model_constant"]],
@@ -145,9 +146,9 @@ def gradient_table(gsum: pd.DataFrame) -> str:
     reason."""
     rows = []
     for _, r in gsum.iterrows():
-        base = {"device": r["device"], "dtype": r["dtype"], "path": str(r["path"]).replace("_", r"\_")}
+        base = {"device": r["device"], "dtype": r["dtype"], "path": latex_escape(r["path"])}
         if r["status"] != "ok":
-            reason = str(r["reason"]).replace("_", r"\_").replace("%", r"\%")
+            reason = latex_escape(r["reason"])
             rows.append({**base, "ratio": "not run", "cos_k": "", "cos_q": "", "bound": reason[:48]})
             continue
         rows.append({**base, "ratio": f"{r['ratio_over_u']:.3f}", "cos_k": f"{r['bk_mean_cos']:+.3f}",

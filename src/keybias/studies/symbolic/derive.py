@@ -8,6 +8,7 @@ computed by simplification (never asserted by hand).
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import pandas as pd
@@ -15,6 +16,7 @@ import sympy as sp
 from sympy.simplify.simplify import factor_sum, sum_simplify
 
 from keybias.build.recorder import Claim
+from keybias.studies.config import StudyConfig
 from keybias.studies.params import Param
 from keybias.studies.reduce import finite_count, finite_sum
 
@@ -23,6 +25,19 @@ PARAMETERS = {
     "grid_d": Param(int, many=True, positive=True, maximum=6, help="head dimensions checked on the grid"),
     "grid_heads": Param(int, many=True, positive=True, maximum=3, help="numbers of heads on the grid"),
 }
+
+
+@dataclasses.dataclass(frozen=True)
+class SymbolicConfig(StudyConfig):
+    """The grid of notebook 01, validated once against `PARAMETERS`; defaults = the smoke profile."""
+
+    PARAMETERS = PARAMETERS
+    STUDY = "01_symbolic"
+
+    grid_n: tuple[int, ...] = (1, 2)
+    grid_d: tuple[int, ...] = (1, 2)
+    grid_heads: tuple[int, ...] = (1, 2)
+
 
 # The assumptions of the proof, in the order the paper lists them; later notebooks test each.
 ASSUMPTIONS = [
@@ -233,10 +248,9 @@ def grid_check(n: int, d: int, heads: int, model: str = "mha") -> dict:
     }
 
 
-def grid(ns: list[int], ds: list[int], heads: list[int], model: str = "mha") -> pd.DataFrame:
-    for name, values in (("grid_n", ns), ("grid_d", ds), ("grid_heads", heads)):
-        PARAMETERS[name].check(name, values)
-    rows = [grid_check(n, d, h, model) for h in heads for n in ns for d in ds]
+def grid(cfg: SymbolicConfig, model: str = "mha") -> pd.DataFrame:
+    """`grid_check` on every (keys, head dimension, heads) of the config (already validated)."""
+    rows = [grid_check(n, d, h, model) for h in cfg.grid_heads for n in cfg.grid_n for d in cfg.grid_d]
     return pd.DataFrame(rows)
 
 
