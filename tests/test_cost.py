@@ -98,8 +98,8 @@ def _holds(claims, tmp_path) -> dict:
 def test_memory_claim_is_consistency_and_fails_on_a_wrong_count(tmp_path):
     layer, memory = _memory()
     claims, macros = cost_judge.memory_claims(layer, memory)
-    assert [c["claim_id"] for c in claims] == ["cost-memory-counts-match-modules"]
-    assert claims[0]["kind"] == "consistency" and claims[0]["bound_origin"]
+    assert [c.id for c in claims] == ["cost-memory-counts-match-modules"]
+    assert claims[0].kind == "consistency" and claims[0].bound_origin
     assert _holds(claims, tmp_path) == {"cost-memory-counts-match-modules": True}
     assert macros["CostBertEmbedDim"] == 768 and macros["CostBkParamsGptXL"] == 48 * 1600
     assert macros["CostBkFractionLayerPercent"] == pytest.approx(100 / (4 * 768 + 4))
@@ -384,8 +384,8 @@ def _saving_holds(raw, tmp_path, *, bounds=None, **kw):
 def test_saving_claim_holds_on_a_clean_benchmark(tmp_path):
     holds, claims, macros, ratios, model = _saving_holds(_doctored_raw(), tmp_path)
     assert holds == {"cost-saving-within-removed-work": True}
-    assert [c["kind"] for c in claims] == ["test"] and "theory" in claims[0]["bound_origin"]
-    assert "issue" not in claims[0]["bound_origin"]
+    assert [c.kind for c in claims] == ["test"] and "theory" in claims[0].bound_origin
+    assert "issue" not in claims[0].bound_origin
     assert macros["CostSavingsAboveBound"] == 0 and macros["CostFamilySize"] == 4 and macros["CostComparisons"] == 4
     timing = cost_judge.timing_macros(ratios, model)
     assert timing["CostSlower"] == 0 and "no configuration" in timing["CostSlowerSentence"]
@@ -404,18 +404,20 @@ EDGE = 1.05
 
 
 @pytest.mark.claim_mutation("cost-saving-within-removed-work")
-def test_a_saving_just_above_its_bound_fails_the_saving_claim(tmp_path):
+def test_a_saving_just_above_its_bound_fails_the_saving_claim(tmp_path, record_mutation):
     raw = _doctored_raw(savings={3: EDGE * BOUND["training"]})
     holds, claims, macros, *_ = _saving_holds(raw, tmp_path)
     assert holds["cost-saving-within-removed-work"] is False
-    assert claims[0]["value"] == 1 and macros["CostSavingLowOverBoundMaxPercent"] > 100
+    assert claims[0].value == 1 and macros["CostSavingLowOverBoundMaxPercent"] > 100
+    record_mutation(*claims)
 
 
 @pytest.mark.claim_mutation("cost-saving-within-removed-work")
-def test_an_inference_saving_just_above_its_bound_fails_the_saving_claim(tmp_path):
+def test_an_inference_saving_just_above_its_bound_fails_the_saving_claim(tmp_path, record_mutation):
     raw = _doctored_raw(savings={0: EDGE * BOUND["inference"]})
-    holds, *_ = _saving_holds(raw, tmp_path)
+    holds, claims, *_ = _saving_holds(raw, tmp_path)
     assert holds["cost-saving-within-removed-work"] is False
+    record_mutation(*claims)
 
 
 def test_a_saving_just_below_its_bound_passes(tmp_path):
@@ -530,8 +532,30 @@ def test_time_saving_figure_is_print_sized():
 def test_profiles_set_exactly_the_parameters(profile):
     checked = load_profile(profile, ROOT / "params", ["06_cost"])["06_cost"]
     assert set(checked) == set(cost.PARAMETERS)
-    cost_measure.check_settings(min_reps=checked["min_reps"], max_reps=checked["max_reps"],
-                                budget_seconds=checked["budget_seconds"], target_half_width=checked["target_half_width"])
+    assert cost.CostConfig.from_mapping(checked).as_dict() == checked  # the repetition settings agree too
+
+
+def test_config_defaults_are_the_smoke_profile_and_fields_are_the_parameters():
+    import dataclasses
+
+    assert {f.name for f in dataclasses.fields(cost.CostConfig)} == set(cost.PARAMETERS)
+    smoke = load_profile("smoke", ROOT / "params", ["06_cost"])["06_cost"]
+    assert cost.CostConfig().as_dict() == smoke
+    grid = cost_measure.config_grid(cost.CostConfig())
+    assert len(grid) == len(cost_measure.block_configs(["tiny"], [16], 2, ["self", "cross"], ["inference", "training"]))
+
+
+def test_config_rejects_misspelled_and_inconsistent_values_naming_them():
+    from keybias.studies.params import ParameterError
+
+    with pytest.raises(ParameterError, match="did you mean 'max_reps'"):
+        cost.CostConfig.from_mapping({"max_rep": 40})
+    with pytest.raises(ParameterError, match="max_reps"):
+        cost.CostConfig(min_reps=40, max_reps=30)
+    with pytest.raises(ParameterError, match="blocks"):
+        cost.CostConfig(blocks=["BERT-huge"])
+    with pytest.raises(ParameterError, match="seq_lens"):
+        cost.CostConfig(seq_lens=[])
 
 
 def test_paper_profile_times_bert_base_within_a_bounded_budget():

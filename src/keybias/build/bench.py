@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 import time
@@ -34,10 +33,9 @@ def bench_outputs(res: dict, device: str, optimizer: str, bounds=None) -> dict:
     if bounds is not None:
         extra["cost_bench_saving_bounds"] = bounds
         [claim], _, machine = cost_judge.saving_claims(model, bounds)
-        holds = math.isfinite(claim["value"]) and claim["value"] <= claim["bound"]  # comparison "<="
         extra["cost_bench_saving_claim"] = pd.DataFrame([{
-            "id": claim["claim_id"], "value": claim["value"], "bound": claim["bound"], "holds": holds,
-            "statement": claim["statement"], "bound_origin": claim["bound_origin"], **machine}])
+            "id": claim.id, "value": claim.value, "bound": claim.bound, "holds": claim.holds,
+            "statement": claim.statement, "bound_origin": claim.bound_origin, **machine}])
     return {
         **extra,
         "cost_bench_resolution": cost_judge.resolution_table(res["ratios"], configs),

@@ -12,14 +12,25 @@ The study is split along its layers:
   macros (pure: DataFrames in, so tests can hand it doctored data);
 - `keybias.studies.cost.show`: the paper's tables and the figure.
 
-This module declares the notebook's parameters and the machine-specific outputs; the full
+This module declares the notebook's parameters, its typed config `CostConfig` and the
+machine-specific outputs; the full
 benchmark runs from the command line (`make bench`, `keybias.build.bench`).
 """
 
 from __future__ import annotations
 
-from keybias.studies.cost.measure import ATTENTIONS, BLOCKS, CLOCKS, MIN_REPS, PASSES
-from keybias.studies.params import Param
+import dataclasses
+
+from keybias.studies.config import StudyConfig
+from keybias.studies.cost.measure import (
+    ATTENTIONS,
+    BLOCKS,
+    CLOCKS,
+    MIN_REPS,
+    PASSES,
+    check_settings,
+)
+from keybias.studies.params import Param, ParameterError
 
 PARAMETERS = {
     "blocks": Param(str, many=True, choices=tuple(BLOCKS), help="transformer blocks timed (tiny is a test size)"),
@@ -43,6 +54,43 @@ PARAMETERS = {
     "architecture_check": Param(str, choices=("transformers", "torch"),
                                 help="real modules the counts are checked against (transformers models, or torch.nn blocks)"),
 }
+
+@dataclasses.dataclass(frozen=True)
+class CostConfig(StudyConfig):
+    """Every setting of notebook 06, validated once against `PARAMETERS` (and the repetition
+    settings against each other); defaults = the smoke profile."""
+
+    PARAMETERS = PARAMETERS
+    STUDY = "06_cost"
+
+    blocks: tuple[str, ...] = ("tiny",)
+    seq_lens: tuple[int, ...] = (16,)
+    batch: int = 2
+    attentions: tuple[str, ...] = ("self", "cross")
+    passes: tuple[str, ...] = ("inference", "training")
+    min_reps: int = 30
+    max_reps: int = 30
+    budget_seconds: float = 5.0
+    target_half_width: float = 0.0
+    warmup: int = 2
+    min_rep_seconds: float = 0.0
+    threads: int = 1
+    clock: str = "process"
+    optimizer: str = "adam"
+    n_boot: int = 500
+    seed: int = 0
+    architecture_check: str = "torch"
+
+    def check(self) -> None:
+        try:
+            check_settings(min_reps=self.min_reps, max_reps=self.max_reps, budget_seconds=self.budget_seconds,
+                           target_half_width=self.target_half_width)
+        except ValueError as exc:
+            raise ParameterError(f"{self.STUDY}: {exc}") from exc
+        for name in ("blocks", "seq_lens", "attentions", "passes"):
+            if not getattr(self, name):
+                raise ParameterError(f"{self.STUDY}.{name} must name at least one value")
+
 
 # Outputs whose values depend on the machine (timings); verification against committed
 # results must skip them. Paths relative to results/.

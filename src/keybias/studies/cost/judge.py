@@ -3,7 +3,8 @@
 Every function here is pure (DataFrames and dicts in, DataFrames, claims and macros out), so
 a test can hand it doctored timings: a saving larger than the removed work, a noisy control.
 Only one timing claim gates the build, and it holds at any timing resolution; what the timing
-resolved on this machine is reported as machine-specific macros, never claimed. Claims are dicts with the keywords of `Recorder.claim`.
+resolved on this machine is reported as machine-specific macros, never claimed. Claims are
+`keybias.build.recorder.Claim`s; macro names are written out in full.
 """
 
 from __future__ import annotations
@@ -13,8 +14,10 @@ import math
 import numpy as np
 import pandas as pd
 
+from keybias.build.recorder import Claim
 from keybias.studies.cost.memory import OPTIMIZER_STATES, mha_param_count
 from keybias.studies.cost.stats import HEADLINE_PHASE, LEVEL
+from keybias.studies.reduce import finite_reduce
 
 # Peak memory bandwidth of current data-centre GPUs, for the byte model's *prediction* only
 # (nothing here is measured on a GPU): macro tag -> (name, bytes/s).
@@ -25,6 +28,24 @@ GPU_BANDWIDTHS = {
     # NVIDIA H200 Tensor Core GPU datasheet, specifications table, H200 SXM: GPU memory bandwidth
     # 4.8 TB/s (141 GB HBM3e); https://www.nvidia.com/en-us/data-center/h200/
     "HTwoHundred": ("H200 SXM (HBM3e)", 4.8e12),
+}
+# Per GPU tag: the macros of its name, bandwidth and smallest and largest predicted saving.
+GPU_MACROS = {
+    "HOneHundred": ("CostGpuHOneHundredName", "CostGpuHOneHundredBandwidthTBs", "CostGpuHOneHundredPredictedMinUs",
+                    "CostGpuHOneHundredPredictedMaxUs"),
+    "HTwoHundred": ("CostGpuHTwoHundredName", "CostGpuHTwoHundredBandwidthTBs", "CostGpuHTwoHundredPredictedMinUs",
+                    "CostGpuHTwoHundredPredictedMaxUs"),
+}
+# Per pass: the macros of its kernel count with b_k, the kernels removed and the largest removed byte share.
+KERNEL_MACROS = {
+    "inference": ("CostKernelsInference", "CostKernelsRemovedInference", "CostRemovedByteShareInferencePercent"),
+    "training": ("CostKernelsTraining", "CostKernelsRemovedTraining", "CostRemovedByteShareTrainingPercent"),
+}
+# Per training sub-phase: the macros of its significantly slower and resolved (faster) configurations.
+SUBPHASE_MACROS = {
+    "forward": ("CostSubphaseSlowerForward", "CostSubphaseFasterForward"),
+    "backward": ("CostSubphaseSlowerBackward", "CostSubphaseFasterBackward"),
+    "step": ("CostSubphaseSlowerStep", "CostSubphaseFasterStep"),
 }
 
 
@@ -121,14 +142,14 @@ def gpu_prediction(configs: pd.DataFrame, bandwidths: dict | None = None, optimi
 # --------------------------------------------------------------------------- claims
 
 
-def memory_claims(layer: pd.DataFrame, memory: pd.DataFrame) -> tuple[list[dict], dict]:
+def memory_claims(layer: pd.DataFrame, memory: pd.DataFrame) -> tuple[list[Claim], dict]:
     """The count claim (formulas against real modules) and the memory macros."""
     arch = memory.set_index("architecture")
     if layer.empty or memory.empty:
         raise ValueError("memory_claims needs per-layer and per-architecture rows")
     mismatches = int((~layer["match"].astype(bool)).sum() + (~memory["match"].astype(bool)).sum())
-    claims = [dict(
-        claim_id="cost-memory-counts-match-modules",
+    claims = [Claim(
+        id="cost-memory-counts-match-modules",
         statement="The b_k and whole-model parameter counts of all reference architectures equal those of the real modules.",
         value=mismatches, bound=0, comparison="==", kind="consistency",
         bound_origin="exact bookkeeping: a closed formula equals the module's own count")]
@@ -147,12 +168,6 @@ def memory_claims(layer: pd.DataFrame, memory: pd.DataFrame) -> tuple[list[dict]
     return claims, macros
 
 
-def _finite_or_nan(frame: pd.DataFrame, columns, value: float) -> float:
-    """`value`, or NaN (which fails the claim) when any judged entry is not finite."""
-    arr = frame[list(columns)].to_numpy(dtype=float)
-    return value if np.isfinite(arr).all() else float("nan")
-
-
 def _where(r: pd.Series) -> str:
     return f"{r['block']}, {r['attention']}-attention {r['mode']}, $S={int(r['seq_len'])}$, $B={int(r['batch'])}$"
 
@@ -167,19 +182,18 @@ def bound_macros(bounds: pd.DataFrame) -> dict:
         raise ValueError("no saving bounds")
     macros = {"CostSavingBoundMinPercent": 100 * float(bounds["saving_bound"].min()),
               "CostSavingBoundMaxPercent": 100 * float(bounds["saving_bound"].max())}
-    for mode in ("inference", "training"):
+    for mode, (kernels, removed, byte_share) in KERNEL_MACROS.items():
         rows = bounds[bounds["mode"] == mode]
         if rows.empty:
             continue
-        name = mode.capitalize()
         first = rows.iloc[0]
-        macros[f"CostKernels{name}"] = int(first.kernels_with_bk)
-        macros[f"CostKernelsRemoved{name}"] = int(first.kernels_with_bk - first.kernels_without_bk)
-        macros[f"CostRemovedByteShare{name}Percent"] = 100 * float(rows["removed_byte_share"].max())
+        macros[kernels] = int(first.kernels_with_bk)
+        macros[removed] = int(first.kernels_with_bk - first.kernels_without_bk)
+        macros[byte_share] = 100 * float(rows["removed_byte_share"].max())
     return macros
 
 
-def saving_claims(model: pd.DataFrame, bounds: pd.DataFrame) -> tuple[list[dict], dict, dict]:
+def saving_claims(model: pd.DataFrame, bounds: pd.DataFrame) -> tuple[list[Claim], dict, dict]:
     """The claim that holds at any timing resolution, its deterministic macros and this machine's.
 
     No removal of work can save more than the work's share of the step: the saving of every
@@ -199,9 +213,11 @@ def saving_claims(model: pd.DataFrame, bounds: pd.DataFrame) -> tuple[list[dict]
     low = judged["saving_ci_low_adjusted"].to_numpy(dtype=float)
     bound = judged["saving_bound"].to_numpy(dtype=float)
     above = int((low > bound).sum())
-    value = _finite_or_nan(judged, ["value", "ci_low_adjusted", "ci_high_adjusted", "saving_bound"], above)
-    claims = [dict(
-        claim_id="cost-saving-within-removed-work",
+    # the count over the judged entries, or NaN (which fails the claim) when any of them is not finite
+    value = finite_reduce(judged[["value", "ci_low_adjusted", "ci_high_adjusted", "saving_bound"]],
+                          lambda _: float(above), "judged savings, intervals and bounds")
+    claims = [Claim(
+        id="cost-saving-within-removed-work",
         statement="Removing b_k saves no configuration more of its step than the larger of the removed shares of "
                   "the step's kernels and bytes: no simultaneous interval of the saving lies above that bound.",
         value=value, bound=0, comparison="<=", kind="test",
@@ -267,11 +283,10 @@ def timing_macros(ratios: pd.DataFrame, model: pd.DataFrame) -> dict:
     })
     # sub-phases of the training step (forward, backward, optimizer step)
     sub = model[(model["mode"] == "training") & (model["phase"] != "total")]
-    for phase in ("forward", "backward", "step"):
+    for phase, (slower, faster) in SUBPHASE_MACROS.items():
         rows = sub[sub["phase"] == phase]
-        name = phase.capitalize()
-        macros[f"CostSubphaseSlower{name}"] = int(rows["significantly_slower"].sum())
-        macros[f"CostSubphaseFaster{name}"] = int(rows["resolved"].sum())
+        macros[slower] = int(rows["significantly_slower"].sum())
+        macros[faster] = int(rows["resolved"].sum())
     macros["CostSubphaseSlower"] = int(sub["significantly_slower"].sum())
     slow = main[main["significantly_slower"]]
     macros["CostSlowerSentence"] = (
@@ -297,10 +312,14 @@ def gpu_macros(gpu: pd.DataFrame) -> dict:
     out = {}
     if gpu.empty:
         raise ValueError("no GPU prediction rows")
+    unknown = sorted(set(gpu["gpu_tag"]) - set(GPU_MACROS))
+    if unknown:
+        raise ValueError(f"GPU tags {unknown} have no macros; known: {sorted(GPU_MACROS)}")
     for tag, rows in gpu.groupby("gpu_tag", sort=False):
-        out[f"CostGpu{tag}Name"] = str(rows["gpu"].iloc[0])
-        out[f"CostGpu{tag}BandwidthTBs"] = float(rows["bandwidth_bytes_per_s"].iloc[0]) / 1e12
-        out[f"CostGpu{tag}PredictedMinUs"] = float(rows["predicted_saving_us"].min())
-        out[f"CostGpu{tag}PredictedMaxUs"] = float(rows["predicted_saving_us"].max())
+        name, bandwidth, low, high = GPU_MACROS[tag]
+        out[name] = str(rows["gpu"].iloc[0])
+        out[bandwidth] = float(rows["bandwidth_bytes_per_s"].iloc[0]) / 1e12
+        out[low] = float(rows["predicted_saving_us"].min())
+        out[high] = float(rows["predicted_saving_us"].max())
     return out
 

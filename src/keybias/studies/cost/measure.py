@@ -353,6 +353,21 @@ def optimizer_param_step_seconds(embed_dim: int, optimizer: str = "adam", device
 # --------------------------------------------------------------------------- the benchmark
 
 
+def config_grid(cfg) -> pd.DataFrame:
+    """`block_configs` of a `keybias.studies.cost.config.CostConfig`: its blocks, lengths, attentions and passes."""
+    return block_configs(list(cfg.blocks), list(cfg.seq_lens), cfg.batch, list(cfg.attentions), list(cfg.passes))
+
+
+def benchmark(configs: pd.DataFrame, cfg, *, device: str = "cpu", clock: str | None = None, log=None) -> dict:
+    """`run_benchmark` of `configs` with the repetition, timing and seed settings of a
+    `keybias.studies.cost.config.CostConfig`; `clock` defaults to `clock_for(device, cfg.clock)`."""
+    return run_benchmark(
+        configs, min_reps=cfg.min_reps, max_reps=cfg.max_reps, budget_seconds=cfg.budget_seconds,
+        target_half_width=cfg.target_half_width, warmup=cfg.warmup, min_rep_seconds=cfg.min_rep_seconds,
+        threads=cfg.threads, optimizer=cfg.optimizer, n_boot=cfg.n_boot, seed=cfg.seed, device=device,
+        clock=clock_for(device, cfg.clock) if clock is None else clock, log=log)
+
+
 def run_benchmark(
     configs: pd.DataFrame, *, min_reps=30, max_reps=30, budget_seconds=math.inf, target_half_width=0.0, warmup=2,
     min_rep_seconds=0.0, threads=1, optimizer="adam", n_boot=2000, seed=0, device="cpu", clock="process", log=None,

@@ -17,6 +17,7 @@ import math
 import numpy as np
 import pandas as pd
 
+from keybias.build.recorder import Claim
 from keybias.studies.reduce import finite_max, finite_mean, finite_min
 from keybias.studies.training import judge as training_judge
 
@@ -156,9 +157,9 @@ def law_exponent(long: pd.DataFrame, *, window: int = EXPONENT_WINDOW) -> float:
 # ----------------------------------------------------------------------------- claims
 
 
-def corpus_claim(sha256: str, expected: str) -> dict:
-    return dict(
-        claim_id="longrun-corpus-is-pinned-text",
+def corpus_claim(sha256: str, expected: str) -> Claim:
+    return Claim(
+        id="longrun-corpus-is-pinned-text",
         statement="The training text is byte for byte the pinned sympy source the paper names (sha256 equal).",
         value=1.0 if sha256 == expected else 0.0, bound=1.0, comparison="==", kind="consistency",
         bound_origin="the sha256 committed with the code")
@@ -315,12 +316,12 @@ def drift_verdict(exponents: pd.DataFrame) -> str:
     return "undecided"
 
 
-def exponent_claim(exponents: pd.DataFrame) -> dict:
+def exponent_claim(exponents: pd.DataFrame) -> Claim:
     """The long run decides between a random walk and a systematic drift: every layer's 95% interval
     of the late-decade exponent lies wholly on one side of SEPARATING_EXPONENT."""
     value = exponent_separation(exponents)
-    return dict(
-        claim_id="longrun-drift-exponent-decided",
+    return Claim(
+        id="longrun-drift-exponent-decided",
         statement=("The long run is long enough to tell a random walk of b_k (growth exponent "
                    f"{WALK_EXPONENT}) from a systematic drift (exponent {SYSTEMATIC_EXPONENT:g}): in every layer the "
                    "95% bootstrap interval of the growth exponent over the run's last decade lies wholly on one "

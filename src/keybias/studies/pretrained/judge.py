@@ -2,7 +2,11 @@
 
 Nothing here measures or plots; a test hands these functions doctored tables (a change above
 rounding, a control without power, a refused family whose b_k was redundant) and checks that
-the named claim then fails. Claims are dicts of `Recorder.claim` keywords.
+the named claim then fails. Claims are `keybias.build.recorder.Claim`s.
+
+Macro names are written out in full (grep from paper/ finds each); a test checks that they
+follow the pattern Pret<variant><quantity><dtype>, the dtype word from
+`keybias.studies.params.DTYPE_MACRO`.
 """
 
 from __future__ import annotations
@@ -13,26 +17,63 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-DTYPE_TAGS = {"float32": "FloatThirtyTwo", "float64": "FloatSixtyFour"}
-VARIANT_TAGS = {"strip_key_bias": "Strip", "zero_key_bias": "Zero", "random_key_bias": "Random",
-                "fold_value_bias": "Fold", "strip_and_fold": "Both", "random_query_bias_control": "Control",
-                "rebatch_unchanged": "Noise"}
+from keybias.build.recorder import Claim
+from keybias.studies.reduce import finite_max, finite_min
+
+# Per (dtype, variant) of the embedding-change table, the macros of its max |change|, 1 - min
+# cosine, tolerance and change over the noise floor, in that order.
+CHANGE_QUANTITIES = ("max_abs_diff", "cosine_gap", "tolerance", "over_noise_floor")
+CHANGE_MACROS = {
+    ("float32", "strip_key_bias"): ("PretStripDiffFloatThirtyTwo", "PretStripCosGapFloatThirtyTwo",
+                                    "PretStripTolFloatThirtyTwo", "PretStripOverNoiseFloatThirtyTwo"),
+    ("float32", "zero_key_bias"): ("PretZeroDiffFloatThirtyTwo", "PretZeroCosGapFloatThirtyTwo",
+                                   "PretZeroTolFloatThirtyTwo", "PretZeroOverNoiseFloatThirtyTwo"),
+    ("float32", "random_key_bias"): ("PretRandomDiffFloatThirtyTwo", "PretRandomCosGapFloatThirtyTwo",
+                                     "PretRandomTolFloatThirtyTwo", "PretRandomOverNoiseFloatThirtyTwo"),
+    ("float32", "fold_value_bias"): ("PretFoldDiffFloatThirtyTwo", "PretFoldCosGapFloatThirtyTwo",
+                                     "PretFoldTolFloatThirtyTwo", "PretFoldOverNoiseFloatThirtyTwo"),
+    ("float32", "strip_and_fold"): ("PretBothDiffFloatThirtyTwo", "PretBothCosGapFloatThirtyTwo",
+                                    "PretBothTolFloatThirtyTwo", "PretBothOverNoiseFloatThirtyTwo"),
+    ("float32", "random_query_bias_control"): ("PretControlDiffFloatThirtyTwo", "PretControlCosGapFloatThirtyTwo",
+                                               "PretControlTolFloatThirtyTwo", "PretControlOverNoiseFloatThirtyTwo"),
+    ("float32", "rebatch_unchanged"): ("PretNoiseDiffFloatThirtyTwo", "PretNoiseCosGapFloatThirtyTwo",
+                                       "PretNoiseTolFloatThirtyTwo", "PretNoiseOverNoiseFloatThirtyTwo"),
+    ("float64", "strip_key_bias"): ("PretStripDiffFloatSixtyFour", "PretStripCosGapFloatSixtyFour",
+                                    "PretStripTolFloatSixtyFour", "PretStripOverNoiseFloatSixtyFour"),
+    ("float64", "zero_key_bias"): ("PretZeroDiffFloatSixtyFour", "PretZeroCosGapFloatSixtyFour",
+                                   "PretZeroTolFloatSixtyFour", "PretZeroOverNoiseFloatSixtyFour"),
+    ("float64", "random_key_bias"): ("PretRandomDiffFloatSixtyFour", "PretRandomCosGapFloatSixtyFour",
+                                     "PretRandomTolFloatSixtyFour", "PretRandomOverNoiseFloatSixtyFour"),
+    ("float64", "fold_value_bias"): ("PretFoldDiffFloatSixtyFour", "PretFoldCosGapFloatSixtyFour",
+                                     "PretFoldTolFloatSixtyFour", "PretFoldOverNoiseFloatSixtyFour"),
+    ("float64", "strip_and_fold"): ("PretBothDiffFloatSixtyFour", "PretBothCosGapFloatSixtyFour",
+                                    "PretBothTolFloatSixtyFour", "PretBothOverNoiseFloatSixtyFour"),
+    ("float64", "random_query_bias_control"): ("PretControlDiffFloatSixtyFour", "PretControlCosGapFloatSixtyFour",
+                                               "PretControlTolFloatSixtyFour", "PretControlOverNoiseFloatSixtyFour"),
+    ("float64", "rebatch_unchanged"): ("PretNoiseDiffFloatSixtyFour", "PretNoiseCosGapFloatSixtyFour",
+                                       "PretNoiseTolFloatSixtyFour", "PretNoiseOverNoiseFloatSixtyFour"),
+}
+CHANGE_DTYPES = ("float32", "float64")
 CHANGE_CLAIMS = (("strip_key_bias", "Removing the key bias with strip_key_bias"),
                  ("zero_key_bias", "Setting every key bias to zero"),
                  ("random_key_bias", "Setting every key bias to a large random vector"),
                  ("fold_value_bias", "Folding the value bias with fold_value_bias"),
                  ("strip_and_fold", "Stripping b_k and folding b_v together"))
-MODEL_TAGS = {"bert-base": "BertBase", "bert-large": "BertLarge", "vit-base": "ViTBase", "gpt2": "GPTTwo"}
+# Per reference model: the macros of its key-bias entries, its total parameters and the key bias's share.
+MODEL_MACROS = {"bert-base": ("PretSavedBertBase", "PretTotalBertBase", "PretFractionBertBase"),
+                "bert-large": ("PretSavedBertLarge", "PretTotalBertLarge", "PretFractionBertLarge"),
+                "vit-base": ("PretSavedViTBase", "PretTotalViTBase", "PretFractionViTBase"),
+                "gpt2": ("PretSavedGPTTwo", "PretTotalGPTTwo", "PretFractionGPTTwo")}
 
 
-def _claim(claim_id, statement, value, bound, comparison, kind, origin, **extra) -> dict[str, Any]:
-    return {"claim_id": claim_id, "statement": statement, "value": float(value), "bound": float(bound),
-            "comparison": comparison, "kind": kind, "bound_origin": origin, **extra}
+def _claim(claim_id, statement, value, bound, comparison, kind, origin, **extra) -> Claim:
+    return Claim(id=claim_id, statement=statement, value=value, bound=bound, comparison=comparison, kind=kind,
+                 bound_origin=origin, **extra)
 
 
 def pretrained_claims(changes: pd.DataFrame, norms: pd.DataFrame, info: dict,
-                      savings: pd.DataFrame) -> tuple[list[dict], dict]:
-    """Claims (dicts for Recorder.claims_from) and macros of notebook 05's MiniLM part.
+                      savings: pd.DataFrame) -> tuple[list[Claim], dict]:
+    """Claims and macros of notebook 05's MiniLM part.
 
     * float64 change claims (test): each change of b_k or b_v against the analytic float64
       tolerance of the verdict rule (theory); a surgery that changes outputs fails them.
@@ -46,12 +87,11 @@ def pretrained_claims(changes: pd.DataFrame, norms: pd.DataFrame, info: dict,
     Missing rows raise: a claim is never silently dropped.
     """
     rows = {(r.dtype, r.variant): r for r in changes.itertuples()}
-    ratio = norms["bk_norm"] / norms["bq_norm"]
-    if ratio.empty or not np.isfinite(ratio).all():
-        raise ValueError("bias norm table is empty or has non-finite entries")
+    # an empty or non-finite norm table raises: the norms come from the weights, never from a failed run
+    ratio_max = finite_max(norms["bk_norm"] / norms["bq_norm"], "||b_k|| / ||b_q|| per layer", strict=True)
     claims = [_claim("pretrained-bk-smaller-than-bq",
                      "In every layer of all-MiniLM-L6-v2 the learned key bias is smaller than the query bias.",
-                     ratio.max(), 1.0, "<", "test", "the ratio one: the claim compares the two sizes")]
+                     ratio_max, 1.0, "<", "test", "the ratio one: the claim compares the two sizes")]
     macros: dict[str, Any] = {
         "PretSentences": info["sentences"], "PretLayers": info["n_layers"], "PretHidden": info["hidden_size"],
         "PretParams": info["n_parameters"], "PretThreads": info["num_threads"],
@@ -60,21 +100,19 @@ def pretrained_claims(changes: pd.DataFrame, norms: pd.DataFrame, info: dict,
         "PretBvNormMin": norms["bv_norm"].min(), "PretBvNormMax": norms["bv_norm"].max(),
         "PretBkOverKeyMax": norms["bk_over_key_norm"].max(),
         "PretKeyNormMin": norms["key_norm_median"].min(), "PretKeyNormMax": norms["key_norm_median"].max(),
-        "PretBkOverBqMax": ratio.max(),
+        "PretBkOverBqMax": ratio_max,
     }
     dtypes = sorted({d for d, _ in rows})
     for dtype in dtypes:
-        if dtype not in DTYPE_TAGS:
+        if dtype not in CHANGE_DTYPES:
             raise ValueError(f"unknown dtype {dtype!r} in changes")
-    for dtype, tag in DTYPE_TAGS.items():
-        for variant, short in VARIANT_TAGS.items():
-            r = rows.get((dtype, variant))
-            for kind, value in (("Diff", "max_abs_diff"), ("CosGap", None), ("Tol", "tolerance"),
-                                ("OverNoise", "over_noise_floor")):
-                if r is None:
-                    macros[f"Pret{short}{kind}{tag}"] = r"\text{(not run)}"
-                else:
-                    macros[f"Pret{short}{kind}{tag}"] = float(1 - r.min_cosine if value is None else getattr(r, value))
+    for (dtype, variant), names in CHANGE_MACROS.items():
+        r = rows.get((dtype, variant))
+        for name, quantity in zip(names, CHANGE_QUANTITIES, strict=True):
+            if r is None:
+                macros[name] = r"\text{(not run)}"
+            else:
+                macros[name] = float(1 - r.min_cosine if quantity == "cosine_gap" else getattr(r, quantity))
     for dtype in dtypes:
         control = rows.get((dtype, "random_query_bias_control"))
         if control is None:
@@ -116,11 +154,11 @@ def pretrained_claims(changes: pd.DataFrame, norms: pd.DataFrame, info: dict,
                          "strip_key_bias removes one hidden-size vector per layer from all-MiniLM-L6-v2.",
                          saved, info["n_layers"] * info["hidden_size"], "==", "consistency",
                          "the config: layers times hidden size"))
-    for s in savings[savings["model"].isin(MODEL_TAGS)].itertuples():
-        tag = MODEL_TAGS[s.model]
-        macros[f"PretSaved{tag}"] = int(s.key_bias_parameters)
-        macros[f"PretTotal{tag}"] = int(s.total_parameters)
-        macros[f"PretFraction{tag}"] = 100 * float(s.fraction_key_bias)
+    for s in savings[savings["model"].isin(MODEL_MACROS)].itertuples():
+        saved_name, total_name, fraction_name = MODEL_MACROS[s.model]
+        macros[saved_name] = int(s.key_bias_parameters)
+        macros[total_name] = int(s.total_parameters)
+        macros[fraction_name] = 100 * float(s.fraction_key_bias)
         claims.append(_claim(f"pretrained-saved-{s.model}-matches-config",
                              f"The attention modules found in a {s.model} model built from its standard config hold "
                              "layers times hidden size key-bias entries.",
@@ -129,7 +167,7 @@ def pretrained_claims(changes: pd.DataFrame, norms: pd.DataFrame, info: dict,
     return claims, macros
 
 
-def family_claims(table: pd.DataFrame) -> tuple[list[dict], dict]:
+def family_claims(table: pd.DataFrame) -> tuple[list[Claim], dict]:
     """Claims and macros of the family table (pure: a test hands it doctored tables).
 
     * decisions (consistency): every family's decision is the expected one (the issue's list);
@@ -148,15 +186,10 @@ def family_claims(table: pd.DataFrame) -> tuple[list[dict], dict]:
     decided = np.where(table["strip"] == "refused", "refused", "handled")
     wrong = int((decided != table["expected"]).sum())
 
-    def worst(values: pd.Series, bound: pd.Series, largest: bool) -> float:
-        ratio = (values / bound).to_numpy(dtype=float)
-        if not np.isfinite(ratio).all() or ratio.size == 0:
-            return math.inf if largest else -math.inf
-        return float(ratio.max() if largest else ratio.min())
-
-    handled_ratio = worst(handled["whole_change"], handled["bound"], largest=True)
-    control_ratio = worst(handled["forced_change"], handled["bound"], largest=False)
-    refused_ratio = worst(refused["forced_change"], refused["bound"], largest=False)
+    # a NaN change or bound makes the ratio NaN, and the claim on it fails
+    handled_ratio = finite_max(handled["whole_change"] / handled["bound"], "handled families' change / bound")
+    control_ratio = finite_min(handled["forced_change"] / handled["bound"], "handled families' control / bound")
+    refused_ratio = finite_min(refused["forced_change"] / refused["bound"], "refused families' change / bound")
     origin = "float32 unit roundoff times the output size (2^-24 max|y|), fixed before the data"
     claims = [
         _claim("pretrained-families-decisions-as-expected",
@@ -182,8 +215,10 @@ def family_claims(table: pd.DataFrame) -> tuple[list[dict], dict]:
     return claims, macros
 
 
-ARCH_CLASSES = (("removed exactly", "Removed"), ("no key bias", "NoKeyBias"), ("refused", "Refused"),
-                ("not certified", "NotCertified"), ("could not build", "NotBuilt"))
+# Per status of the architecture table, the macro of its count.
+ARCH_CLASSES = (("removed exactly", "PretArchRemoved"), ("no key bias", "PretArchNoKeyBias"),
+                ("refused", "PretArchRefused"), ("not certified", "PretArchNotCertified"),
+                ("could not build", "PretArchNotBuilt"))
 
 
 def architecture_violations(table: pd.DataFrame) -> tuple[int, int, int]:
@@ -201,7 +236,7 @@ def architecture_violations(table: pd.DataFrame) -> tuple[int, int, int]:
     return int(over.sum()), int((~needed).sum()), len(handled)
 
 
-def architecture_claims(table: pd.DataFrame) -> tuple[list[dict], dict]:
+def architecture_claims(table: pd.DataFrame) -> tuple[list[Claim], dict]:
     """The claim and macros of the table over all of transformers (pure: a test hands it
     doctored tables). One `test` claim counts the violations of both halves: a handled
     architecture whose output moved beyond rounding, and a refusal where b_k was redundant.
@@ -227,7 +262,7 @@ def architecture_claims(table: pd.DataFrame) -> tuple[list[dict], dict]:
                               "PretArchViolations": over + unneeded, "PretArchHandledOver": over,
                               "PretArchRefusalsNotNeeded": unneeded,
                               "PretArchTimm": int((table["reason"] == "needs timm (not installed)").sum())}
-    for status, tag in ARCH_CLASSES:
-        macros[f"PretArch{tag}"] = int(counts.get(status, 0))
+    for status, name in ARCH_CLASSES:
+        macros[name] = int(counts.get(status, 0))
     macros["PretArchClassified"] = len(table) - macros["PretArchNotBuilt"]
     return claims, macros

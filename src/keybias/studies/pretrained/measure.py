@@ -17,6 +17,7 @@ composition (one sentence at a time instead of padded batches) causes.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import os
 import random
@@ -28,7 +29,8 @@ import torch
 from torch import nn
 
 from keybias import surgery, verdict
-from keybias.studies.params import Param
+from keybias.studies.config import StudyConfig
+from keybias.studies.params import Param, ParameterError
 
 PARAMETERS = {
     "n_sentences": Param(int, minimum=2, help="sentences embedded (paper >= 100)"),
@@ -44,6 +46,35 @@ PARAMETERS = {
     "architectures": Param(str, many=True, help="model types of the table over all of transformers "
                            "([all] for every one)"),
 }
+
+
+@dataclasses.dataclass(frozen=True)
+class PretrainedConfig(StudyConfig):
+    """Every setting of notebook 05, validated once against `PARAMETERS`; defaults = the smoke profile."""
+
+    PARAMETERS = PARAMETERS
+    STUDY = "05_pretrained"
+
+    n_sentences: int = 16
+    batch_size: int = 8
+    max_length: int = 64
+    random_bias_scale: float = 10.0
+    noise_batch_size: int = 3
+    dtypes: tuple[str, ...] = ("float32", "float64")
+    num_threads: int = 1
+    seed: int = 0
+    architectures: tuple[str, ...] = ("bert", "bloom", "gpt2", "llama", "qwen2", "t5", "vit", "whisper")
+
+    def check(self) -> None:
+        if not self.dtypes or len(set(self.dtypes)) != len(self.dtypes):
+            raise ParameterError(f"{self.STUDY}.dtypes {list(self.dtypes)} not allowed; allowed: distinct of "
+                                 "['float32', 'float64']")
+        if self.noise_batch_size == self.batch_size:
+            raise ParameterError(f"{self.STUDY}: noise_batch_size must differ from batch_size (it measures a "
+                                 "different batch composition)")
+        if not self.architectures:
+            raise ParameterError(f"{self.STUDY}.architectures must name at least one model type (or [all])")
+
 
 MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
 SENTENCES_FILE = Path(__file__).resolve().parent / "sentences.txt"
@@ -269,16 +300,13 @@ VARIANTS = ("strip_key_bias", "zero_key_bias", "random_key_bias", "fold_value_bi
 FLOAT64_VARIANTS = VARIANTS
 
 
-def embedding_changes(n_sentences: int, batch_size: int, max_length: int,
-                      random_bias_scale: float, seed: int, noise_batch_size: int = 7,
-                      dtypes: list[str] | tuple[str, ...] = ("float32",),
-                      num_threads: int = 1) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
+def embedding_changes(cfg: PretrainedConfig) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
     """Embedding changes of every variant, against the verdict tolerance and the noise floor.
 
-    Per dtype: the unchanged model embeds the sentences in batches of `batch_size` (the
-    reference) and again in batches of `noise_batch_size` (different batch composition and
-    padding, the same function: the noise floor). Each variant of VARIANTS is compared with
-    the reference: max abs difference and min cosine of the unit-norm embeddings.
+    Per dtype of `cfg.dtypes`: the unchanged model embeds `cfg.n_sentences` sentences in batches
+    of `cfg.batch_size` (the reference) and again in batches of `cfg.noise_batch_size` (different
+    batch composition and padding, the same function: the noise floor). Each variant of VARIANTS
+    is compared with the reference: max abs difference and min cosine of the unit-norm embeddings.
 
     Tolerance: `tolerance` (verdict.output_tolerance, relative). When float64 is also run,
     float32 rows use verdict.measured_tolerance: min(analytic, e_0 + e_1 + float64
@@ -286,18 +314,11 @@ def embedding_changes(n_sentences: int, batch_size: int, max_length: int,
     the variant (same weights, same inputs). The verdict is verdict.classify with the
     random-b_q row as positive control. Returns (changes, bias_norm_table, info).
     """
-    for name, value, lo in (("n_sentences", n_sentences, 2), ("batch_size", batch_size, 1),
-                            ("max_length", max_length, 8), ("noise_batch_size", noise_batch_size, 1),
-                            ("num_threads", num_threads, 1)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < lo:
-            raise ValueError(f"{name} must be an int >= {lo}, got {value!r}")
-    if not random_bias_scale > 0:
-        raise ValueError(f"random_bias_scale must be > 0, got {random_bias_scale!r}")
-    bad = [d for d in dtypes if d not in ("float32", "float64")]
-    if bad or not dtypes or len(set(dtypes)) != len(dtypes):
-        raise ValueError(f"dtypes {list(dtypes)} not allowed; allowed: distinct of ['float32', 'float64']")
-    if noise_batch_size == batch_size:
-        raise ValueError("noise_batch_size must differ from batch_size (it measures a different batch composition)")
+    if not isinstance(cfg, PretrainedConfig):
+        raise TypeError(f"embedding_changes takes a PretrainedConfig, got {type(cfg).__name__}")
+    n_sentences, batch_size, max_length = cfg.n_sentences, cfg.batch_size, cfg.max_length
+    random_bias_scale, seed, noise_batch_size = cfg.random_bias_scale, cfg.seed, cfg.noise_batch_size
+    dtypes, num_threads = cfg.dtypes, cfg.num_threads
     texts = sentences(n_sentences, seed)
     info: dict[str, Any] = {"sentences": len(texts), "num_threads": num_threads}
     threads = torch.get_num_threads()

@@ -1,6 +1,6 @@
 """Training dynamics of the key bias: judge (claims, macros and tables from `keybias.studies.training.measure`'s frames).
 
-Pure functions: DataFrames in, claims (dicts for `Recorder.claims_from`) and macros out, so a test can
+Pure functions: DataFrames in, claims (`keybias.build.recorder.Claim`s) and macros out, so a test can
 hand them doctored data or the output of a mutated model and check that the claim then fails. Every
 bound is fixed here, before any run, and each claim says where its bound comes from.
 """
@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 
 from keybias import verdict
+from keybias.build.recorder import Claim, format_number, latex_escape
 from keybias.studies.params import check_choice
 from keybias.studies.reduce import finite_max, finite_mean, finite_median, finite_min
 from keybias.studies.training.measure import DEFAULT_EPS, OPTIMIZERS, TRAIN_DTYPES, TrainingConfig
@@ -88,7 +89,6 @@ def bound_macros() -> dict[str, object]:
 def config_macros(cfg: TrainingConfig, *, n_train: int, n_test: int, n_params: int,
                   n_settings: int) -> dict[str, object]:
     """Macros for the setup of the runs (data sizes, model, optimizer settings, counts)."""
-    from keybias.build.recorder import format_number
 
     def one(x):  # one significant digit for parameters such as 0.003
         return format_number(float(x), 1)
@@ -112,7 +112,7 @@ def discordant_bound(n_images: int) -> int:
     return int(math.floor(DISCORDANT_FRACTION_BOUND * n_images))
 
 
-def pair_results(pairs: pd.DataFrame) -> tuple[list[dict], dict[str, object]]:
+def pair_results(pairs: pd.DataFrame) -> tuple[list[Claim], dict[str, object]]:
     """Claims and macros of the kept-vs-removed comparison (`pair_summary` output).
 
     Macros per optimizer (Sgd, Adam, ...): fewest bit-identical steps over seeds, mean final
@@ -161,14 +161,14 @@ def pair_results(pairs: pd.DataFrame) -> tuple[list[dict], dict[str, object]]:
                    "TrainAccDiscordantControl": int(pairs["control_discordant"].sum()),
                    "TrainAccPairedImages": n_images, "TrainDivergenceRatio": div_ratio})
     claims = [
-        dict(claim_id="train-accuracy-agrees-kept-removed",
+        Claim(id="train-accuracy-agrees-kept-removed",
              statement=("Kept and removed b_k classify the same test images: the images that exactly one of the "
                         "two paired models gets right, in either direction, pooled over optimizers and seeds, "
                         f"number at most {DISCORDANT_FRACTION_BOUND:g} of the paired images ({bound} of {n_images})."),
              value=discordant, bound=bound, comparison="<=", kind="test",
              bound_origin="one image in 200, the rate of boundary flips between runs that differ by rounding; "
                           "fixed before the runs"),
-        dict(claim_id="train-divergence-within-rounding-control",
+        Claim(id="train-divergence-within-rounding-control",
              statement=("The kept-b_k run ends within one decade (at most "
                         f"{DIVERGENCE_RATIO_BOUND} times) of the removed-b_k run, relative to the larger of two "
                         "controls of the same run whose initial weights differ by one unit in the last place, up "
@@ -180,7 +180,7 @@ def pair_results(pairs: pd.DataFrame) -> tuple[list[dict], dict[str, object]]:
     return claims, macros
 
 
-def bias_results(bias: pd.DataFrame) -> tuple[list[dict], dict[str, object]]:
+def bias_results(bias: pd.DataFrame) -> tuple[list[Claim], dict[str, object]]:
     """Claims and macros of the bias study (`bias_summary` output).
 
     - train-bk-gradient-within-rounding: over the powered steps only (b_q's gradient above the
@@ -202,7 +202,7 @@ def bias_results(bias: pd.DataFrame) -> tuple[list[dict], dict[str, object]]:
                                     "detectable_gradient_fraction"])
     if bias.empty:
         raise ValueError("bias is empty: no bias-study run to summarize")
-    claims: list[dict] = []
+    claims: list[Claim] = []
     macros: dict[str, object] = {}
     powered = bias[bias["powered_steps"] > 0]
     grad_ratio = finite_max(powered["max_grad_over_tolerance_powered"], "powered runs' gradient ratios")
@@ -217,8 +217,8 @@ def bias_results(bias: pd.DataFrame) -> tuple[list[dict], dict[str, object]]:
             macros[f"TrainGradPoweredRuns{word}"] = int((d["powered_steps"] > 0).sum())
             macros[f"TrainGradRuns{word}"] = len(d)
     tested = ", ".join(sorted(powered["dtype"].unique())) or "none"
-    claims.append(dict(
-        claim_id="train-bk-gradient-within-rounding",
+    claims.append(Claim(
+        id="train-bk-gradient-within-rounding",
         statement=("At every step where the b_q gradient exceeds the rounding tolerance (so a real gradient of "
                    f"that size would show; dtypes tested: {tested}), the b_k gradient of every layer lies within "
                    "the tolerance of the verdict rule (max |g_bk| / tolerance)."),
@@ -236,8 +236,8 @@ def bias_results(bias: pd.DataFrame) -> tuple[list[dict], dict[str, object]]:
         macros["TrainSgdRuns"] = len(sgd)
         macros["TrainSgdDriftMax"] = finite_max(sgd["drift_b_k"], "SGD drifts")
         sgd_tested = ", ".join(sorted(sgd_powered["dtype"].unique())) or "none"
-        claims.append(dict(
-            claim_id="train-sgd-bk-stays-put",
+        claims.append(Claim(
+            id="train-sgd-bk-stays-put",
             statement=("Under SGD and SGD with momentum, in every run where b_q moved farther than the bound "
                        f"(dtypes tested: {sgd_tested}), b_k moves no farther than {SGD_WALK_BOUND} times the "
                        "random walk a tolerance-sized noise gradient would make, lr/(1-mu) (n sum_t tol_t^2)^(1/2) "
@@ -250,8 +250,8 @@ def bias_results(bias: pd.DataFrame) -> tuple[list[dict], dict[str, object]]:
         log_err = finite_max(np.abs(np.log2(noise["drift_b_k"] / noise["predicted_drift"])), "Adam drift ratios")
         macros["TrainAdamLogErr"] = log_err
         macros["TrainAdamFactor"] = 2.0**log_err
-        claims.append(dict(
-            claim_id="train-adam-drift-matches-noise-prediction",
+        claims.append(Claim(
+            id="train-adam-drift-matches-noise-prediction",
             statement=("Under Adam (every eps and dtype) and AdamW without weight decay on biases, the measured "
                        "drift of b_k agrees with the random-walk prediction from the measured gradient noise and "
                        f"eps within a factor of {ADAM_FACTOR_BOUND} (max |log2(measured/predicted)|)."),
@@ -267,8 +267,8 @@ def bias_results(bias: pd.DataFrame) -> tuple[list[dict], dict[str, object]]:
                             / (DECAY_DEV_BOUND * decay["predicted_drift"]), "decay effects")
         macros["TrainDecayDev"] = decay_dev
         macros["TrainDecayEffectOverBound"] = effect
-        claims.append(dict(
-            claim_id="train-adamw-bias-decay-shrinks-bk",
+        claims.append(Claim(
+            id="train-adamw-bias-decay-shrinks-bk",
             statement=("With weight decay on biases, ||b_k|| follows (1 - lr wd)^T ||b_k(0)|| within "
                        f"{DECAY_DEV_BOUND} times the predicted Adam random walk (max deviation / predicted walk)."),
             value=decay_dev, bound=DECAY_DEV_BOUND, comparison="<=", kind="test",
@@ -292,15 +292,9 @@ def bias_results(bias: pd.DataFrame) -> tuple[list[dict], dict[str, object]]:
 
 
 def _fmt(value) -> str:
-    from keybias.build.recorder import format_number
-
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "--"
     return "$" + format_number(float(value), 2) + "$"
-
-
-def _latex_text(text: str) -> str:
-    return str(text).replace("_", r"\_").replace("%", r"\%").replace("&", r"\&")
 
 
 def _tabular(header: list[str], rows: list[list[str]]) -> str:
@@ -323,7 +317,7 @@ def bias_table(bias: pd.DataFrame) -> pd.DataFrame:
 def bias_table_latex(table: pd.DataFrame) -> str:
     """The `bias_table` as a booktabs tabular ("--" where there is no prediction)."""
     header = ["setting", "test acc.", r"$\|b_q\|$", r"$\|b_v\|$", r"drift of $b_k$", "predicted", r"RMS $g_{b_k}$"]
-    rows = [[_latex_text(r["setting"])] + [_fmt(r[c]) for c in ("acc", "norm_q", "norm_v", "drift", "predicted",
+    rows = [[latex_escape(r["setting"])] + [_fmt(r[c]) for c in ("acc", "norm_q", "norm_v", "drift", "predicted",
                                                                   "grad_k")]
             for _, r in table.iterrows()]
     return _tabular(header, rows)
@@ -344,13 +338,13 @@ def verdict_table(verdicts: pd.DataFrame) -> pd.DataFrame:
 def verdict_table_latex(table: pd.DataFrame) -> str:
     header = ["setting", "layers", "redundant", "invalid", "not red.", r"max $\Delta$", "tolerance",
               r"max $\Delta$logit"]
-    rows = [[_latex_text(r["setting"]), str(int(r["layers"])), str(int(r["redundant"])), str(int(r["invalid"])),
+    rows = [[latex_escape(r["setting"]), str(int(r["layers"])), str(int(r["redundant"])), str(int(r["invalid"])),
              str(int(r["not_redundant"]))] + [_fmt(r[c]) for c in ("max_delta", "max_tolerance", "max_logit_delta")]
             for _, r in table.iterrows()]
     return _tabular(header, rows)
 
 
-def verdict_results(verdicts: pd.DataFrame) -> tuple[list[dict], dict[str, object]]:
+def verdict_results(verdicts: pd.DataFrame) -> tuple[list[Claim], dict[str, object]]:
     """Claims and macros of the end-of-training verdicts (`run_bias_study`'s second output).
 
     - train-drifted-bk-never-changes-function: number of not_redundant verdicts <= 0;
@@ -371,8 +365,8 @@ def verdict_results(verdicts: pd.DataFrame) -> tuple[list[dict], dict[str, objec
         "TrainMaxLogitDelta": finite_max(verdicts["logit_delta"], "logit changes"),
         "TrainPredictionChanges": int(verdicts.groupby(["setting", "seed"])["prediction_changes"].first().sum()),
     }
-    claims: list[dict] = [dict(
-        claim_id="train-drifted-bk-never-changes-function",
+    claims: list[Claim] = [Claim(
+        id="train-drifted-bk-never-changes-function",
         statement=("No trained key bias, under any optimizer, eps or dtype, changes an attention output beyond "
                    "rounding (number of not_redundant verdicts)."),
         value=n_not, bound=0, comparison="<=", kind="test",
@@ -380,8 +374,8 @@ def verdict_results(verdicts: pd.DataFrame) -> tuple[list[dict], dict[str, objec
     adam = verdicts[verdicts["optimizer"].str.startswith("adam")]
     if len(adam):
         powered = adam.groupby(["setting", "seed"])["verdict"].apply(lambda v: int((v == verdict.REDUNDANT).sum()))
-        claims.append(dict(
-            claim_id="train-drift-verdict-has-power",
+        claims.append(Claim(
+            id="train-drift-verdict-has-power",
             statement=("The verdict could see a change of the drifted size in at least one layer of every "
                        "Adam-family run (min over those runs of the number of redundant, that is powered, layers)."),
             value=int(powered.min()), bound=1, comparison=">=", kind="consistency",
