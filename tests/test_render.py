@@ -387,5 +387,6 @@ def test_smoke_run_figures_all_have_alt_text_from_the_code(smoke_results):
 
 def test_render_inputs_cover_code_templates_and_mathjax_record():
     names = {p.name for p in render.render_inputs()}
-    assert {"render.py", "index.html.j2", "conf.json", "SOURCE.md"} <= names
+    assert {"render.py", "render_clean.py", "render_cells.py", "render_page.py",
+            "index.html.j2", "conf.json", "SOURCE.md"} <= names
     assert all(p.is_file() for p in render.render_inputs())
