@@ -4,8 +4,10 @@
 network: nbconvert's lab template minus its CDN scripts (require.js, widgets, mermaid), and
 MathJax 3 from ONE shared copy, `<results>/notebooks/_static/mathjax/`, that
 `publish_assets` copies there from the vendored package in `keybias/build/assets/mathjax`
-(version and checksums in its SOURCE.md). Pages refer to it by a relative path, so the results
-folder can be moved, archived or opened from file:// and still typeset its math.
+(version and checksums in its SOURCE.md). nbconvert's lab stylesheet (its index.css and light
+theme, 256 kB) is likewise ONE shared file, `<results>/notebooks/_static/nbconvert/lab-light.css`,
+that every page links to instead of inlining it. Pages refer to both by relative paths, so the
+results folder can be moved, archived or opened from file:// and still typeset its math.
 
 The layers it joins live beside it: `render_clean` (outputs a reader should not see: stderr,
 progress bars; alt text; the per-cell problem list), `render_cells` (which code cells and
@@ -72,10 +74,10 @@ from keybias.build.render_page import (
 
 __all__ = [
     "DOCSTRING_MIN_CHARS", "IMAGE_MIMES", "MATHJAX_FONTS", "MATHJAX_SOURCE", "MATHJAX_SRC", "MATHJAX_VERSION",
-    "STATIC_DIR", "add_alt_text", "asset_files", "called_modules", "check_results", "claim_cells", "claim_line",
+    "NOTEBOOK_CSS", "STATIC_DIR", "add_alt_text", "asset_files", "called_modules", "check_results", "claim_cells", "claim_line",
     "claims_box", "clean_outputs", "external_references", "findings_html", "format_problems", "has_progress",
     "injected_parameters", "is_progress", "kernel_startup", "keybias_docstrings", "main", "module_href",
-    "notebook_title", "number_text", "output_problems", "paper_figures", "paper_section", "publish_assets",
+    "notebook_css", "notebook_title", "number_text", "output_problems", "paper_figures", "paper_section", "publish_assets",
     "reader_cells", "reader_output", "render_inputs", "render_notebook_html", "render_results", "rendered_size",
     "repository_url", "slugify", "terminal_text",
 ]
@@ -91,10 +93,26 @@ STATIC_DIR = "_static"
 # Relative to the page (results/notebooks/NN_x.html); MathJax finds its fonts relative to itself.
 MATHJAX_SRC = f"{STATIC_DIR}/mathjax/tex-chtml-full.js"
 MATHJAX_FONTS = f"{STATIC_DIR}/mathjax/output/chtml/fonts/woff-v2"
+# nbconvert's lab stylesheet, as its template would inline it in every page, once for all pages
+NOTEBOOK_CSS = f"{STATIC_DIR}/nbconvert/lab-light.css"
+NOTEBOOK_CSS_PARTS = ("static/index.css", "static/theme-light.css")
 # an SVG key, inline: a page loads nothing for its icon
 FAVICON = ("data:image/svg+xml,%3Csvg xmlns='http://www.w3.org/2000/svg' viewBox='0 0 16 16'%3E"
            "%3Crect width='16' height='16' rx='3' fill='%23264653'/%3E%3Ctext x='8' y='12.5' font-size='11' "
            "font-family='sans-serif' text-anchor='middle' fill='white'%3Eb%3C/text%3E%3C/svg%3E")
+
+
+def _exporter():
+    from nbconvert import HTMLExporter
+
+    return HTMLExporter(template_name=TEMPLATE_NAME, extra_template_basedirs=[str(TEMPLATES)])
+
+
+def notebook_css() -> str:
+    """nbconvert's lab stylesheet, the text its template would inline in every page (static
+    index.css, then the light theme), from the installed nbconvert."""
+    env = _exporter().environment
+    return "\n".join(env.loader.get_source(env, name)[0] for name in NOTEBOOK_CSS_PARTS)
 
 
 def render_notebook_html(
@@ -117,10 +135,9 @@ def render_notebook_html(
     them as "What we found"); `notebooks` the names in reading order, for previous/next links
     (default: notebooks/*.ipynb of the project); `commit`/`dirty` default to the working
     tree's (the pipeline renders right after running the notebook). The page expects the
-    shared MathJax copy that `publish_assets` writes next to it.
+    shared MathJax copy and stylesheet that `publish_assets` writes next to it.
     """
     import nbformat
-    from nbconvert import HTMLExporter
 
     nb = nbformat.reads(text, as_version=4)
     raw = json.loads(text)
@@ -167,9 +184,10 @@ def render_notebook_html(
         kept.append(index)
         cells.append(cell)
     nb.cells = cells
-    exporter = HTMLExporter(template_name=TEMPLATE_NAME, extra_template_basedirs=[str(TEMPLATES)])
+    exporter = _exporter()
     title = notebook_title(raw, name)
-    resources = {"keybias": {"mathjax_src": MATHJAX_SRC, "mathjax_fonts": MATHJAX_FONTS, "favicon": FAVICON},
+    resources = {"keybias": {"mathjax_src": MATHJAX_SRC, "mathjax_fonts": MATHJAX_FONTS, "favicon": FAVICON,
+                             "notebook_css": NOTEBOOK_CSS},
                  "metadata": {"name": f"{name}: {title}"}}
     page, _ = exporter.from_notebook_node(nb, resources=resources)
     previous, following = neighbours(name, notebooks)
@@ -256,10 +274,11 @@ def asset_files(source: Path = MATHJAX_SOURCE) -> list[Path]:
 
 
 def publish_assets(results: Path, source: Path = MATHJAX_SOURCE) -> list[Path]:
-    """Copy the shared MathJax into `<results>/notebooks/_static/mathjax/`; return what changed.
+    """Copy the shared MathJax into `<results>/notebooks/_static/mathjax/` and write the shared
+    stylesheet `NOTEBOOK_CSS`; return what changed.
 
     Idempotent and atomic per file: an unchanged file is not rewritten, and files that are
-    not part of the vendored copy are removed, so the folder is exactly the vendored one.
+    not part of the vendored copy are removed, so the mathjax folder is exactly the vendored one.
     """
     target = Path(results) / "notebooks" / STATIC_DIR / "mathjax"
     wanted = asset_files(source)
@@ -277,6 +296,10 @@ def publish_assets(results: Path, source: Path = MATHJAX_SOURCE) -> list[Path]:
             path.unlink()
         elif path.is_dir() and not any(path.iterdir()):
             path.rmdir()
+    css, css_path = notebook_css().encode(), Path(results) / "notebooks" / NOTEBOOK_CSS
+    if not (css_path.is_file() and css_path.read_bytes() == css):
+        atomic_write_bytes(css_path, css)
+        changed.append(css_path)
     return changed
 
 
