@@ -80,6 +80,16 @@ def test_page_loads_mathjax_from_the_shared_local_copy_only(sample_page):
     assert "cdnjs" not in sample_page and "require.js" not in sample_page and "mermaid.esm" not in sample_page
 
 
+def test_page_links_the_shared_lab_stylesheet_instead_of_inlining_it(sample_page):
+    soup = BeautifulSoup(sample_page, "html.parser")
+    sheets = [link["href"] for link in soup.find_all("link", rel="stylesheet")]
+    assert sheets == [render.NOTEBOOK_CSS]
+    inline = "".join(style.get_text() for style in soup.find_all("style"))
+    assert len(inline) < 20_000, "nbconvert's 256 kB lab stylesheet is inlined again"
+    assert render.notebook_css()[:2000] not in sample_page
+    assert len(render.notebook_css()) > 100_000  # the bulk each page no longer carries
+
+
 def test_external_references_catches_cdn_fonts_and_imports():
     page = """<html><head><script src="https://cdn.x/mathjax.js"></script>
     <link rel="stylesheet" href="//fonts.example/css"><style>@import url("https://x/y.css");
@@ -312,7 +322,9 @@ def test_publish_assets_is_idempotent_and_exact(tmp_path):
     assert (target / "tex-chtml-full.js").is_file()
     assert len(list((target / "output/chtml/fonts/woff-v2").glob("*.woff"))) == len(
         list((render.MATHJAX_SOURCE / "output/chtml/fonts/woff-v2").glob("*.woff")))
-    assert len(changed) == len(render.asset_files())
+    assert len(changed) == len(render.asset_files()) + 1  # and the shared lab stylesheet
+    css = tmp_path / "notebooks" / render.NOTEBOOK_CSS
+    assert css.read_text() == render.notebook_css()
     stray = target / "old.js"
     stray.write_text("x")
     assert render.publish_assets(tmp_path) == []
@@ -387,5 +399,6 @@ def test_smoke_run_figures_all_have_alt_text_from_the_code(smoke_results):
 
 def test_render_inputs_cover_code_templates_and_mathjax_record():
     names = {p.name for p in render.render_inputs()}
-    assert {"render.py", "index.html.j2", "conf.json", "SOURCE.md"} <= names
+    assert {"render.py", "render_clean.py", "render_cells.py", "render_page.py",
+            "index.html.j2", "conf.json", "SOURCE.md"} <= names
     assert all(p.is_file() for p in render.render_inputs())

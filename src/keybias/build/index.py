@@ -17,7 +17,7 @@ import json
 import re
 from pathlib import Path
 
-from keybias.build.render import number_text
+from keybias.build.render_page import number_text
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -136,7 +136,7 @@ def _notebook_title(results: Path, name: str) -> str:
     path = results / "notebooks" / f"{name}.ipynb"
     if not path.is_file():
         return name
-    from keybias.build.render import notebook_title
+    from keybias.build.render_page import notebook_title
 
     try:
         return notebook_title(json.loads(path.read_text()), name)
@@ -174,7 +174,7 @@ def _citation(root: Path) -> str:
 def render_index(results: Path, steps: list[dict], claims: list[dict], provenance: dict,
                  *, root: Path = ROOT) -> str:
     """The HTML text of results/index.html; every link is relative to `results`."""
-    from keybias.build.render import paper_figures
+    from keybias.build.render_page import paper_figures
 
     results = Path(results)
     front = paper_front(root, results)

@@ -1,0 +1,433 @@
+"""Page assembly for a rendered notebook: everything nbconvert does not do.
+
+What a notebook is about (the paper section it supports, the keybias modules it calls, their
+links at the run's commit, its title, the paper's figure numbers), the header with the
+"Run with" box (profile, device, commit, parameters) and the table of contents, the
+previous/next navigation, readable heading anchors, numbered figure captions, trimmed tables
+with links to their CSV, the claim boxes under the cells that judge them, and the closing
+"What we found". `finish_page` applies all of it to nbconvert's HTML.
+"""
+
+from __future__ import annotations
+
+import ast
+import html
+import re
+from pathlib import Path
+
+from keybias.build.render_cells import NUMBER
+from keybias.build.render_clean import PACKAGE_DIR, cell_source, code_cells, parse_code
+
+ROOT = Path(__file__).resolve().parents[3]
+INDEX_HREF = "../index.html"
+PAPER_HREF = "../../paper/main.pdf"
+SOURCE_PREFIX = "../../src/keybias"  # from results/notebooks/ to the package in the bundle
+
+# Fallback when a notebook's metadata does not say (`metadata.keybias.paper_section`).
+PAPER_SECTIONS = {
+    "01_symbolic": "Theorem and proof",
+    "02_invariance": "Where the invariance holds and where it breaks",
+    "03_precision": "Key bias in floating point",
+    "04_training": "Key bias under training",
+    "05_pretrained": "A pretrained model",
+    "06_cost": "What the key bias costs",
+    "07_conditions": "Exact conditions",
+    "08_longrun": "Drift at length",
+}
+HIDDEN_PARAMETERS = ("output_dir", "results_dir", "profile", "device")
+TABLE_ROWS_SHOWN = 25  # a longer table is trimmed to this many rows, with a link to its CSV
+TABLE_ROWS_MAX = 40
+COMPARISON_SIGNS = {"<=": "\u2264", ">=": "\u2265", "==": "=", "<": "<", ">": ">", "!=": "\u2260"}
+_INT = re.compile(r"^[-+]?\d+$")
+
+
+def slugify(text: str) -> str:
+    """A readable anchor: TeX commands and markup dropped, words joined by hyphens."""
+    text = re.sub(r"\\([A-Za-z]+)", " ", text)  # \|b_k\| -> b_k ; \mathrm{x} -> x
+    text = re.sub(r"[^0-9A-Za-z]+", "-", text.replace("_", "-")).strip("-").lower()
+    return re.sub(r"-{2,}", "-", text) or "section"
+
+
+
+# -- what a notebook is about ---------------------------------------------------------------
+def paper_section(nb: dict, name: str) -> str | None:
+    """The paper section a notebook supports: its metadata first, else the project's table."""
+    section = (nb.get("metadata", {}).get("keybias") or {}).get("paper_section")
+    return section or PAPER_SECTIONS.get(name)
+
+
+def called_modules(nb: dict, package_dir: Path = PACKAGE_DIR.parent) -> list[str]:
+    """keybias modules the notebook's code imports, as dotted names below `keybias` that exist
+    as files (`studies.invariance.measure`, `verdict`)."""
+    found: set[str] = set()
+    for _, cell in code_cells(nb):
+        tree = parse_code(cell_source(cell))
+        if tree is None:
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            else:
+                continue
+            for full in names:
+                parts = full.split(".")
+                if parts[0] == "keybias" and len(parts) >= 2:
+                    found.add(".".join(parts[1:]))
+    return sorted(m for m in found if (package_dir / Path(*m.split("."))).with_suffix(".py").is_file())
+
+
+def repository_url(root: Path = ROOT) -> str | None:
+    """`repository-code` of CITATION.cff, when the project has published one."""
+    path = root / "CITATION.cff"
+    if not path.is_file():
+        return None
+    import yaml
+
+    try:
+        url = (yaml.safe_load(path.read_text()) or {}).get("repository-code")
+    except yaml.YAMLError:
+        return None
+    return str(url).rstrip("/") if url else None
+
+
+def module_href(module: str, commit: str | None, repo: str | None) -> str:
+    if repo and commit and re.fullmatch(r"[0-9a-f]{40}", commit):
+        return f"{repo}/blob/{commit}/src/keybias/{module.replace('.', '/')}.py"
+    return f"{SOURCE_PREFIX}/{module.replace('.', '/')}.py"
+
+
+def current_commit(root: Path = ROOT) -> dict:
+    from keybias.build.provenance import commit_info
+
+    return commit_info(root)
+
+# -- the paper's figures ------------------------------------------------------------------
+def paper_figures(paper: Path = ROOT / "paper") -> dict[str, dict]:
+    """Each figure the paper includes, by file stem: its number (order of appearance, as
+    LaTeX numbers them), label and section; read from main.tex and the files it inputs."""
+    main = Path(paper) / "main.tex"
+    if not main.is_file():
+        return {}
+    token = re.compile(r"\\input\{([^}]+)\}|\\section\*?\{((?:[^{}]|\{[^{}]*\})*)\}|\\begin\{figure\*?\}"
+                       r"|\\includegraphics(?:\[[^\]]*\])?\{([^}]+)\}|\\label\{([^}]+)\}")
+    found: dict[str, dict] = {}
+    state = {"number": 0, "section": None, "pending": []}
+
+    def walk(path: Path, depth: int = 0):
+        if depth > 5 or not path.is_file():
+            return
+        text = re.sub(r"(?<!\\)%.*", "", path.read_text(errors="replace"))
+        for match in token.finditer(text):
+            included, section, graphic, label = match.group(1), match.group(2), match.group(3), match.group(4)
+            if included is not None:
+                if included.startswith("sections/") or not included.startswith(".."):
+                    target = paper / (included if included.endswith(".tex") else included + ".tex")
+                    walk(target, depth + 1)
+            elif section is not None:
+                state["section"] = {"title": re.sub(r"\\[A-Za-z]+\{([^}]*)\}", r"\1", section).replace("\\", ""),
+                                    "label": None}
+            elif match.group(0).startswith("\\begin{figure"):
+                state["number"] += 1
+                state["pending"] = []
+            elif graphic is not None and state["number"]:
+                stem = Path(graphic).stem
+                if stem not in found:
+                    found[stem] = {"number": state["number"], "label": None, "section": state["section"]}
+                    state["pending"].append(stem)
+            elif label is not None:
+                if label.startswith("fig:"):
+                    for stem in state["pending"]:
+                        found[stem]["label"] = label
+                elif state["section"] is not None and state["section"]["label"] is None:
+                    state["section"]["label"] = label
+
+    walk(main)
+    return found
+
+
+def number_text(value) -> str:
+    if isinstance(value, bool) or value is None:
+        return str(value)
+    if isinstance(value, int):
+        return f"{value:,}"
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return str(value)
+    if number == int(number) and abs(number) < 1e15:
+        return f"{int(number):,}"
+    text = f"{number:.3g}"
+    if "e" in text:
+        mantissa, exponent = text.split("e")
+        return f"{mantissa}\u00d710<sup>{int(exponent)}</sup>"
+    return text
+
+
+def claim_line(claim: dict) -> str:
+    """`value ≤ bound` for a claim, numbers formatted for reading (HTML)."""
+    sign = COMPARISON_SIGNS.get(claim.get("comparison", "<="), html.escape(str(claim.get("comparison"))))
+    return f"{number_text(claim.get('value'))} {sign} {number_text(claim.get('bound'))}"
+
+
+def claims_box(claims: list[dict]) -> str:
+    """The claims a cell judges, each with its anchor, statement, value, bound and kind."""
+    e = html.escape
+    items = []
+    for c in claims:
+        verdict = "holds" if c.get("holds") else "FAILS"
+        items.append(
+            f'<li id="claim-{e(c["id"])}" class="kb-claim kb-{"holds" if c.get("holds") else "fails"}">'
+            f'<span class="kb-claim-statement">{e(c.get("statement", ""))}</span> '
+            f'<span class="kb-claim-check">{claim_line(c)}: {verdict}</span> '
+            f'<span class="kb-claim-kind">{e(c.get("kind") or "")}</span> '
+            f'<a class="kb-claim-id" href="#claim-{e(c["id"])}"><code>{e(c["id"])}</code></a></li>')
+    noun = "claim" if len(claims) == 1 else "claims"
+    return (f'<aside class="kb-claims" aria-label="Claims judged here"><p class="kb-claims-title">'
+            f"Judged here ({len(claims)} {noun})</p><ul>{''.join(items)}</ul></aside>")
+
+
+def findings_html(claims: list[dict]) -> str:
+    """The closing section: what this notebook found, in its claims' own sentences."""
+    e = html.escape
+    if not claims:
+        return ('<section class="kb-findings" id="what-we-found"><h2>What we found</h2>'
+                "<p>This notebook records no claims; its numbers feed the paper through macros.</p></section>")
+    tests = [c for c in claims if c.get("kind") == "test"]
+    others = [c for c in claims if c.get("kind") != "test"]
+    failing = [c for c in claims if not c.get("holds")]
+
+    def item(c):
+        return (f'<li><span class="kb-claim-statement">{e(c.get("statement", ""))}</span> '
+                f'<span class="kb-claim-check">({claim_line(c)}{"" if c.get("holds") else ": FAILS"})</span> '
+                f'<a href="#claim-{e(c["id"])}">where it is judged</a></li>')
+
+    parts = ['<section class="kb-findings" id="what-we-found"><h2>What we found</h2>']
+    if tests:
+        lead = ("Every test below could have failed on plausible data; each holds."
+                if not failing else f"{len(failing)} of the claims below FAIL.")
+        parts.append(f"<p>{lead}</p><ul>{''.join(item(c) for c in tests)}</ul>")
+    if others:
+        words = {"consistency": "cross-checks of the bookkeeping", "implied": "consequences of the tests above",
+                 "proof": "exact symbolic identities"}
+        kinds = sorted({c.get("kind") or "other" for c in others})
+        label = "; ".join(words.get(k, k) for k in kinds)
+        parts.append(f"<details><summary>{len(others)} more: {e(label)}</summary>"
+                     f"<ul>{''.join(item(c) for c in others)}</ul></details>")
+    parts.append("</section>")
+    return "".join(parts)
+
+
+def neighbours(name: str, names: list[str]) -> tuple[str | None, str | None]:
+    if name not in names:
+        return None, None
+    i = names.index(name)
+    return (names[i - 1] if i > 0 else None), (names[i + 1] if i + 1 < len(names) else None)
+
+
+def notebook_title(nb: dict, name: str) -> str:
+    """The first markdown heading, without its number prefix and TeX; else the name."""
+    for cell in nb.get("cells", []):
+        if cell.get("cell_type") == "markdown":
+            match = re.search(r"^#\s+(.+)$", cell_source(cell), re.MULTILINE)
+            if match:
+                title = re.sub(r"^\d+\s*[·.:-]\s*", "", match.group(1)).strip()
+                return re.sub(r"\$([^$]*)\$", lambda m: re.sub(r"\\([A-Za-z]+)|[{}\\]", r"\1", m.group(1)), title)
+    return name
+
+
+# -- the page ------------------------------------------------------------------------------
+def header_html(*, name, title, section, profile, device, commit, dirty, modules, repo, parameters,
+                 previous, following) -> str:
+    e = html.escape
+    short = (commit or "unknown")[:12]
+    if repo and commit and re.fullmatch(r"[0-9a-f]{40}", commit):
+        commit_html = f'<a href="{e(repo)}/tree/{e(commit)}"><code>{e(short)}</code></a>'
+    else:
+        commit_html = f"<code>{e(short)}</code>"
+    if dirty:
+        commit_html += " (with uncommitted changes)"
+    section_html = (f"the paper section <em>{e(section)}</em>" if section
+                    else "no section of the paper named in its metadata")
+    links = ", ".join(
+        f'<a href="{e(module_href(m, commit, repo))}"><code>keybias.{e(m)}</code></a>' for m in modules
+    ) or "none"
+    shown = {k: v for k, v in parameters.items() if k not in HIDDEN_PARAMETERS}
+    params_html = ""
+    if shown:
+        rows = "".join(f"<tr><th><code>{e(k)}</code></th><td><code>{e(v)}</code></td></tr>" for k, v in shown.items())
+        params_html = (f"<details><summary>{len(shown)} parameters of profile <code>{e(profile)}</code></summary>"
+                       f'<table class="kb-params">{rows}</table></details>')
+    return (
+        f'<header class="kb-header">'
+        f'{_pager_html(previous, following, "kb-pager-top")}'
+        f'<h1 class="kb-title">{e(title)}</h1>'
+        f"<p>Notebook <code>notebooks/{e(name)}.ipynb</code> supports {section_html}.</p>"
+        f'<div class="kb-runwith"><strong>Run with</strong> profile <code>{e(profile)}</code> '
+        f"&middot; device <code>{e(device)}</code> &middot; commit {commit_html}{params_html}</div>"
+        f"<p>Code it calls: {links}.</p>"
+        f'<nav class="kb-toc" aria-label="Contents"></nav>'
+        f"</header>"
+    )
+
+
+def _pager_html(previous: str | None, following: str | None, css: str) -> str:
+    e = html.escape
+    parts = [f'<a href="{INDEX_HREF}">&uarr; All results</a>', f'<a href="{PAPER_HREF}">The paper (PDF)</a>']
+    if previous:
+        parts.insert(0, f'<a rel="prev" href="{e(previous)}.html">&larr; {e(previous)}</a>')
+    if following:
+        parts.append(f'<a rel="next" href="{e(following)}.html">{e(following)} &rarr;</a>')
+    return f'<nav class="kb-pager {css}" aria-label="Notebooks">{" &middot; ".join(parts)}</nav>'
+
+
+def _display_math(tex: str) -> str:
+    return tex if tex.lstrip().startswith("\\begin") else f"$${tex}$$"
+
+
+def _heading_text(heading) -> str:
+    return "".join(s for s in heading.find_all(string=True)
+                   if not (s.parent.name == "a" and "anchor-link" in (s.parent.get("class") or []))).strip()
+
+
+def finish_page(page: str, *, header: str, name: str, claims: list[dict], judged: dict[str, int],
+                 equations: dict[int, list[str]], kept: list[int], table_csv: dict[int, str],
+                 figures: dict[str, dict], previous: str | None, following: str | None) -> str:
+    """Everything nbconvert does not do: header, anchors, captions, claim boxes, tables, findings."""
+    from bs4 import BeautifulSoup
+
+    soup = BeautifulSoup(page, features="html.parser")
+    main = soup.find("main") or soup.body
+
+    def fragment(markup: str):
+        return BeautifulSoup(markup, features="html.parser")
+
+    # cells: readable ids (cell-<index in the notebook>)
+    cell_nodes = {}
+    for node in soup.select("div.jp-Cell"):
+        ident = node.get("id", "")
+        match = re.fullmatch(r"cell-id=kb-(\d+)", ident)
+        if match:
+            node["id"] = f"cell-{match.group(1)}"
+            cell_nodes[int(match.group(1))] = node
+
+    def after_cell(index: int, markup: str):
+        before = [i for i in kept if i <= index and i in cell_nodes]
+        if before:
+            cell_nodes[before[-1]].insert_after(fragment(markup))
+        else:
+            main.insert(0, fragment(markup))
+
+    for index in sorted(equations, reverse=True):
+        blocks = "".join(f'<div class="kb-equation">{html.escape(_display_math(tex))}</div>' for tex in equations[index])
+        after_cell(index, blocks)
+    by_cell: dict[int, list[dict]] = {}
+    for claim in claims:
+        if claim["id"] in judged:
+            by_cell.setdefault(judged[claim["id"]], []).append(claim)
+    for index in sorted(by_cell, reverse=True):
+        after_cell(index, claims_box(by_cell[index]))
+
+    # headings: slugs without TeX, unique on the page
+    used = {"what-we-found"}
+    for heading in soup.select(".jp-MarkdownCell h1, .jp-MarkdownCell h2, .jp-MarkdownCell h3, .jp-MarkdownCell h4"):
+        base = slugify(_heading_text(heading))
+        slug, n = base, 2
+        while slug in used:
+            slug, n = f"{base}-{n}", n + 1
+        used.add(slug)
+        heading["id"] = slug
+        for link in heading.find_all("a", class_="anchor-link"):
+            link["href"] = f"#{slug}"
+
+    # figures: numbered captions with anchors
+    number = 0
+    for holder in soup.select(".jp-RenderedImage, .jp-RenderedSVG"):
+        img = holder.find("img")
+        if img is None:
+            continue
+        number += 1
+        stem = holder.get("data-kb-figure") or ""
+        anchor = f"fig-{slugify(stem)}" if stem else f"fig-{number}"
+        paper = figures.get(stem) if stem else None
+        e = html.escape
+        extra = []
+        if paper:
+            extra.append(f"Figure {paper['number']} in the paper")
+        if stem:
+            extra.append(f'<a href="../figures/{e(stem)}.png">PNG</a>')
+            extra.append(f'<a href="../figures/{e(stem)}.pdf">PDF</a>')
+        caption = (f'<figcaption><a class="kb-fig-number" href="#{anchor}">Figure {number}.</a> '
+                   f"{e(img.get('alt', '').removeprefix('Figure: '))}"
+                   + (f' <span class="kb-fig-links">({" &middot; ".join(extra)})</span>' if extra else "")
+                   + "</figcaption>")
+        figure = soup.new_tag("figure", attrs={"class": "kb-figure", "id": anchor})
+        img.wrap(figure)
+        figure.append(fragment(caption))
+
+    # tables: wrap, numbers formatted, long ones trimmed with a link to the CSV
+    for table in soup.select(".jp-RenderedHTML table"):
+        for cell in table.select("td, th"):
+            text = cell.get_text().strip()
+            if cell.name == "td" and NUMBER.match(text):
+                cell["class"] = [*(cell.get("class") or []), "kb-num"]
+                if not _INT.match(text):
+                    cell.string = f"{float(text):.4g}"
+        holder = table.find_parent(class_="jp-OutputArea-output")
+        index = None
+        cell_div = table.find_parent("div", class_="jp-Cell")
+        if cell_div is not None and re.fullmatch(r"cell-\d+", cell_div.get("id", "")):
+            index = int(cell_div["id"].split("-")[1])
+        csv = table_csv.get(index) if index is not None else None
+        body = table.find("tbody")
+        rows = body.find_all("tr", recursive=False) if body else []
+        elided = [r for r in rows if all(c.get_text().strip() in ("...", "\u2026") for c in r.find_all(["td", "th"]))]
+        note = None
+        if csv and (elided or len(rows) > TABLE_ROWS_MAX):
+            for row in elided:
+                row.decompose()
+            rows = [r for r in rows if r not in elided]
+            for row in rows[TABLE_ROWS_SHOWN:]:
+                row.decompose()
+            note = (f'<p class="kb-trimmed">The first {min(len(rows), TABLE_ROWS_SHOWN)} rows; every row is in '
+                    f'<a href="../data/{html.escape(csv)}.csv">data/{html.escape(csv)}.csv</a>.</p>')
+        elif elided:
+            for row in elided:
+                row.decompose()
+            note = '<p class="kb-trimmed">Rows in the middle of this table are left out.</p>'
+        wrapper = soup.new_tag("div", attrs={"class": "kb-table"})
+        table.wrap(wrapper)
+        if note:
+            wrapper.insert_after(fragment(note))
+        if holder is not None:
+            holder["class"] = [*(holder.get("class") or []), "kb-has-table"]
+
+    # header, contents, findings, pager
+    header_node = fragment(header).header
+    main.insert(0, header_node)
+    toc = header_node.find("nav", class_="kb-toc")
+    toc.append(fragment("<h2>Contents</h2>"))
+    listing = soup.new_tag("ol")
+    for heading in soup.select(".jp-MarkdownCell h1, .jp-MarkdownCell h2, .jp-MarkdownCell h3, .jp-MarkdownCell h4"):
+        if heading.name == "h1" and heading.find_parent("div", class_="jp-Cell") is not None and not listing.contents:
+            continue  # the notebook's title is the page's title
+        item = soup.new_tag("li", attrs={"class": f"kb-toc-level-{heading.name[1]}"})
+        link = soup.new_tag("a", href=f"#{heading['id']}")
+        link.string = _heading_text(heading)
+        item.append(link)
+        listing.append(item)
+    item = soup.new_tag("li", attrs={"class": "kb-toc-level-2"})
+    link = soup.new_tag("a", href="#what-we-found")
+    link.string = "What we found"
+    item.append(link)
+    listing.append(item)
+    toc.append(listing)
+    # the notebook's own first h1 repeats the header's title
+    first = soup.select_one(".jp-MarkdownCell h1")
+    if first is not None and slugify(_heading_text(first)).endswith(slugify(header_node.h1.get_text())):
+        first.decompose()
+    main.append(fragment(findings_html(claims)))
+    main.append(fragment(_pager_html(previous, following, "kb-pager-bottom")))
+    return str(soup)
+
