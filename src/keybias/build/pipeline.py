@@ -207,6 +207,11 @@ class Build(PaperSteps):
         ]
         for path in module_closure(nb_path, self.root / "src"):
             chunks += [str(path.relative_to(self.root)).encode(), path.read_bytes()]
+        # a notebook that judges recorded measurements (notebook 09's GPU files) reruns when they change
+        recorded = self.params[name].get("recorded")
+        if recorded:
+            for path in sorted(p for p in (self.root / recorded).rglob("*") if p.is_file()):
+                chunks += [str(path.relative_to(self.root)).encode(), path.read_bytes()]
         for dep in notebook_dependencies(nb_path):
             chunks.append(self._step_file(dep).read_bytes() if self._step_file(dep).exists() else b"")
         return sha256_bytes(*chunks)
@@ -342,6 +347,7 @@ def input_fingerprint(root: Path, profile: str, device: str) -> str:
     paths += sorted((root / "paper").glob("*.bib"))
     paths += sorted((root / "params" / "claims" / profile).glob("*.json"))
     paths += sorted((root / "scripts").glob("*.py"))
+    paths += sorted(p for p in (root / "recorded").rglob("*") if p.is_file())
     chunks = [profile.encode(), device.encode()]
     for path in paths:
         chunks += [str(path.relative_to(root)).encode(), path.read_bytes() if path.exists() else b""]

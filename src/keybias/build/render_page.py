@@ -33,6 +33,7 @@ PAPER_SECTIONS = {
     "06_cost": "What the key bias costs",
     "07_conditions": "Exact conditions",
     "08_longrun": "Drift at length",
+    "09_gpu": "On a GPU",
 }
 HIDDEN_PARAMETERS = ("output_dir", "results_dir", "profile", "device")
 TABLE_ROWS_SHOWN = 25  # a longer table is trimmed to this many rows, with a link to its CSV

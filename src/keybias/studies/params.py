@@ -38,6 +38,7 @@ NOTEBOOK_SPECS = {
     "06_cost": "keybias.studies.cost.config",
     "07_conditions": "keybias.studies.conditions.measure",
     "08_longrun": "keybias.studies.longrun.measure",
+    "09_gpu": "keybias.studies.gpu.measure",
 }
 
 

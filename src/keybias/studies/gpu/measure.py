@@ -25,6 +25,7 @@ seconds-long check of every section, on any device).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -38,7 +39,53 @@ from pathlib import Path
 import pandas as pd
 import torch
 
+from keybias.studies.config import StudyConfig
+from keybias.studies.params import Param
+
 SECTIONS = ("cost", "memory", "precision", "invariance")
+
+# notebook 09 judges a recorded folder; it measures nothing itself
+PARAMETERS = {
+    "recorded": Param(str, help="folder (relative to the repository) holding a GPU profile's files and run records"),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class GpuConfig(StudyConfig):
+    """Notebook 09's one setting: which recorded GPU profile it judges."""
+
+    PARAMETERS = PARAMETERS
+    STUDY = "09_gpu"
+    recorded: str = "recorded/gpu-h200"
+
+
+RECORDED_FILES = (
+    "cost_model.csv", "cost_ratios.csv", "cost_saving_bounds.csv", "cost_configs.csv", "memory_allocator.csv",
+    "precision_errors.csv", "precision_errors_calibration.csv", "precision_gradients.csv",
+    "precision_gradient_summary.csv", "invariance_configs.csv", "invariance_magnitudes.csv",
+    "invariance_null_factor.csv", "invariance_unpowered.csv", "invariance_errors.csv",
+)
+
+
+def load_recorded(folder: Path) -> dict:
+    """The recorded files of a GPU profile: {"runs": {file stem: run record}, "<file stem>": DataFrame}.
+
+    The run records are the `run*.json` files (one per command; sections may be split over several
+    runs, e.g. a section rerun after a fix). Raises FileNotFoundError naming every missing file and
+    ValueError naming any section no run record covers, before anything is judged."""
+    folder = Path(folder)
+    missing = [n for n in RECORDED_FILES if not (folder / n).is_file()]
+    runs = {p.stem: json.loads(p.read_text(encoding="utf-8")) for p in sorted(folder.glob("run*.json"))}
+    if missing or not runs:
+        raise FileNotFoundError(f"{folder}: recorded GPU files missing: {missing or ['run*.json']} "
+                                "(make them on a CUDA machine with `make gpu`)")
+    uncovered = [s for s in SECTIONS if not any(s in r["sections"] for r in runs.values())]
+    if uncovered:
+        raise ValueError(f"{folder}: no run record covers the sections {uncovered}")
+    out = {"runs": runs}
+    for name in RECORDED_FILES:
+        out[name.removesuffix(".csv")] = pd.read_csv(folder / name)
+    return out
 
 # notebook 02's paper profile, restricted to the families whose kernels depend on the device
 INVARIANCE = dict(

@@ -1,0 +1,133 @@
+"""Judge the GPU profile's recorded files with the same rules the CPU notebooks use (notebook 09).
+
+Every claim here is one of notebooks 02, 03 and 06's own judges applied to the GPU's data, or a
+count the GPU alone can make (the allocator's bytes). `on_gpu` renames such a claim (id prefix
+`gpu-`, statement prefixed with where it was measured), so the manifest and the paper tell the
+two apart. Pure: DataFrames and dicts in, `Claim`s and macros out, so tests hand it doctored data.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import pandas as pd
+
+from keybias.build.recorder import Claim
+from keybias.studies.cost import judge as cost_judge
+from keybias.studies.precision import judge as precision_judge
+from keybias.studies.reduce import finite_max
+
+PREFIX = "gpu-"
+
+
+def on_gpu(claim, gpu: str) -> Claim:
+    """`claim` (a Claim or claim dict) as the same finding on the GPU: id `gpu-<id>`, the
+    statement prefixed with the GPU's name, implied_by renamed alike."""
+    c = Claim.from_any(claim)
+    implied = tuple(PREFIX + i for i in c.implied_by)
+    return dataclasses.replace(c, id=PREFIX + c.id, statement=f"On the {gpu}: {c.statement}", implied_by=implied)
+
+
+# ----------------------------------------------------------------------------- machine
+def machine_macros(runs: dict[str, dict]) -> dict:
+    """What made the recorded files: GPU, driver, PyTorch and CUDA, the commits, the dates and
+    the seconds each section took (from the run records)."""
+    machines = [r["machine"] for r in runs.values()]
+    first = machines[0]
+    for m in machines[1:]:
+        for key in ("gpu", "torch", "torch_cuda", "driver"):
+            if m.get(key) != first.get(key):
+                raise ValueError(f"the recorded runs differ in {key}: {m.get(key)!r} vs {first.get(key)!r}")
+    sections = {name: s for r in runs.values() for name, s in r["sections"].items()}
+    failed = sorted(n for n, s in sections.items() if s["status"] != "measured")
+    if failed:
+        raise ValueError(f"recorded GPU sections did not finish: {failed}")
+    commits = sorted({m["commit"][:7] for m in machines})
+    dates = sorted({m["started_utc"][:10] for m in machines})
+    return {
+        "GpuName": first["gpu"], "GpuMemoryGiB": round(float(first["gpu_memory_gib"])),
+        "GpuCapability": first["gpu_capability"], "GpuDriver": first["driver"],
+        "GpuTorch": first["torch"], "GpuCuda": first["torch_cuda"], "GpuCommits": " and ".join(commits),
+        "GpuDate": dates[0] if len(dates) == 1 else " to ".join((dates[0], dates[-1])),
+        "GpuSecondsCost": round(sections["cost"]["seconds"]), "GpuSecondsPrecision": round(sections["precision"]["seconds"]),
+        "GpuSecondsInvariance": round(sections["invariance"]["seconds"]),
+        "GpuSecondsTotal": round(sum(s["seconds"] for s in sections.values())),
+        "GpuInvPlanned": int(sections["invariance"]["configs_planned"]),
+        "GpuInvRun": int(sections["invariance"]["configs_run"]),
+    }
+
+
+# ----------------------------------------------------------------------------- precision
+def grid_step_log10(errors: pd.DataFrame) -> float:
+    """The spacing of the |b_k|/|k| grid in decades, read from the recorded ratios."""
+    r = np.log10(np.sort(errors["ratio"].unique()))
+    steps = np.diff(r)
+    if len(steps) == 0 or not np.allclose(steps, steps[0], rtol=1e-6):
+        raise ValueError("the recorded ratios are not an even log grid")
+    return float(steps[0])
+
+
+def precision_results(errors, calibration, grads, gsum) -> dict:
+    """Notebook 03's law, crossings and claims on the GPU's errors and gradients."""
+    law, law_calibration = precision_judge.fit_law(errors), precision_judge.fit_law(calibration)
+    pooled = precision_judge.pooled_slope(errors)
+    crossing = precision_judge.accuracy_crossing(errors, law_calibration)
+    checks = precision_judge.crossing_check(crossing, law_calibration, grid_step_log10(errors))
+    seq_len = int(errors["seq_len"].iloc[0])
+    claims = precision_judge.precision_claims(law, pooled, errors, checks, gsum, grads, seq_len)
+    return {"law": law, "pooled": pooled, "crossing": crossing, "checks": checks, "claims": claims}
+
+
+def precision_macros(errors: pd.DataFrame, law: pd.DataFrame, pooled: pd.DataFrame) -> dict:
+    """The paths that ran in each dtype, the fused kernels among them, and the pooled slopes' range."""
+    ok = errors[errors["status"].eq("ok")]
+    fused = sorted(set(ok["path"]) & {"sdpa_flash", "sdpa_efficient"})
+    fused_dtypes = sorted(set(ok.loc[ok["path"].isin(fused), "dtype"]))
+    slopes = pooled["slope"].to_numpy(dtype=float)
+    return {
+        "GpuPrecPaths": int(ok["path"].nunique()), "GpuPrecFusedPaths": len(fused),
+        "GpuPrecFusedDtypes": ", ".join(fused_dtypes), "GpuPrecRows": len(ok),
+        "GpuPrecSlopeMin": float(np.min(slopes)), "GpuPrecSlopeMax": float(np.max(slopes)),
+        "GpuPrecNotRun": int((~errors["status"].eq("ok")).groupby([errors["dtype"], errors["path"]]).any().sum()),
+    }
+
+
+# ----------------------------------------------------------------------------- cost
+def cost_results(model: pd.DataFrame, bounds: pd.DataFrame) -> dict:
+    """Notebook 06's saving claim on the GPU's timings, and the headline table."""
+    claims, macros, machine = cost_judge.saving_claims(model, bounds)
+    main = cost_judge.headline(model).merge(bounds[cost_judge.CONFIG_COLUMNS + ["saving_bound"]],
+                                           on=cost_judge.CONFIG_COLUMNS, how="left", validate="one_to_one")
+    resolved = main[(main["saving_ci_low_adjusted"] > 0) | (main["saving_ci_high_adjusted"] < 0)]
+    faster = main[main["saving_ci_low_adjusted"] > 0]
+    slower = main[main["saving_ci_high_adjusted"] < 0]
+    out = {
+        "GpuCostConfigs": len(main), "GpuCostResolved": len(resolved), "GpuCostFaster": len(faster),
+        "GpuCostSlower": len(slower),
+        "GpuCostSavingMaxPercent": 100 * finite_max(main["measured_saving"], "measured saving"),
+        "GpuCostUpperMaxPercent": 100 * finite_max(main["saving_ci_high_adjusted"], "upper end of the saving"),
+        "GpuCostBoundMinPercent": 100 * float(main["saving_bound"].min()),
+        "GpuCostLowOverBoundMaxPercent": float(machine["CostSavingLowOverBoundMaxPercent"]),
+    }
+    return {"claims": claims, "macros": out, "headline": main}
+
+
+# ----------------------------------------------------------------------------- memory
+def memory_claims(allocator: pd.DataFrame) -> tuple[list[Claim], dict]:
+    """The bytes the allocator reports for b_k's parameter, gradient and optimizer state against
+    4 E (2 + states): a count, so the bound is exact equality (a padded or extra buffer fails it)."""
+    ran = allocator[allocator["status"].eq("measured")]
+    if ran.empty:
+        raise ValueError("no allocator row was measured")
+    off = (ran["measured_bytes"].astype(float) - ran["expected_bytes"].astype(float)).abs()
+    claim = Claim(
+        id="gpu-memory-allocator-matches-count", kind="test",
+        bound_origin="exact count: 4 bytes times E times (parameter + gradient + optimizer states)",
+        statement="On the GPU, the bytes the caching allocator holds for b_k's parameter, gradient and optimizer state "
+                  "equal four bytes per entry times the count of those tensors, for every width and optimizer measured.",
+        value=float(off.max()) if off.notna().all() else math.nan, bound=0.0, comparison="<=")
+    macros = {"GpuMemoryRows": len(ran), "GpuMemoryWidths": ", ".join(str(int(e)) for e in sorted(ran["embed_dim"].unique())),
+              "GpuMemoryBytesMax": int(ran["measured_bytes"].max())}
+    return [claim], macros
