@@ -320,9 +320,9 @@ def measure(cfg: dict, magnitudes, null_factor: dict | None = None,
     configuration gives `verdict_float64` and the noise floor, separately.
 
     A magnitude has power only if its control exceeds the tolerance and the tolerance is at most
-    `verdict.MAX_TOLERANCE_FRACTION` of the output; `unpowered` holds the (dtype, magnitude) cells the
-    held-out calibration found without power (`controls.calibrate_null_factor`): their verdicts are
-    `invalid`."""
+    `verdict.MAX_TOLERANCE_FRACTION` of the output; `unpowered` holds the (category, dtype, magnitude) cells the
+    held-out calibration found without power (`controls.calibrate_power`, `controls.power_group`):
+    their verdicts are `invalid`."""
     row = dict(cfg)
     dtype = C.TORCH_DTYPES[cfg["dtype"]]
     case = C.case(cfg)
@@ -394,7 +394,7 @@ def measure(cfg: dict, magnitudes, null_factor: dict | None = None,
             st = {**st0, "S": smax["b_k"]}
             tol, analytic = judged_tolerance(st, null_pert.get("b_k", math.nan), mag)
             tol64 = C.output_tolerance_for(work64, st, n_slots, y64_abs)
-            cell_powered = (cfg["dtype"], mag) not in unpowered
+            cell_powered = K.has_power(unpowered, cfg, mag)
             entry = {
                 "magnitude": mag, "bk_abs": ch["b_k"], "control_abs": control, "tolerance_abs": tol,
                 "bk_rel": ch["b_k"] / y_abs, "control_rel": control / y_abs, "tolerance_rel": tol / y_abs,
