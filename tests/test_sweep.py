@@ -477,8 +477,55 @@ def test_tolerance_above_the_output_share_is_invalid():
 
 def test_unpowered_cell_makes_its_verdicts_invalid():
     cfg = S._base(dtype="bfloat16", mode="eval")
-    df, mags, _ = S.run_sweep([cfg], MAGS, null_factor=FACTOR, unpowered=frozenset({("bfloat16", 1.0)}))
+    df, mags, _ = S.run_sweep([cfg], MAGS, null_factor=FACTOR, unpowered=frozenset({("MHA", "bfloat16", 1.0)}))
     assert list(mags.verdict[mags.magnitude == 1.0]) == ["invalid"] and not mags.cell_powered[0]
+
+
+@pytest.mark.parametrize("kw, group", [
+    ({}, "MHA"), ({"family": "sizes"}, "MHA"), ({"add_bias_kv": True}, "MHA add_bias_kv"),
+    ({"add_zero_attn": True}, "MHA add_zero_attn"), ({"add_bias_kv": True, "add_zero_attn": True}, "MHA add_bias_kv_zero_attn"),
+    ({"family": "variants", "variant": "rope"}, "variant rope"), ({"family": "variants", "variant": "alibi"}, "variants"),
+    ({"family": "hf", "variant": "qwen2"}, "HF qwen2"), ({"family": "hf", "variant": "bert"}, "HF"),
+])
+def test_power_group_is_the_breaking_category_or_its_family_pool(kw, group):
+    assert K.power_group(S._base(**kw)) == group
+    assert K.BREAK_GROUPS.get(group, group) in K.POOLS
+
+
+def test_an_unpowered_category_makes_only_its_own_verdicts_invalid():
+    """Power is decided per category: a blind add_bias_kv cell leaves plain MHA of the same dtype and
+    magnitude judged."""
+    plain = S._base(dtype="bfloat16", mode="eval")
+    kv = S._base(dtype="bfloat16", mode="eval", add_bias_kv=True, option="add_bias_kv", case="MHA add_bias_kv")
+    df, mags, _ = S.run_sweep([plain, kv], MAGS, null_factor=FACTOR,
+                              unpowered=frozenset({("MHA add_bias_kv", "bfloat16", 1.0)}))
+    at_one = mags[mags.magnitude == 1.0].set_index("config_id")
+    assert at_one.verdict[1] == "invalid" and not at_one.cell_powered[1]
+    assert at_one.verdict[0] == "redundant" and at_one.cell_powered[0]
+    cells = J.magnitude_cells(df, mags)
+    assert cells.set_index(["dtype", "magnitude"]).loc[("bfloat16", 1.0), "powered"]  # plain still has power
+
+
+def _kv_sweep(dt="float16", mags=(0.01, 1.0)):
+    return [S._base(dtype=dt, add_bias_kv=True, option="add_bias_kv", case="MHA add_bias_kv", embed_dim=16,
+                    num_heads=2, mask=mask, mode="eval") for mask in ("none", "causal", "key_padding", "float")]
+
+
+@pytest.mark.claim_mutation("invariance-missed-breaks-float16")
+def test_mutation_a_category_blind_on_held_out_seeds_but_judged_fails(record_mutation, dt="float16"):
+    """The held-out calibration of add_bias_kv's own configurations finds float16 blind to its breaks
+    at magnitude 0.01 (they are below one unit in the last place): with that per-category decision the
+    sweep's miss-rate claim holds; judging the category there anyway (the decision mis-keyed, e.g. to
+    the plain-MHA pool, which is not what breaks) calls real breaks redundant and the claim fails."""
+    cfgs = _kv_sweep(dt)
+    unpowered, frame = K.calibrate_power(cfgs, [0.01, 1.0], {dt: 1.0}, cases=12)
+    assert ("MHA add_bias_kv", dt, 0.01) in unpowered and ("MHA add_bias_kv", dt, 1.0) not in unpowered
+    assert not set(frame.seed) & {c["seed"] for c in cfgs}  # held out
+    df, mags, _ = S.run_sweep(cfgs, [0.01, 1.0], null_factor={dt: 1.0}, unpowered=unpowered)
+    assert _mag_claims(df, mags)[f"invariance-missed-breaks-{dt}"]["holds"]
+    miskeyed = frozenset(("MHA", d, m) for _, d, m in unpowered)
+    df, mags, _ = S.run_sweep(cfgs, [0.01, 1.0], null_factor={dt: 1.0}, unpowered=miskeyed)
+    record_mutation(_mag_claims(df, mags)[f"invariance-missed-breaks-{dt}"])
 
 
 def test_only_pytorchs_own_refusal_is_a_rejection(monkeypatch):
@@ -495,11 +542,20 @@ def test_only_pytorchs_own_refusal_is_a_rejection(monkeypatch):
         S.run_sweep([S._base()], [1.0], null_factor=FACTOR)
 
 
-def test_power_calibration_flags_a_blind_cell():
-    cfgs = [S._base(dtype="float16", mode="eval", embed_dim=16, num_heads=2)]
+def test_power_calibration_flags_a_blind_cell_per_category_and_pool():
+    cfgs = [S._base(dtype="float16", mode="eval", embed_dim=16, num_heads=2),
+            S._base(dtype="float16", family="variants", case="variant softmax", embed_dim=16, num_heads=2)]
     unpowered, frame = K.calibrate_power(cfgs, [0.01, 1.0], {"float16": 1.0}, cases=12)
-    assert ("float16", 0.01) in unpowered and ("float16", 1.0) not in unpowered
-    assert set(K.power_cells(frame, unpowered).columns) >= {"known_breaks", "missed", "powered"}
+    assert set(frame.group) == {g for g, pool in K.BREAK_GROUPS.items() if pool in ("MHA", "variants")}
+    assert (frame.groupby("group").case.nunique() >= 12).all()
+    for group in ("MHA add_bias_kv", "MHA add_zero_attn", "MHA"):
+        assert (group, "float16", 0.01) in unpowered and (group, "float16", 1.0) not in unpowered
+    cells = K.power_cells(frame, unpowered)
+    assert set(cells.columns) >= {"group", "known_breaks", "missed", "powered"}
+    assert {"MHA", "variants"} <= set(cells.group)  # the pools of the redundant categories
+    pool = cells[(cells.group == "MHA") & (cells.magnitude == 1.0)].iloc[0]
+    parts = cells[cells.group.str.startswith("MHA ") & (cells.magnitude == 1.0)]
+    assert pool.known_breaks == parts.known_breaks.sum() >= K.MIN_HELD_OUT_BREAKS
 
 
 def test_power_calibration_without_half_precision_has_its_columns():
