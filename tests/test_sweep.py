@@ -127,17 +127,21 @@ def _kw(**over):
     return kw
 
 
+def _configs(device="cpu", **over):
+    return S.build_configs(S.InvarianceConfig.from_mapping(_kw(**over)), device=device)
+
+
 @pytest.mark.parametrize("bad", [{"dtypes": ["float8"]}, {"options": ["gated"]}, {"device": "tpu"},
                                  {"masks": ["diagonal"]}, {"sizes": ["4:3:1:1:1"]}, {"families": ["jax"]},
-                                 {"families": ["realistic"]}, {"realistic": ["8:2:4:4:1:dropout"]},
+                                 {"families": ["realistic"], "realistic": []}, {"realistic": ["8:2:4:4:1:dropout"]},
                                  {"realistic": ["8:3:4:4:1:plain"]}, {"realistic": ["8:2:4:4:1"]}])
 def test_bad_input_raises_before_work(bad):
     with pytest.raises(ValueError):
-        S.build_configs(**_kw(**bad))
+        _configs(**bad)
 
 
 def test_device_rows_say_absent_or_not_requested(monkeypatch):
-    cfgs = S.build_configs(**_kw())
+    cfgs = _configs()
     df, _, _ = S.run_sweep(cfgs, [1.0])
     for dev in ("cuda", "mps"):
         rows = df[df.device == dev]
@@ -145,14 +149,14 @@ def test_device_rows_say_absent_or_not_requested(monkeypatch):
         assert len(rows) == 1 and (rows.verdict == "skipped").all()
         assert ("not present" if not present else "not asked for") in rows.reason.iloc[0]
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    cuda = [c for c in S.build_configs(**_kw()) if c["device"] == "cuda"]
+    cuda = [c for c in _configs() if c["device"] == "cuda"]
     assert len(cuda) == 1 and cuda[0]["case"].startswith("not_requested")
     df, _, _ = S.run_sweep(cuda, [1.0])
     assert df.status.iloc[0] == "not_requested" and "DEVICE=cpu" in df.reason.iloc[0]
 
 
 def test_realistic_rows_carry_the_keyword_axes():
-    cfgs = S.build_configs(**_kw(families=["realistic"], realistic=[
+    cfgs = _configs(**dict(families=["realistic"], realistic=[
         f"64:4:8:16:1:{o}" for o in ("plain", "kdim_vdim", "add_bias_kv", "add_zero_attn")]))
     real = [c for c in cfgs if c["family"] == "realistic"]
     assert len(real) == 4 and {c["dtype"] for c in real} == {"float64"}
@@ -170,6 +174,37 @@ def test_parameters_match_profiles():
         assert set(section) == set(S.PARAMETERS)
         for name, spec in S.PARAMETERS.items():
             spec.check(name, section[name])
+
+
+def test_config_defaults_are_the_smoke_profile_and_fields_are_the_parameters():
+    import dataclasses
+
+    from keybias.studies import params
+
+    assert {f.name for f in dataclasses.fields(S.InvarianceConfig)} == set(S.PARAMETERS)
+    smoke = params.load_profile("smoke", ROOT / "params", ["02_invariance"])["02_invariance"]
+    assert S.InvarianceConfig().as_dict() == smoke
+    paper = params.load_profile("paper", ROOT / "params", ["02_invariance"])["02_invariance"]
+    cfg = S.InvarianceConfig.from_mapping(paper)
+    assert cfg.magnitudes == tuple(paper["magnitudes"]) and cfg.as_dict() == paper
+
+
+def test_config_rejects_misspelled_and_bad_values_naming_them():
+    from keybias.studies.params import ParameterError
+
+    with pytest.raises(ParameterError, match="did you mean 'magnitudes'"):
+        S.InvarianceConfig.from_mapping({"magnitude": [1.0]})
+    with pytest.raises(ParameterError, match="did you mean 'hf_models'"):
+        S.InvarianceConfig().replace(hf_model=["bert"])
+    with pytest.raises(ParameterError, match="dtypes"):
+        S.InvarianceConfig(dtypes=["float8"])
+    with pytest.raises(ValueError, match="num_heads must divide"):
+        S.InvarianceConfig(sizes=["4:3:1:1:1"])
+    with pytest.raises(ValueError, match="option one of"):
+        S.InvarianceConfig(realistic=["8:2:4:4:1:dropout"])
+    with pytest.raises(TypeError):
+        S.InvarianceConfig(magnitude=[1.0])  # the dataclass itself refuses an unknown keyword
+    assert S.InvarianceConfig(magnitudes=[1.0, 100.0]).magnitudes == (1.0, 100.0)
 
 
 def test_drop_verdict():
@@ -220,7 +255,7 @@ def test_power_control_orders_the_dtypes():
 
 
 def test_calibration_is_held_out_per_dtype_and_magnitude():
-    cfgs = S.build_configs(**_kw(dtypes=["float64", "float32", "bfloat16"], masks=["none", "causal"]))
+    cfgs = _configs(**dict(dtypes=["float64", "float32", "bfloat16"], masks=["none", "causal"]))
     factors, rows = K.calibrate_null_factor(cfgs, [1.0, 100.0], cases=3)
     assert set(factors) == {"float32", "bfloat16"} and all(set(f) == {1.0, 100.0} for f in factors.values())
     assert all(math.isfinite(v) and v > 0 for f in factors.values() for v in f.values())
@@ -233,7 +268,7 @@ def test_calibration_is_held_out_per_dtype_and_magnitude():
 
 
 def _small_sweep():
-    cfgs = S.build_configs(**_kw(options=["plain", "add_zero_attn", "add_bias_kv", "bias_false"],
+    cfgs = _configs(**dict(options=["plain", "add_zero_attn", "add_bias_kv", "bias_false"],
                                  masks=["none", "fully_masked_row", "is_causal_only"],
                                  dtypes=["float64", "float32", "bfloat16", "float16"],
                                  families=["mha", "sizes"], sizes=["8:2:4:4:1"], size_dtypes=["float64", "bfloat16"]))

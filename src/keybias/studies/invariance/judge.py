@@ -26,6 +26,7 @@ import numpy as np
 import pandas as pd
 
 from keybias import verdict as VD
+from keybias.build.recorder import Claim
 from keybias.studies import reduce as R
 from keybias.studies.params import DTYPES
 
@@ -284,7 +285,7 @@ def invariance_claims(df: pd.DataFrame, mags: pd.DataFrame, *, min_configs: int,
                       null_factor: dict | None = None) -> dict:
     """Claims and macros of the sweep.
 
-    Returns {"claims": [dict of Recorder.claim keywords], "macros": {name: value}, "skipped":
+    Returns {"claims": [keybias.build.recorder.Claim], "macros": {name: value}, "skipped":
     [(id, reason)]}. `df` is the configuration table, `mags` the per-magnitude table, both from
     keybias.studies.invariance.measure.run_sweep; `null_factor` the calibrated factor per dtype."""
     claims, skipped = [], []
@@ -517,7 +518,7 @@ def invariance_claims(df: pd.DataFrame, mags: pd.DataFrame, *, min_configs: int,
     macros["InvSeparation"] = SEPARATION
     macros["InvMaxToleranceFraction"] = f"{VD.MAX_TOLERANCE_FRACTION:.0%}".replace("%", r"\%")
     macros = {k: (NOT_RUN if isinstance(v, float) and not math.isfinite(v) else v) for k, v in macros.items()}
-    return {"claims": claims, "macros": macros, "skipped": skipped}
+    return {"claims": [Claim.from_any(c) for c in claims], "macros": macros, "skipped": skipped}
 
 
 def breaks_table(df: pd.DataFrame) -> pd.DataFrame:
