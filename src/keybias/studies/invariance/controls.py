@@ -14,7 +14,9 @@ import numpy as np
 import pandas as pd
 import torch
 
+from keybias import variants as V
 from keybias import verdict as VD
+from keybias.hf_attention import EXPECTED as HF_EXPECTED
 from keybias.studies.invariance import cases as C
 from keybias.studies.invariance import judge as J
 
@@ -70,7 +72,7 @@ def min_detectable_break(cfg: dict, null_factor: dict | None = None, magnitudes=
     with C.mode_context(cfg):
         obj, inp = case["build"](dtype)
         out = _probe(cfg, case, obj, inp, r, dtype, low, kappa)
-        states = [m for m in magnitudes if (cfg["dtype"], float(m)) not in unpowered] if cfg["dtype"] in POWER_DTYPES else []
+        states = [m for m in magnitudes if has_power(unpowered, cfg, m)] if cfg["dtype"] in POWER_DTYPES else []
         if states:
             bk = case["roles"](obj)["b_k"]
             typical = C.tolerance_stats(*case["stats"](obj, inp)[:4], cfg["num_heads"])["norm_k"]
@@ -230,27 +232,107 @@ def tail_quantile(ratios: np.ndarray, tests: int, *, alpha: float = FAMILY_ALPHA
 
 
 # ----------------------------------------------------------------------------- power of a cell
-# the share of known breaks a (dtype, magnitude) cell may miss: the bound the sweep's claim then tests
+# the share of known breaks a (category, dtype, magnitude) cell may miss: the bound the sweep's claim then tests
 MAX_MISS_RATE = J.MAX_MISS_RATE
 MIN_HELD_OUT_BREAKS = 10  # fewer known breaks with a verdict than this: the cell's power is not shown
-POWER_CASES = 32  # held-out known-break cases per half-precision dtype
+POWER_CASES = 32  # held-out known-break cases per breaking category and half-precision dtype
 # float32 resolves breaks three orders of magnitude below the smallest the sweep has (its miss-rate claim
 # still judges it); the cells in question are those of the 8- and 11-bit significands
 POWER_DTYPES = ("bfloat16", "float16")
-BREAK_OPTIONS = ("add_bias_kv", "add_zero_attn")  # known breaks of (A1), the weakest the sweep runs
+BREAK_OPTIONS = ("add_bias_kv", "add_zero_attn")  # the options that break (A1) (and both together)
+# power group -> its family pool; every breaking category is its own group, judged on its own
+# held-out breaks. A category the proof calls redundant has no breaks of its own to miss: it takes
+# its family's pool, all the family's breaking categories' held-out cases together.
+BREAK_GROUPS = {
+    "MHA add_bias_kv": "MHA", "MHA add_zero_attn": "MHA", "MHA add_bias_kv_zero_attn": "MHA",
+    **{f"variant {v}": "variants" for v in V.VARIANTS if not V.DROP_IS_EXACT[v][0]},
+    **{f"HF {m}": "HF" for m, (verdict, _) in HF_EXPECTED.items() if verdict == VD.NOT_REDUNDANT},
+}
+POOLS = ("MHA", "variants", "HF")
+
+
+def power_group(cfg: dict) -> str:
+    """The category whose held-out known breaks decide this configuration's power: its own for a
+    breaking option, variant or model, else its family's pool ('MHA', 'variants', 'HF')."""
+    fam = cfg["family"]
+    if fam == "variants":
+        group = f"variant {cfg['variant']}"
+        return group if group in BREAK_GROUPS else "variants"
+    if fam == "hf":
+        group = f"HF {cfg['variant']}"
+        return group if group in BREAK_GROUPS else "HF"
+    if cfg.get("add_bias_kv") and cfg.get("add_zero_attn"):
+        return "MHA add_bias_kv_zero_attn"
+    if cfg.get("add_bias_kv"):
+        return "MHA add_bias_kv"
+    if cfg.get("add_zero_attn"):
+        return "MHA add_zero_attn"
+    return "MHA"
+
+
+def has_power(unpowered: frozenset, cfg: dict, magnitude: float) -> bool:
+    """False where the held-out calibration found this configuration's category blind at this
+    dtype and magnitude (`calibrate_power`)."""
+    return (power_group(cfg), cfg["dtype"], float(magnitude)) not in unpowered
+
+
+def _pool_of(group: str) -> str:
+    return BREAK_GROUPS.get(group, group)
+
+
+def _as_group(cfg: dict, group: str) -> dict:
+    """A template configuration turned into one of `group` (same shape, mask and mode)."""
+    if group.startswith("MHA "):
+        option = group.removeprefix("MHA ")
+        return {**cfg, "option": option, "case": group, "add_bias_kv": "add_bias_kv" in option,
+                "add_zero_attn": "zero_attn" in option}
+    name = group.split(" ", 1)[1]
+    if group.startswith("variant "):
+        return {**cfg, "variant": name, "case": group}
+    return {**cfg, "variant": name, "case": group, "mask": "causal" if name in ("gpt2", "qwen2") else "none"}
+
+
+def _power_templates(configs: list[dict], dtype: str, group: str) -> list[dict]:
+    """The sweep's own configurations of a breaking category in `dtype` (every shape, mask, mode and
+    need_weights it runs), or, where the sweep has none, its family's configurations turned into
+    that category; for MHA also the generic CALIBRATION_SHAPES. Seeds are replaced later."""
+    pool = _pool_of(group)
+    usable = [c for c in configs if c["dtype"] == dtype and c["family"] != "device" and c["bias"]
+              and c["mask"] != "is_causal_only" and c["src_len"] >= 2]
+    if pool == "MHA":
+        family = [c for c in usable if c["family"] in ("mha", "sizes") and (c["option"] == "plain" or power_group(c) == group)]
+    else:
+        family = [c for c in usable if c["family"] == ("variants" if pool == "variants" else "hf")]
+    own = [c for c in family if power_group(c) == group]
+    out = own or [_as_group(c, group) for c in family]
+    if pool == "MHA":
+        out = out + [_as_group(C.base_config(family="mha", case=group, embed_dim=e, num_heads=h, tgt_len=lq,
+                                             src_len=lk, batch=b, mode=mode, mask=mask, dtype=dtype,
+                                             self_attention=lq == lk), group)
+                     for e, h, lq, lk, b, mode, mask in CALIBRATION_SHAPES if mask != "is_causal"]
+    return out
+
+
+POWER_COLUMNS = ["dtype", "group", "pool", "case", "option", "variant", "seed", "embed_dim", "src_len", "mode",
+                 "mask", "need_weights", "magnitude", "verdict", "verdict_float64", "bk_rel_float64",
+                 "tolerance_rel"]
 
 
 def calibrate_power(configs: list[dict], magnitudes, null_factor: dict, *, cases: int = POWER_CASES,
                     seed_offset: int = HELD_OUT_SEED_OFFSET) -> tuple[frozenset, pd.DataFrame]:
-    """The (dtype, magnitude) cells whose low-precision verdict has no power, from held-out runs.
+    """The (category, dtype, magnitude) cells whose low-precision verdict has no power, from held-out runs.
 
-    Held out as in `calibrate_null_factor` (the sweep's plain-MHA shapes, seeds it never uses),
-    but with a known break: add_bias_kv or add_zero_attn (assumption A1 fails). Each case is
-    measured exactly as the sweep measures (`measure.measure`, kappa from `null_factor`); its
-    float64 twin says whether b_k changed the exact function. A cell whose verdict calls more than
-    MAX_MISS_RATE of those known breaks redundant, or that has fewer than MIN_HELD_OUT_BREAKS of
-    them with a valid verdict, has no power: the sweep marks its verdicts `invalid`, before it runs.
-    Returns (frozenset of unpowered (dtype, magnitude), one row per held-out case and magnitude)."""
+    Per half-precision dtype and per breaking category of each family the sweep runs in it (MHA's
+    add_bias_kv, add_zero_attn and both; each breaking variant; each breaking Hugging Face model;
+    `BREAK_GROUPS`): held-out runs of that category's own sweep configurations (each at least once,
+    cycled to at least `cases`), with seeds the sweep never uses. Each is measured exactly as the
+    sweep measures (`measure.measure`, kappa from `null_factor`, at every magnitude, so at every
+    perturbed state); its float64 twin says whether b_k changed the exact function. A category's
+    cell whose verdict calls more than MAX_MISS_RATE of those known breaks redundant, or that has
+    fewer than MIN_HELD_OUT_BREAKS of them with a valid verdict, has no power there; a category the
+    proof calls redundant is judged on its family's pool (all of that family's breaking categories
+    together). The sweep marks the verdicts of cells without power `invalid`, before it runs.
+    Returns (frozenset of unpowered (group, dtype, magnitude), one row per held-out case and magnitude)."""
     from keybias.studies.invariance import measure as M  # measure imports this module
 
     magnitudes = [float(m) for m in magnitudes]
@@ -260,41 +342,57 @@ def calibrate_power(configs: list[dict], magnitudes, null_factor: dict, *, cases
     torch.set_num_threads(1)
     try:
         for dt in low:
-            pool = [c for c in _held_out_pool(configs, dt) if c["mask"] not in ("is_causal", "fully_masked_row")]
-            for k in range(cases):
-                base = pool[k % len(pool)]
-                option = BREAK_OPTIONS[k % len(BREAK_OPTIONS)]
-                cfg = {**base, "seed": base["seed"] + seed_offset + cases + k, "option": option,
-                       "case": f"MHA {option}", "add_bias_kv": option == "add_bias_kv",
-                       "add_zero_attn": option == "add_zero_attn"}
-                _, per_mag = M.measure(cfg, magnitudes, null_factor)
-                rows += [{"dtype": dt, "case": k, "option": option, "seed": cfg["seed"],
-                          "embed_dim": cfg["embed_dim"], "src_len": cfg["src_len"], "mode": cfg["mode"],
-                          "mask": cfg["mask"], "magnitude": e["magnitude"], "verdict": e["verdict"],
-                          "verdict_float64": e["verdict_float64"], "bk_rel_float64": e["bk_rel_float64"],
-                          "tolerance_rel": e["tolerance_rel"]} for e in per_mag]
+            present = {_pool_of(power_group(c)) for c in configs if c["dtype"] == dt and c["family"] != "device"}
+            for group in [g for g, pool in BREAK_GROUPS.items() if pool in present]:
+                templates = _power_templates(configs, dt, group)
+                # every template at least once (the category's every shape, mask and mode), cycled to `cases`
+                for k in range(max(cases, len(templates)) if templates else 0):
+                    base = templates[k % len(templates)]
+                    cfg = {**base, "seed": base["seed"] + seed_offset + cases + k}
+                    try:
+                        _, per_mag = M.measure(cfg, magnitudes, null_factor)
+                    except RuntimeError as exc:  # PyTorch's own refusal of a template: not a case
+                        if not M.pytorch_rejection(exc):
+                            raise
+                        continue
+                    rows += [{"dtype": dt, "group": group, "pool": _pool_of(group), "case": k,
+                              "option": cfg["option"], "variant": cfg["variant"], "seed": cfg["seed"],
+                              "embed_dim": cfg["embed_dim"], "src_len": cfg["src_len"], "mode": cfg["mode"],
+                              "mask": cfg["mask"], "need_weights": cfg["need_weights"],
+                              "magnitude": e["magnitude"], "verdict": e["verdict"],
+                              "verdict_float64": e["verdict_float64"], "bk_rel_float64": e["bk_rel_float64"],
+                              "tolerance_rel": e["tolerance_rel"]} for e in per_mag]
     finally:
         torch.set_num_threads(threads)
-    frame = pd.DataFrame(rows, columns=["dtype", "case", "option", "seed", "embed_dim", "src_len", "mode", "mask",
-                                        "magnitude", "verdict", "verdict_float64", "bk_rel_float64", "tolerance_rel"])
-    unpowered = set()
-    for (dt, mag), g in frame.groupby(["dtype", "magnitude"]) if len(frame) else []:
-        known = g[(g.verdict_float64 == VD.NOT_REDUNDANT) & g.verdict.isin([VD.REDUNDANT, VD.NOT_REDUNDANT])]
-        missed = int((known.verdict == VD.REDUNDANT).sum())
-        if len(known) < MIN_HELD_OUT_BREAKS or missed > MAX_MISS_RATE * len(known):
-            unpowered.add((dt, float(mag)))
-    return frozenset(unpowered), frame
+    frame = pd.DataFrame(rows, columns=POWER_COLUMNS)
+    cells = power_cells(frame)
+    unpowered = frozenset((r.group, r.dtype, float(r.magnitude)) for r in cells.itertuples() if not r.powered)
+    return unpowered, frame
 
 
-def power_cells(frame: pd.DataFrame, unpowered: frozenset) -> pd.DataFrame:
-    """Per held-out (dtype, magnitude): known breaks with a valid verdict, how many were missed, and
-    whether the cell has power in the sweep."""
-    cols = ["dtype", "magnitude", "known_breaks", "missed", "powered"]
+def _known_and_missed(g: pd.DataFrame) -> tuple[int, int]:
+    known = g[(g.verdict_float64 == VD.NOT_REDUNDANT) & g.verdict.isin([VD.REDUNDANT, VD.NOT_REDUNDANT])]
+    return len(known), int((known.verdict == VD.REDUNDANT).sum())
+
+
+def power_cells(frame: pd.DataFrame, unpowered: frozenset | None = None) -> pd.DataFrame:
+    """Per held-out (group, dtype, magnitude): known breaks with a valid verdict, how many were
+    missed, and whether the cell has power (at least MIN_HELD_OUT_BREAKS known, at most
+    MAX_MISS_RATE of them missed). One row per breaking category and one per family pool (its
+    categories together: the cell of the family's redundant categories). `unpowered`, if given,
+    must agree (it is what the sweep used)."""
+    cols = ["group", "dtype", "magnitude", "known_breaks", "missed", "miss_rate", "powered"]
     if not len(frame):
         return pd.DataFrame(columns=cols)
     out = []
-    for (dt, mag), g in frame.groupby(["dtype", "magnitude"], sort=False):
-        known = g[(g.verdict_float64 == VD.NOT_REDUNDANT) & g.verdict.isin([VD.REDUNDANT, VD.NOT_REDUNDANT])]
-        out.append({"dtype": dt, "magnitude": mag, "known_breaks": len(known),
-                    "missed": int((known.verdict == VD.REDUNDANT).sum()), "powered": (dt, float(mag)) not in unpowered})
-    return pd.DataFrame(out, columns=cols)
+    for by in (frame.groupby(["group", "dtype", "magnitude"], sort=False),
+               frame.groupby(["pool", "dtype", "magnitude"], sort=False)):
+        for (group, dt, mag), g in by:
+            known, missed = _known_and_missed(g)
+            powered = known >= MIN_HELD_OUT_BREAKS and missed <= MAX_MISS_RATE * known
+            out.append({"group": group, "dtype": dt, "magnitude": float(mag), "known_breaks": known,
+                        "missed": missed, "miss_rate": missed / known if known else math.nan, "powered": powered})
+    t = pd.DataFrame(out, columns=cols)
+    if unpowered is not None:
+        t["powered"] = [(r.group, r.dtype, float(r.magnitude)) not in unpowered for r in t.itertuples()]
+    return t

@@ -26,6 +26,7 @@ import numpy as np
 import pandas as pd
 
 from keybias import verdict as VD
+from keybias.build.recorder import Claim
 from keybias.studies import reduce as R
 from keybias.studies.params import DTYPES
 
@@ -74,6 +75,7 @@ MAX_MISS_RATE = 0.05
 SEPARATION = 2.0
 SEPARATION_DTYPES = ("float64", "float32")
 NOT_RUN = "not run"
+NONE_IN_CELL = "none"
 SIZE_COLUMNS = ["embed_dim", "num_heads", "tgt_len", "src_len", "batch"]
 
 
@@ -163,7 +165,8 @@ def magnitude_cells(df: pd.DataFrame, mags: pd.DataFrame) -> pd.DataFrame:
     `known_breaks`: valid verdicts whose float64 twin is not redundant; `missed`: those the dtype's
     own verdict calls redundant; `miss_rate` their share. `redundant_over_tol`: the largest change
     over tolerance among verdicts `redundant` whose twin is redundant too; `break_over_tol`: the
-    smallest over the known breaks. `powered`: the held-out calibration gave the cell power."""
+    smallest over the known breaks. `powered`: the held-out calibration gave at least one category of
+    the cell power (the verdicts of a category without it are `invalid` and counted in none of these)."""
     cols = ["dtype", "magnitude", "rows", "valid", "known_breaks", "missed", "miss_rate",
             "redundant_over_tol", "break_over_tol", "powered"]
     m = measured(df)
@@ -177,7 +180,7 @@ def magnitude_cells(df: pd.DataFrame, mags: pd.DataFrame) -> pd.DataFrame:
         known = ok[ok.verdict_float64 == VD.NOT_REDUNDANT]
         red = ok[(ok.verdict_float64 == VD.REDUNDANT) & (ok.verdict == VD.REDUNDANT)]
         missed = int((known.verdict == VD.REDUNDANT).sum())
-        powered = bool(g["cell_powered"].all()) if "cell_powered" in g else True
+        powered = bool(g["cell_powered"].any()) if "cell_powered" in g else True
         out.append({"dtype": dt, "magnitude": mag, "rows": len(g), "valid": len(ok), "known_breaks": len(known),
                     "missed": missed, "miss_rate": missed / len(known) if len(known) else math.nan,
                     "redundant_over_tol": R.finite_max(red.ratio, f"{dt} m={mag:g} redundant change over tolerance"),
@@ -282,7 +285,7 @@ def invariance_claims(df: pd.DataFrame, mags: pd.DataFrame, *, min_configs: int,
                       null_factor: dict | None = None) -> dict:
     """Claims and macros of the sweep.
 
-    Returns {"claims": [dict of Recorder.claim keywords], "macros": {name: value}, "skipped":
+    Returns {"claims": [keybias.build.recorder.Claim], "macros": {name: value}, "skipped":
     [(id, reason)]}. `df` is the configuration table, `mags` the per-magnitude table, both from
     keybias.studies.invariance.measure.run_sweep; `null_factor` the calibrated factor per dtype."""
     claims, skipped = [], []
@@ -508,13 +511,14 @@ def invariance_claims(df: pd.DataFrame, mags: pd.DataFrame, *, min_configs: int,
             continue
         macros[names["known"]] = int(c["known_breaks"])
         macros[names["missed"]] = int(c["missed"])
-        macros[names["red"]] = c["redundant_over_tol"]
-        macros[names["brk"]] = c["break_over_tol"]
+        # a cell with power can still hold no verdict of one class (only breaking categories have power there)
+        macros[names["red"]] = c["redundant_over_tol"] if math.isfinite(c["redundant_over_tol"]) else NONE_IN_CELL
+        macros[names["brk"]] = c["break_over_tol"] if math.isfinite(c["break_over_tol"]) else NONE_IN_CELL
     macros["InvMaxMissRate"] = f"{MAX_MISS_RATE:.0%}".replace("%", r"\%")
     macros["InvSeparation"] = SEPARATION
     macros["InvMaxToleranceFraction"] = f"{VD.MAX_TOLERANCE_FRACTION:.0%}".replace("%", r"\%")
     macros = {k: (NOT_RUN if isinstance(v, float) and not math.isfinite(v) else v) for k, v in macros.items()}
-    return {"claims": claims, "macros": macros, "skipped": skipped}
+    return {"claims": [Claim.from_any(c) for c in claims], "macros": macros, "skipped": skipped}
 
 
 def breaks_table(df: pd.DataFrame) -> pd.DataFrame:

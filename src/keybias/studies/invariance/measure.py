@@ -27,6 +27,7 @@ The judge layer is keybias.studies.invariance.judge, the figures and tables keyb
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import time
@@ -37,9 +38,10 @@ import torch
 from keybias import variants as V
 from keybias import verdict as VD
 from keybias.hf_attention import MODELS as HF_MODELS
+from keybias.studies.config import StudyConfig
 from keybias.studies.invariance import cases as C
 from keybias.studies.invariance import controls as K
-from keybias.studies.params import DTYPES, Param
+from keybias.studies.params import DTYPES, Param, ParameterError
 
 FAMILIES = ("mha", "sizes", "realistic", "layers", "sdpa", "variants", "hf")
 OPTIONS = (
@@ -160,50 +162,57 @@ def _heads_for(embed_dim: int, num_heads: list[int]) -> list[int]:
     return sorted({h for h in num_heads if embed_dim % h == 0} | {embed_dim})
 
 
-def build_configs(
-    *,
-    families,
-    embed_dims,
-    num_heads,
-    seq_len,
-    batch_size,
-    options,
-    modes,
-    masks,
-    need_weights,
-    batch_first,
-    dtypes,
-    sizes,
-    size_dtypes,
-    variants,
-    hf_models,
-    realistic=(),
-    realistic_dtypes=("float64",),
-    seed=0,
-    device="cpu",
-) -> list[dict]:
-    """All configurations of one sweep (validated first; ValueError names the bad value)."""
-    families = _check_list("families", families, FAMILIES)
-    options = _check_list("options", options, OPTIONS)
-    modes = _check_list("modes", modes, MODES)
-    masks = _check_list("masks", masks, MASKS)
-    dtypes = _check_list("dtypes", dtypes, DTYPES)
-    size_dtypes = _check_list("size_dtypes", size_dtypes, DTYPES)
-    variants = _check_list("variants", variants, V.VARIANTS)
-    hf_models = _check_list("hf_models", hf_models, HF_MODELS)
+@dataclasses.dataclass(frozen=True)
+class InvarianceConfig(StudyConfig):
+    """Every setting of notebook 02, validated once against `PARAMETERS`; defaults = the smoke profile.
+    `check` also parses the size entries, so a malformed one is refused before any work."""
+
+    PARAMETERS = PARAMETERS
+    STUDY = "02_invariance"
+
+    families: tuple[str, ...] = ("mha", "sizes", "realistic", "layers", "sdpa", "variants")
+    embed_dims: tuple[int, ...] = (4,)
+    num_heads: tuple[int, ...] = (2,)
+    seq_len: int = 3
+    batch_size: int = 2
+    options: tuple[str, ...] = ("plain", "add_zero_attn")
+    modes: tuple[str, ...] = ("inference",)
+    masks: tuple[str, ...] = ("none", "is_causal")
+    need_weights: tuple[bool, ...] = (False,)
+    batch_first: tuple[bool, ...] = (True,)
+    dtypes: tuple[str, ...] = ("float32",)
+    sizes: tuple[str, ...] = ("2:1:1:1:1",)
+    size_dtypes: tuple[str, ...] = ("float32",)
+    variants: tuple[str, ...] = ("softmax", "rope")
+    hf_models: tuple[str, ...] = ("gpt2",)
+    magnitudes: tuple[float, ...] = (1.0,)
+    realistic: tuple[str, ...] = ("64:4:16:16:1:plain", "64:4:16:16:1:add_zero_attn")
+    realistic_dtypes: tuple[str, ...] = ("float64",)
+    calibration_cases: int = 48
+    seed: int = 0
+
+    def check(self) -> None:
+        for entry in self.sizes:
+            parse_size(entry)
+        for entry in self.realistic:
+            parse_realistic(entry)
+        if any(not math.isfinite(m) for m in self.magnitudes):
+            raise ParameterError(f"{self.STUDY}.magnitudes must be finite, got {list(self.magnitudes)}")
+
+
+def build_configs(cfg: InvarianceConfig, *, device: str = "cpu") -> list[dict]:
+    """All configurations of one sweep (`cfg` is validated when built; a device not in ALL_DEVICES
+    is a ValueError naming the allowed ones)."""
     _check_list("device", [device], ALL_DEVICES)
-    need_weights = _check_list("need_weights", need_weights, (True, False))
-    batch_first = _check_list("batch_first", batch_first, (True, False))
-    for name, vals in (("embed_dims", embed_dims), ("num_heads", num_heads)):
-        if not vals or any(int(v) <= 0 for v in vals):
-            raise ValueError(f"{name} must be a non-empty list of positive integers, got {vals!r}")
-    if seq_len <= 0 or batch_size <= 0:
-        raise ValueError("seq_len and batch_size must be positive")
-    realistic_dtypes = _check_list("realistic_dtypes", realistic_dtypes, DTYPES)
-    parsed = [parse_size(s) for s in sizes]
-    realistic = [parse_realistic(s) for s in realistic]
+    families, options, modes, masks = cfg.families, cfg.options, cfg.modes, cfg.masks
+    dtypes, need_weights, batch_first, num_heads = cfg.dtypes, cfg.need_weights, cfg.batch_first, cfg.num_heads
+    seq_len, batch_size, seed = cfg.seq_len, cfg.batch_size, cfg.seed
+    parsed = [parse_size(s) for s in cfg.sizes]
+    realistic = [parse_realistic(s) for s in cfg.realistic]
     if "realistic" in families and not realistic:
         raise ValueError("families includes 'realistic' but the realistic list is empty")
+    size_dtypes, realistic_dtypes, variants, hf_models = cfg.size_dtypes, cfg.realistic_dtypes, cfg.variants, cfg.hf_models
+    embed_dims = cfg.embed_dims
     devices = ["cpu"] + ([device] if device != "cpu" else [])
     pairs = [(e, h) for e in embed_dims for h in _heads_for(e, num_heads)]
     cfgs: list[dict] = []
@@ -320,9 +329,9 @@ def measure(cfg: dict, magnitudes, null_factor: dict | None = None,
     configuration gives `verdict_float64` and the noise floor, separately.
 
     A magnitude has power only if its control exceeds the tolerance and the tolerance is at most
-    `verdict.MAX_TOLERANCE_FRACTION` of the output; `unpowered` holds the (dtype, magnitude) cells the
-    held-out calibration found without power (`controls.calibrate_null_factor`): their verdicts are
-    `invalid`."""
+    `verdict.MAX_TOLERANCE_FRACTION` of the output; `unpowered` holds the (category, dtype, magnitude) cells the
+    held-out calibration found without power (`controls.calibrate_power`, `controls.power_group`):
+    their verdicts are `invalid`."""
     row = dict(cfg)
     dtype = C.TORCH_DTYPES[cfg["dtype"]]
     case = C.case(cfg)
@@ -394,7 +403,7 @@ def measure(cfg: dict, magnitudes, null_factor: dict | None = None,
             st = {**st0, "S": smax["b_k"]}
             tol, analytic = judged_tolerance(st, null_pert.get("b_k", math.nan), mag)
             tol64 = C.output_tolerance_for(work64, st, n_slots, y64_abs)
-            cell_powered = (cfg["dtype"], mag) not in unpowered
+            cell_powered = K.has_power(unpowered, cfg, mag)
             entry = {
                 "magnitude": mag, "bk_abs": ch["b_k"], "control_abs": control, "tolerance_abs": tol,
                 "bk_rel": ch["b_k"] / y_abs, "control_rel": control / y_abs, "tolerance_rel": tol / y_abs,

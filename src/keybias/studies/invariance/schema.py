@@ -40,7 +40,8 @@ TABLES: dict[str, dict[str, str]] = {
         null_ratio="ratio",
     ),
     "data/invariance_power_calibration.csv": cols(
-        exact="dtype case option seed embed_dim src_len mode mask magnitude verdict verdict_float64",
+        exact="dtype group pool case option variant seed embed_dim src_len mode mask need_weights magnitude verdict "
+        "verdict_float64",
         noise="bk_rel_float64 tolerance_rel",
     ),
 }

@@ -7,6 +7,7 @@ import math
 import numpy as np
 import pandas as pd
 
+from keybias.build.recorder import latex_escape
 from keybias.studies import style
 from keybias.studies.invariance import judge as J
 from keybias.studies.params import DTYPES
@@ -66,16 +67,12 @@ def plot_map(df: pd.DataFrame, mags: pd.DataFrame):
     return fig
 
 
-def _esc(t) -> str:
-    return str(t).replace("_", r"\_").replace("&", r"\&")
-
-
 def _tabular(table: pd.DataFrame, head: dict, align: str) -> str:
     cols = list(table.columns)
     lines = [r"\begin{tabular}{" + align + "}", r"\toprule",
-             " & ".join(_esc(head.get(c, c)) for c in cols) + r" \\", r"\midrule"]
+             " & ".join(latex_escape(head.get(c, c)) for c in cols) + r" \\", r"\midrule"]
     for _, r in table.iterrows():
-        lines.append(" & ".join(_esc(r[c]) for c in cols) + r" \\")
+        lines.append(" & ".join(latex_escape(r[c]) for c in cols) + r" \\")
     lines += [r"\bottomrule", r"\end{tabular}"]
     return "\n".join(lines) + "\n"
 
@@ -101,9 +98,9 @@ def power_latex(power: pd.DataFrame) -> str:
             "undetected": "none seen", "blind_states": "blind states"}
     cols = list(t.columns)
     lines = [r"\begin{tabular}{l" + "r" * (len(cols) - 1) + "}", r"\toprule",
-             " & ".join(head.get(c, _esc(c)) for c in cols) + r" \\", r"\midrule"]
+             " & ".join(head.get(c, latex_escape(c)) for c in cols) + r" \\", r"\midrule"]
     for _, r in t.iterrows():
-        lines.append(" & ".join(str(r[c]) if c == "min_detectable_eps" else _esc(r[c]) for c in cols) + r" \\")
+        lines.append(" & ".join(str(r[c]) if c == "min_detectable_eps" else latex_escape(r[c]) for c in cols) + r" \\")
     lines += [r"\bottomrule", r"\end{tabular}"]
     return "\n".join(lines) + "\n"
 
