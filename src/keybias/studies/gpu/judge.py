@@ -77,7 +77,7 @@ def precision_results(errors, calibration, grads, gsum) -> dict:
     checks = precision_judge.crossing_check(crossing, law_calibration, grid_step_log10(errors))
     seq_len = int(errors["seq_len"].iloc[0])
     claims = precision_judge.precision_claims(law, pooled, errors, checks, gsum, grads, seq_len)
-    return {"law": law, "pooled": pooled, "crossing": crossing, "checks": checks, "claims": claims}
+    return {"law": law, "pooled": pooled, "crossing": crossing, "checks": checks, "claims": claims, "gsum": gsum}
 
 
 def precision_macros(errors: pd.DataFrame, law: pd.DataFrame, pooled: pd.DataFrame) -> dict:
@@ -131,3 +131,49 @@ def memory_claims(allocator: pd.DataFrame) -> tuple[list[Claim], dict]:
     macros = {"GpuMemoryRows": len(ran), "GpuMemoryWidths": ", ".join(str(int(e)) for e in sorted(ran["embed_dim"].unique())),
               "GpuMemoryBytesMax": int(ran["measured_bytes"].max())}
     return [claim], macros
+
+
+# ----------------------------------------------------------------------------- invariance
+def invariance_results(rows: pd.DataFrame, mags: pd.DataFrame) -> dict:
+    """Notebook 02's claims of kind `test` on the GPU's sweep (the implied and consistency claims
+    follow from these or count the CPU's profile), the verdict table and the sweep's counts."""
+    from keybias.studies.invariance import judge as invariance_judge
+
+    out = invariance_judge.invariance_claims(rows, mags, min_configs=0)
+    tests = [c for c in map(Claim.from_any, out["claims"]) if c.kind == "test"]
+    ok = invariance_judge.valid(rows)
+    known = ok[ok["verdict_float64"].eq("not_redundant")] if "verdict_float64" in ok else ok.iloc[0:0]
+    missed = known[known["verdict"].eq("redundant")]
+    macros = {
+        "GpuInvMeasured": int(rows["status"].eq("measured").sum()), "GpuInvValid": len(ok),
+        "GpuInvRedundant": int(ok["verdict"].eq("redundant").sum()),
+        "GpuInvNotRedundant": int(ok["verdict"].eq("not_redundant").sum()),
+        "GpuInvKnownBreaks": len(known), "GpuInvMissed": len(missed),
+        "GpuInvMissedDtypes": ", ".join(sorted(set(missed["dtype"]))) or "none",
+    }
+    return {"claims": tests, "macros": macros, "table": invariance_judge.verdict_table(rows),
+            "power": invariance_judge.power_table(rows)}
+
+
+def failure_details(invariance: dict, precision: dict) -> dict:
+    """Where each transferred check that can fail is worst on the GPU: the (dtype, path) of the
+    largest crossing deviation and of the largest b_k cosine, and the power-control cells the
+    verdict rule did not see a break in. Macros for the paper's sentences about the GPU."""
+    checks = precision["checks"]
+    ratio = checks["deviation_log10"] / checks["allowance_log10"]
+    worst = checks.loc[ratio.idxmax()]
+    gsum = precision["gsum"]
+    ok = gsum[gsum["status"].eq("ok")]
+    cos_ratio = ok["bk_mean_cos"].abs() / ok["cos_bound"]
+    cos_worst = ok.loc[cos_ratio.idxmax()]
+    power = invariance["power"]
+    blind = power[power["undetected"] > 0]
+    return {
+        "GpuCrossingWorstCase": f"{worst['dtype']}, {worst['path']}".replace("_", " "),
+        "GpuCrossingWorstMeasured": float(worst["crossing"]), "GpuCrossingWorstPredicted": float(worst["crossing_pred"]),
+        "GpuCrossingWorstRatio": float(ratio.max()),
+        "GpuCosWorstCase": f"{cos_worst['dtype']}, {cos_worst['path']}".replace("_", " "),
+        "GpuCosWorst": float(cos_worst["bk_mean_cos"]), "GpuCosWorstBound": float(cos_worst["cos_bound"]),
+        "GpuPowerUndetected": int(blind["undetected"].sum()),
+        "GpuPowerUndetectedCells": "; ".join(f"{r.dtype}, E={int(r.embed_dim)}" for r in blind.itertuples()) or "none",
+    }

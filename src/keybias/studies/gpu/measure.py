@@ -67,6 +67,11 @@ RECORDED_FILES = (
 )
 
 
+def repository_root() -> Path:
+    """The checkout this module runs from (src/keybias/studies/gpu/ sits four levels below it)."""
+    return Path(__file__).resolve().parents[4]
+
+
 def load_recorded(folder: Path) -> dict:
     """The recorded files of a GPU profile: {"runs": {file stem: run record}, "<file stem>": DataFrame}.
 
@@ -94,11 +99,9 @@ INVARIANCE = dict(
     modes=["train", "eval", "inference", "inference_no_fastpath"],
     masks=["none", "bool", "float", "causal", "is_causal", "is_causal_only", "key_padding", "fully_masked_row"],
     need_weights=[True, False], batch_first=[True, False], dtypes=["float64", "float32", "bfloat16", "float16"],
-    sizes=[], size_dtypes=["float64"], variants=["softmax"], hf_models=["bert"], realistic=[],
-    realistic_dtypes=["float64"], seed=0,
+    sizes=["1:1:1:1:1"], size_dtypes=["float64"], variants=["softmax"], hf_models=["bert"], realistic=["4:1:2:2:1:plain"],
+    realistic_dtypes=["float64"], seed=0, magnitudes=[0.01, 1.0, 100.0], calibration_cases=48,
 )
-MAGNITUDES = [0.01, 1.0, 100.0]
-CALIBRATION_CASES = 48
 # notebook 03's paper profile, with the fused kernels a GPU has
 PRECISION = dict(dtypes=["float64", "float32", "bfloat16", "float16"],
                  paths=["explicit", "sdpa_math", "sdpa_flash", "sdpa_efficient", "mha"],
@@ -112,8 +115,8 @@ MEMORY_WIDTHS = [768, 1024, 4096]
 
 QUICK = dict(
     invariance=dict(INVARIANCE, embed_dims=[4], num_heads=[1], options=["plain", "add_bias_kv"], modes=["eval"],
-                    masks=["none", "causal"], need_weights=[False], batch_first=[True], dtypes=["float64", "float32"]),
-    calibration_cases=4,
+                    masks=["none", "causal"], need_weights=[False], batch_first=[True], dtypes=["float64", "float32"],
+                    calibration_cases=4),
     precision=dict(PRECISION, dtypes=["float64", "float32"], paths=["explicit", "sdpa_efficient", "mha"], head_dim=8,
                    num_heads=1, seq_len=16, batch=2, ratio_points=4, grad_batches=3),
     cost=dict(COST, blocks=["tiny"], seq_lens=[16], batch=2, max_reps=30, target_half_width=0.0, n_boot=200, warmup=1),
@@ -155,24 +158,26 @@ def machine_record(device: str, commit: str) -> dict:
     return rec
 
 
-def run_invariance(out: Path, device: str, spec: dict, cases: int, deadline: float) -> dict:
+def run_invariance(out: Path, device: str, spec: dict, deadline: float) -> dict:
     from keybias.studies.invariance import controls, measure
 
-    configs = [c for c in measure.build_configs(device=device, **spec) if c["device"] == device]
+    cfg = measure.InvarianceConfig.from_mapping(spec)
+    magnitudes = list(cfg.magnitudes)
+    configs = [c for c in measure.build_configs(cfg, device=device) if c["device"] == device]
     t0 = time.perf_counter()
-    null_factor, calibration = controls.calibrate_null_factor(configs, MAGNITUDES, cases=cases)
-    unpowered, power = controls.calibrate_power(configs, MAGNITUDES, null_factor)
+    null_factor, calibration = controls.calibrate_null_factor(configs, magnitudes, cases=cfg.calibration_cases)
+    unpowered, power = controls.calibrate_power(configs, magnitudes, null_factor)
     calibration_seconds = time.perf_counter() - t0
     order = list(range(len(configs)))
-    random.Random(spec["seed"]).shuffle(order)  # a cut at the deadline is then a random subsample
+    random.Random(cfg.seed).shuffle(order)  # a cut at the deadline is then a random subsample
     frames, mags, times, errors, done = [], [], [], [], 0
     stop = time.perf_counter() + max(0.0, deadline - calibration_seconds)
     while done < len(order) and time.perf_counter() < stop:
-        cfg = configs[order[done]]
+        one = configs[order[done]]
         try:  # one configuration at a time: an unforeseen failure costs that row, recorded, not the section
-            rows, per_mag, secs = measure.run_sweep([cfg], MAGNITUDES, null_factor=null_factor, unpowered=unpowered)
+            rows, per_mag, secs = measure.run_sweep([one], magnitudes, null_factor=null_factor, unpowered=unpowered)
         except Exception as exc:  # noqa: BLE001 - kept as an `error` row with PyTorch's message
-            errors.append({"config_id": done, "family": cfg["family"], "case": cfg["case"], "dtype": cfg["dtype"],
+            errors.append({"config_id": done, "family": one["family"], "case": one["case"], "dtype": one["dtype"],
                            "error": f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"})
             done += 1
             continue
@@ -194,7 +199,7 @@ def run_invariance(out: Path, device: str, spec: dict, cases: int, deadline: flo
     factors = pd.DataFrame([{"dtype": d, "magnitude": m, "kappa": k} for d, by in null_factor.items()
                             for m, k in by.items()])
     _write_csv(factors, out / "invariance_null_factor.csv")
-    _write_csv(pd.DataFrame(sorted(unpowered), columns=["dtype", "magnitude"]), out / "invariance_unpowered.csv")
+    _write_csv(pd.DataFrame(sorted(unpowered), columns=["group", "dtype", "magnitude"]), out / "invariance_unpowered.csv")
     return {"configs_planned": len(configs), "configs_run": done, "configs_failed": len(errors),
             "calibration_seconds": calibration_seconds}
 
@@ -261,7 +266,6 @@ def run(out: Path, *, device: str, commit: str, sections=SECTIONS, quick: bool =
         "memory": lambda: run_memory(out, device, QUICK["memory_widths"] if quick else MEMORY_WIDTHS),
         "precision": lambda: run_precision(out, device, QUICK["precision"] if quick else PRECISION),
         "invariance": lambda: run_invariance(out, device, QUICK["invariance"] if quick else INVARIANCE,
-                                             QUICK["calibration_cases"] if quick else CALIBRATION_CASES,
                                              DEADLINES["invariance"] * scale),
     }
     for name in sections:
