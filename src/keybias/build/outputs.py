@@ -282,7 +282,7 @@ TOLERANCES = {
 
 # Printed numbers (macros, tables) carry the class of the data they print, plus half a unit in
 # the last printed digit of each number for the printing itself.
-STUDIES = ("symbolic", "invariance", "precision", "training", "pretrained", "cost", "conditions", "longrun")
+STUDIES = ("symbolic", "invariance", "precision", "training", "pretrained", "cost", "conditions", "longrun", "gpu")
 
 
 def _data_columns() -> dict[str, dict[str, str]]:

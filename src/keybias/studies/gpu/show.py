@@ -44,8 +44,10 @@ def transfer_sentence(table: pd.DataFrame) -> str:
     failed = table[~table["holds"]]
     if failed.empty:
         return "Every one of these checks holds on the GPU."
-    parts = [rf"\texttt{{{latex_escape(r.claim)}}} (value {_num(r.value)} against the bound {_num(r.bound)})"
-             for r in failed.itertuples()]
+    # a claim id is one long word: allow a line break after each of its hyphens
+    breakable = "-{}" + "\\allowbreak{}"
+    parts = [rf"\texttt{{{latex_escape(r.claim).replace('-', breakable)}}} "
+             rf"(value {_num(r.value)} against the bound {_num(r.bound)})" for r in failed.itertuples()]
     listed = parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
     verb = "fails" if len(parts) == 1 else "fail"
     return f"On the GPU, {listed} {verb}; every other check holds."
