@@ -274,7 +274,9 @@ def run(out: Path, *, device: str, commit: str, sections=SECTIONS, quick: bool =
             detail = jobs[name]()
             entry = {"status": "measured", **detail}
         except Exception as exc:  # noqa: BLE001 - recorded and reported; the other sections still run
-            entry = {"status": "failed", "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
+            # paths relative to the checkout: the record is committed and must not name this machine's folders
+            trace = traceback.format_exc().replace(f"{repository_root()}/", "")
+            entry = {"status": "failed", "error": f"{type(exc).__name__}: {exc}", "traceback": trace}
         entry["seconds"] = time.perf_counter() - t0
         record["sections"][name] = entry
         print(f"{name}: {entry['status']} in {entry['seconds']:.0f} s" +
