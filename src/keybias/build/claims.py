@@ -115,6 +115,7 @@ MUTATION_LOG_ENV = "KEYBIAS_MUTATION_LOG"
 KIND_TITLES = {
     "test": "Tests: measurements that plausible data could contradict",
     "proof": "Proof checks: exact symbolic identities, checked by SymPy (not empirical tests)",
+    "control": "Positive controls: the power of the tests they protect, not findings",
     "consistency": "Consistency checks: bookkeeping cross-checks",
     "implied": "Implied: these follow from the claims they name and are not counted as evidence",
 }
@@ -212,6 +213,15 @@ def contract_errors(claims: list[dict], profile: str, root: Path) -> list[str]:
                     errors.append(f"claim {cid!r} names itself in implied_by")
         elif implied_by:
             errors.append(f"claim {cid!r} has implied_by but kind {kind!r}; only implied claims name others")
+        protects = c.get("protects") or []
+        if kind == "control":
+            if not protects:
+                errors.append(f"claim {cid!r} is a control but names no test claim in protects")
+            for other in protects:
+                if other not in known:
+                    errors.append(f"claim {cid!r} protects {other!r}, which the run did not produce")
+        elif protects:
+            errors.append(f"claim {cid!r} has protects but kind {kind!r}; only controls name the tests they protect")
         if not str(c.get("bound_origin") or "").strip():
             errors.append(f"claim {cid!r} does not state its bound's origin (bound_origin)")
         if kind == "proof" and not str(c.get("identity") or "").strip():
@@ -336,6 +346,7 @@ def headline_counts(claims: list[dict], verdicts=None) -> dict[str, int]:
         "ClaimsTest": sum(c.get("kind") == "test" for c in claims),
         "ClaimsTestHolding": sum(c.get("kind") == "test" and bool(c.get("holds")) for c in claims),
         "ClaimsProof": sum(c.get("kind") == "proof" for c in claims),
+        "ClaimsControl": sum(c.get("kind") == "control" for c in claims),
         "ClaimsConsistency": sum(c.get("kind") == "consistency" for c in claims),
         "ClaimsImplied": sum(c.get("kind") == "implied" for c in claims),
     }
@@ -368,6 +379,7 @@ def headline_counts(claims: list[dict], verdicts=None) -> dict[str, int]:
 KIND_NOUNS = {  # singular, plural: how a sentence names claims of each kind
     "test": ("test claim", "test claims"),
     "proof": ("proof check", "proof checks"),
+    "control": ("positive control", "positive controls"),
     "consistency": ("consistency check", "consistency checks"),
     "implied": ("implied claim", "implied claims"),
 }
@@ -394,7 +406,7 @@ def kind_summary(claims: list[dict]) -> str:
         first = f"None of the {len(tests)} test claims holds."
     else:
         first = f"{held} of {len(tests)} test claims hold; {len(tests) - held} fail."
-    others = [(k, by_kind[k]) for k in ("proof", "consistency", "implied") if by_kind[k]]
+    others = [(k, by_kind[k]) for k in ("proof", "control", "consistency", "implied") if by_kind[k]]
     if not others:
         return first
     parts = [_count_noun(len(group), k) for k, group in others]

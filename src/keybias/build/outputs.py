@@ -347,7 +347,7 @@ FILES: list[tuple[str, FileClass]] = [
 # whatever the claim measures. `value`/`min_detectable` and `bound` take the class of the data
 # the claim reduces (CLAIM_CLASSES, first matching id pattern wins).
 CLAIM_FIELDS = cols(
-    exact="id statement comparison holds notebook device profile kind implied_by bound_origin",
+    exact="id statement comparison holds notebook device profile kind implied_by protects finding bound_origin",
     claim_value="value min_detectable",
     claim_bound="bound",
 )

@@ -32,10 +32,11 @@ _COMPARISONS = {
     ">": operator.gt,
     "==": operator.eq,
 }
-# test: plausible data could contradict it; proof: an exact symbolic identity (SymPy), a proof
-# check rather than an empirical test; consistency: a bookkeeping cross-check; implied: follows
-# from the claims it names.
-CLAIM_KINDS = ("test", "proof", "consistency", "implied")
+# test: plausible data could contradict it; proof: an exact identity (SymPy, or float64 on the
+# project's own code), a proof check rather than an empirical test; control: a positive control,
+# which shows the power of the test it protects; consistency: a bookkeeping cross-check;
+# implied: follows from the claims it names.
+CLAIM_KINDS = ("test", "proof", "control", "consistency", "implied")
 _UMASK = os.umask(0o022)
 os.umask(_UMASK)
 _MACRO_NAME = re.compile(r"^[A-Za-z]+$")
@@ -87,7 +88,8 @@ def _check_file_name(name: str) -> str:
 class Claim:
     """One claim as a judge states it; `holds` is computed from value, comparison and bound.
 
-    `kind` is one of `CLAIM_KINDS`. `bound_origin` says in one phrase where the bound comes from
+    `kind` is one of `CLAIM_KINDS`. A `control` names in `protects` the test claims whose power
+    it shows. `bound_origin` says in one phrase where the bound comes from
     (theory, a held-out calibration, the issue). `implied_by` names the claims an `implied` claim
     follows from; `identity` names the identity a `proof` claim checks; `min_detectable` is, for a
     "no effect" claim, the smallest effect its positive control shows it would have seen;
@@ -103,6 +105,7 @@ class Claim:
     kind: str | None = None
     bound_origin: str | None = None
     implied_by: tuple[str, ...] = ()
+    protects: tuple[str, ...] = ()
     min_detectable: float | None = None
     identity: str | None = None
     exclusions: tuple[str, ...] = field(default=())
@@ -114,6 +117,8 @@ class Claim:
             raise ValueError(f"claim {self.id!r}: kind {self.kind!r} not one of {CLAIM_KINDS}")
         implied = (self.implied_by,) if isinstance(self.implied_by, str) else tuple(self.implied_by or ())
         object.__setattr__(self, "implied_by", implied)
+        protects = (self.protects,) if isinstance(self.protects, str) else tuple(self.protects or ())
+        object.__setattr__(self, "protects", protects)
         object.__setattr__(self, "exclusions", tuple(str(e) for e in self.exclusions or ()))
         object.__setattr__(self, "value", float(self.value))
         object.__setattr__(self, "bound", float(self.bound))
@@ -121,6 +126,8 @@ class Claim:
             object.__setattr__(self, "min_detectable", float(self.min_detectable))
         if self.kind == "implied" and not self.implied_by:
             raise ValueError(f"claim {self.id!r} is 'implied' but names no claim in implied_by")
+        if self.kind == "control" and not self.protects:
+            raise ValueError(f"claim {self.id!r} is a 'control' but names no test claim in protects")
         if self.kind == "proof" and not str(self.identity or "").strip():
             raise ValueError(f"claim {self.id!r} is a 'proof' but names no identity")
 
@@ -161,6 +168,8 @@ class Claim:
         }
         if self.implied_by:
             out["implied_by"] = list(self.implied_by)
+        if self.protects:
+            out["protects"] = list(self.protects)
         if self.bound_origin is not None:
             out["bound_origin"] = self.bound_origin
         if self.min_detectable is not None:
