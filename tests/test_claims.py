@@ -307,9 +307,12 @@ def test_claims_table_groups_by_kind_with_bound_origin():
     table = C.claims_table([claim("t1", bound_origin="float64 rounding theory"),
                             claim("c1", kind="consistency"), claim("i1", kind="implied", implied_by=["t1"]),
                             claim("p1", kind="proof", identity="softmax(s + c) = softmax(s)"),
+                            claim("k1", kind="control", protects=["t1"]),
                             claim("t2", holds=False, min_detectable=1e-3)])
-    tests_at, proof_at, cons_at, implied_at = (table.index(C.latex_escape(C.KIND_TITLES[k])) for k in C.CLAIM_KINDS)
-    assert tests_at < table.index("t2") < proof_at < table.index("p1") < cons_at < table.index("c1")
+    tests_at, proof_at, control_at, cons_at, implied_at = (
+        table.index(C.latex_escape(C.KIND_TITLES[k])) for k in C.CLAIM_KINDS)
+    assert tests_at < table.index("t2") < proof_at < table.index("p1") < control_at < table.index("k1") < cons_at
+    assert cons_at < table.index("c1")
     assert cons_at < implied_at < table.index("i1")
     assert "Identity: softmax(s + c) = softmax(s)." in table
     assert "Bound: float64 rounding theory." in table and "FAILS" in table
