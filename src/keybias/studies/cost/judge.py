@@ -194,41 +194,120 @@ def bound_macros(bounds: pd.DataFrame) -> dict:
 
 
 def saving_claims(model: pd.DataFrame, bounds: pd.DataFrame) -> tuple[list[Claim], dict, dict]:
-    """The claim that holds at any timing resolution, its deterministic macros and this machine's.
-
-    No removal of work can save more than the work's share of the step: the saving of every
-    headline configuration is at most its counted bound (`traffic.saving_bounds`, the larger
-    of the removed shares of kernels and bytes). The claim counts the configurations whose
-    simultaneous interval lies wholly above the bound: a noisy machine widens the intervals
-    and only makes that count harder to raise, so the outcome does not depend on the machine's
-    speed or load. Empty selections and missing bounds raise; a non-finite entry fails it.
+    """The counted upper bound alone, as one `test` claim (for `make bench` and the GPU judge, where
+    the byte model's margin was not fixed): every headline configuration's simultaneous upper limit
+    of the saving is at most its counted bound (`traffic.saving_bounds`, the larger of the removed
+    shares of kernels and bytes). Noise widens the intervals and makes it harder to pass. Notebook 06
+    judges the byte model itself (`byte_model_claims`), of which this is the upper bound. Empty
+    selections and missing bounds raise; a non-finite entry fails it.
     """
+    judged = byte_model_check(model, bounds) if "predicted_saving" in model else None
+    if judged is None:
+        raise ValueError("saving_claims needs the rows of predict_saving")
     main = headline(model)
-    if main.empty:
-        raise ValueError("no headline rows (inference forward or training total) to judge")
-    judged = main.merge(bounds[CONFIG_COLUMNS + ["saving_bound"]], on=CONFIG_COLUMNS, how="left", validate="one_to_one")
-    if judged["saving_bound"].isna().any():
-        missing = judged.loc[judged["saving_bound"].isna(), CONFIG_COLUMNS].to_dict("records")
-        raise ValueError(f"no counted saving bound for {missing}")
     low = judged["saving_ci_low_adjusted"].to_numpy(dtype=float)
     bound = judged["saving_bound"].to_numpy(dtype=float)
     above = int((low > bound).sum())
-    # the count over the judged entries, or NaN (which fails the claim) when any of them is not finite
-    value = finite_reduce(judged[["value", "ci_low_adjusted", "ci_high_adjusted", "saving_bound"]],
-                          lambda _: float(above), "judged savings, intervals and bounds")
     claims = [Claim(
         id="cost-saving-within-removed-work",
         statement="Removing b_k saves no configuration more of its step than the larger of the removed shares of "
-                  "the step's kernels and bytes: no simultaneous interval of the saving lies above that bound.",
-        value=value, bound=0, comparison="<=", kind="test",
-        bound_origin="theory: a step's time is a sum over its kernels, so the removed kernels' and bytes' "
-                     "shares, counted in one step before timing, bound the saving")]
+                  "the step's kernels and bytes: every simultaneous upper limit of the saving lies within that bound.",
+        value=_judged_max(judged, "upper_over_bound", "upper limit over the counted bound"), bound=1.0,
+        comparison="<=", kind="test",
+        bound_origin="theory: a step's time is a sum over its kernels, so the removed kernels' and "
+                     "bytes' shares, counted in one step before timing, bound the saving (an upper bound only)")]
     macros = {"CostComparisons": len(main), "CostFamilySize": int(main["family_size"].iloc[0]),
               "CostComparisonsTraining": int((main["mode"] == "training").sum()),
               "CostComparisonsInference": int((main["mode"] == "inference").sum())}
     machine = {"CostSavingsAboveBound": above,
-               "CostSavingLowOverBoundMaxPercent": 100 * float(np.max(low / bound))}
+               "CostSavingLowOverBoundMaxPercent": 100 * float(np.max(low / bound)),
+               "CostSavingUpperOverBoundMaxPercent": 100 * float(judged["upper_over_bound"].max())}
     return claims, macros, machine
+
+
+# The margin of the byte model's test, as a share of the pass, fixed before the run it judges: 1.5
+# times the largest distance of a simultaneous interval limit from the prediction in three earlier
+# paper-profile runs on 2-core CPUs that no claim judges again (Intel Xeon and AMD Zen 5 at ea77fed:
+# 1.53 and 1.28 points; Intel under a load average of 9 on branch prec: 1.99 points), rounded to
+# whole points. It is well under the counted kernel share (5.6%), the old bound. A saving more than
+# BYTE_MARGIN above or below the byte model's prediction P fails the claims whatever the noise: noise
+# only widens the intervals, which must fit inside [P - BYTE_MARGIN, P + BYTE_MARGIN] to pass, so a
+# machine too noisy to resolve the margin fails them (the design's trade-off: noise never helps).
+BYTE_MARGIN = 0.03
+
+
+def byte_model_check(model: pd.DataFrame, bounds: pd.DataFrame, margin: float = BYTE_MARGIN) -> pd.DataFrame:
+    """The headline rows of `predict_saving` with their counted bound and the byte model's test: the
+    excess of the simultaneous upper limit over the prediction and the deficit of the simultaneous
+    lower limit under it, each in units of `margin`. Empty selections and missing bounds raise."""
+    main = headline(model)
+    if main.empty:
+        raise ValueError("no headline rows (inference forward or training total) to judge")
+    cols = CONFIG_COLUMNS + ["saving_bound"] + [c for c in ("removed_kernel_share", "removed_byte_share") if c in bounds]
+    judged = main.merge(bounds[cols], on=CONFIG_COLUMNS, how="left", validate="one_to_one")
+    if judged["saving_bound"].isna().any():
+        missing = judged.loc[judged["saving_bound"].isna(), CONFIG_COLUMNS].to_dict("records")
+        raise ValueError(f"no counted saving bound for {missing}")
+    if not margin > 0:
+        raise ValueError(f"margin={margin} must be positive")
+    judged["byte_excess"] = judged["saving_ci_high_adjusted"] - judged["predicted_saving"]
+    judged["byte_deficit"] = judged["predicted_saving"] - judged["saving_ci_low_adjusted"]
+    judged["byte_excess_over_margin"] = judged["byte_excess"] / margin
+    judged["byte_deficit_over_margin"] = judged["byte_deficit"] / margin
+    judged["upper_over_bound"] = judged["saving_ci_high_adjusted"] / judged["saving_bound"]
+    judged["margin"] = margin
+    return judged
+
+
+def _judged_max(judged: pd.DataFrame, column: str, what: str) -> float:
+    """max of `column`, or NaN (the claim fails) when a judged saving, interval, prediction or bound is not finite."""
+    inputs = judged[["value", "ci_low_adjusted", "ci_high_adjusted", "predicted_saving", "saving_bound", column]]
+    return finite_reduce(inputs, lambda _: float(judged[column].max()), what)
+
+
+def byte_model_claims(model: pd.DataFrame, bounds: pd.DataFrame, margin: float = BYTE_MARGIN) -> tuple[list[Claim], dict, dict]:
+    """The byte model as the prediction, tested against the measured saving in both directions.
+
+    `cost-saving-within-byte-prediction`: every headline configuration's simultaneous upper limit of
+    the saving lies at most `margin` above the byte model's prediction (a B that loses more work than
+    b_k, a timing that favours B, or removed work that costs more than its bytes, fails it);
+    `cost-saving-not-below-byte-prediction`: every simultaneous lower limit lies at most `margin`
+    below it (a B slower than A, or removed bytes that cost nothing, fails it). Noise widens the
+    intervals and makes both harder to pass, never easier. `margin` is the profile's `byte_margin`
+    (the paper's is BYTE_MARGIN). The counted kernel-and-byte share is an upper bound only, reported
+    (`bound_macros`, and `saving_claims` for `make bench` and the GPU judge), not a claim here.
+    Returns (claims, deterministic macros, this machine's macros).
+    """
+    judged = byte_model_check(model, bounds, margin)
+    points = f"{100 * margin:g}"
+    why = ("1.5 times the largest distance of an interval limit from the prediction in three earlier paper-profile "
+           "CPU runs (Intel, AMD Zen 5, Intel under load), none judged here" if margin == BYTE_MARGIN
+           else "the profile's byte_margin")
+    origin = (f"fixed before this run: {points} percentage points, {why}; the prediction is the byte model, "
+              "counted bytes over the measured copy bandwidth, computed without the timed savings")
+    within = Claim(
+        id="cost-saving-within-byte-prediction", kind="test", bound_origin=origin,
+        statement=f"For every configuration, the time that removing b_k saves exceeds the byte model's prediction "
+                  f"(removed bytes over the measured bandwidth, plus the removed reduction and optimizer update) by "
+                  f"at most {points} percentage points of the pass: the simultaneous {100 * LEVEL:g}% upper limit of "
+                  f"the measured saving lies within prediction plus {points} points.",
+        value=_judged_max(judged, "byte_excess_over_margin", "excess over the byte prediction"),
+        bound=1.0, comparison="<=")
+    not_below = Claim(
+        id="cost-saving-not-below-byte-prediction", kind="test", bound_origin=origin,
+        statement=f"For every configuration, the time that removing b_k saves falls short of the byte model's "
+                  f"prediction by at most {points} percentage points of the pass: the simultaneous {100 * LEVEL:g}% "
+                  f"lower limit of the measured saving lies within prediction minus {points} points.",
+        value=_judged_max(judged, "byte_deficit_over_margin", "deficit under the byte prediction"),
+        bound=1.0, comparison="<=")
+    macros = {"CostByteMarginPercent": 100 * margin}
+    machine = {
+        "CostByteExcessMaxPercent": 100 * float(judged["byte_excess"].max()),
+        "CostByteDeficitMaxPercent": 100 * float(judged["byte_deficit"].max()),
+        "CostByteExcessOverMarginMax": float(judged["byte_excess_over_margin"].max()),
+        "CostByteDeficitOverMarginMax": float(judged["byte_deficit_over_margin"].max()),
+    }
+    return [within, not_below], macros, machine
 
 
 def resolution_table(ratios: pd.DataFrame, configs: pd.DataFrame) -> pd.DataFrame:
