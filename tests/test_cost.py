@@ -642,8 +642,12 @@ def test_config_rejects_misspelled_and_inconsistent_values_naming_them():
 def test_paper_profile_times_bert_base_within_a_bounded_budget():
     checked = load_profile("paper", ROOT / "params", ["06_cost"])["06_cost"]
     assert "BERT-base" in checked["blocks"] and checked["batch"] == 8
-    # the timing stops at the budget past min_reps: notebook 06 must fit about 150 s on 2 cores
-    assert checked["budget_seconds"] <= 100 and checked["min_reps"] == cost_measure.MIN_REPS
+    # the timing stops at the budget past min_reps: notebook 06 must fit about 150 s on 2 cores. The
+    # byte-model claims need at least 30 repetitions; on a quiet 2-core AVX2 machine (0.7 s a training
+    # step, 0.23 s a forward) 30 of each, three implementations, fit the budget, so only a busy
+    # machine runs longer
+    assert checked["budget_seconds"] <= 100 and cost_measure.MIN_REPS <= checked["min_reps"] <= 30
+    assert 3 * checked["min_reps"] * (0.7 + 0.23) <= checked["budget_seconds"]
 
 
 def test_machine_specific_outputs_cover_timings_only():

@@ -314,8 +314,14 @@ def test_model_constant_claim_needs_a_calibration_of_every_path():
         assert math.isnan(c["precision-rounding-model-constant"].value)
         assert not c["precision-rounding-model-constant"].holds
     m = nj.model_constant_check(law, LAW_CAL).iloc[0]
-    assert m["allowance_log10"] == pytest.approx(nj.normal_quantile() * LAW_CAL["model_scatter_log10"].iloc[0])
+    s = LAW_CAL["model_scatter_log10"].iloc[0]  # one fit: the pooled scatter is its own
+    assert m["allowance_log10"] == pytest.approx(nj.normal_quantile() * math.sqrt(2) * s)
     assert m["deviation_log10"] < m["allowance_log10"]
+    # pooling weights each fit's scatter by its degrees of freedom; a one-point fit (NaN) adds nothing
+    two = pd.concat([LAW_CAL.assign(points=11, model_scatter_log10=0.01),
+                     LAW_CAL.assign(path="b", points=3, model_scatter_log10=0.04),
+                     LAW_CAL.assign(path="c", points=1, model_scatter_log10=math.nan)])
+    assert nj.calibration_scatter(two) == pytest.approx(math.sqrt((10 * 0.01**2 + 2 * 0.04**2) / 12))
 
 
 @pytest.mark.claim_mutation("precision-rounding-model-constant")
@@ -327,9 +333,9 @@ def test_model_constant_claim_fails_when_one_path_drifts_from_its_calibration(re
     cal = pd.concat([LAW_CAL, LAW_CAL.assign(path="sdpa_math")], ignore_index=True)
     held = _by_id(nj.precision_claims(nj.fit_law(two), pooled, two, checks, gsum, grads, 16, law_calibration=cal))
     assert held["precision-rounding-model-constant"].holds
-    s = float(LAW_CAL["model_scatter_log10"].iloc[0])
+    allowance = float(nj.model_constant_check(law, cal)["allowance_log10"].iloc[0])
     c_main = float(nj.fit_law(df)["model_constant"].iloc[0])
-    target = float(LAW_CAL["model_constant"].iloc[0]) * 10 ** (-1.02 * nj.normal_quantile() * s)
+    target = float(LAW_CAL["model_constant"].iloc[0]) * 10 ** (-1.02 * allowance)
     drift = two.assign(pred_rms=np.where(two["path"] == "sdpa_math", two["pred_rms"] * c_main / target, two["pred_rms"]))
     c = _by_id(nj.precision_claims(nj.fit_law(drift), pooled, drift, checks, gsum, grads, 16, law_calibration=cal))
     assert 1 < c["precision-rounding-model-constant"].value <= 1.03
@@ -398,8 +404,8 @@ def _edge_model_constant(law, pooled, df, checks, gsum, grads):
     constant calibrated on the held-out seed (the measured change is unchanged; the model's
     prediction is scaled, so only C moves)."""
     c0 = float(nj.fit_law(df)["model_constant"].iloc[0])
-    cal = LAW_CAL.iloc[0]
-    target = float(cal["model_constant"]) * 10 ** (EDGE * nj.normal_quantile() * float(cal["model_scatter_log10"]))
+    allowance = float(nj.model_constant_check(law, LAW_CAL)["allowance_log10"].iloc[0])
+    target = float(LAW_CAL["model_constant"].iloc[0]) * 10 ** (EDGE * allowance)
     off = df.assign(pred_rms=df["pred_rms"] * c0 / target)
     return nj.fit_law(off), pooled, off, checks, gsum, grads
 

@@ -300,7 +300,8 @@ def byte_model_claims(model: pd.DataFrame, bounds: pd.DataFrame, margin: float =
                   f"lower limit of the measured saving lies within prediction minus {points} points.",
         value=_judged_max(judged, "byte_deficit_over_margin", "deficit under the byte prediction"),
         bound=1.0, comparison="<=")
-    macros = {"CostByteMarginPercent": 100 * margin}
+    percent = round(100 * margin, 9)
+    macros = {"CostByteMarginPercent": int(percent) if percent.is_integer() else percent}
     machine = {
         "CostByteExcessMaxPercent": 100 * float(judged["byte_excess"].max()),
         "CostByteDeficitMaxPercent": 100 * float(judged["byte_deficit"].max()),

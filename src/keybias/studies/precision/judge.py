@@ -281,11 +281,26 @@ def output_claim_value(errors: pd.DataFrame) -> float:
     return _ratio_max(judged["delta_max"], judged["tolerance"], "output change over tolerance")
 
 
+def calibration_scatter(law_calibration: pd.DataFrame | None) -> float:
+    """The scatter of log10 C in the calibration run, pooled over its fits (dtype, path) with weights
+    points - 1 (each fit's `model_scatter_log10` has that many degrees of freedom): one number for
+    the run, so that a fit of three points does not set its own allowance. NaN without a calibration."""
+    if law_calibration is None or not len(law_calibration):
+        return math.nan
+    dof = (law_calibration["points"].astype(float) - 1).clip(lower=0)
+    s = law_calibration["model_scatter_log10"].astype(float)
+    ok = np.isfinite(s) & (dof > 0)
+    if not ok.any():
+        return math.nan
+    return float(math.sqrt(float((dof[ok] * s[ok] ** 2).sum() / dof[ok].sum())))
+
+
 def model_constant_check(law: pd.DataFrame, law_calibration: pd.DataFrame | None) -> pd.DataFrame:
     """Per (dtype, path) of the main fit: its model constant C against the constant C_cal fitted on the
-    held-out calibration seed, `deviation_log10` = |log10(C / C_cal)|, and the allowance z times the
-    calibration's scatter of log10 C (`model_scatter_log10` of that fit; z = `normal_quantile`). A
-    (dtype, path) with no calibrated constant gets NaN, which fails the claim."""
+    held-out calibration seed, `deviation_log10` = |log10(C / C_cal)|, and the allowance z sqrt(2) s:
+    s the calibration's pooled scatter of log10 C (`calibration_scatter`), sqrt(2) because the two
+    constants are two draws of that scatter, z = `normal_quantile`. A (dtype, path) with no
+    calibrated constant gets NaN, which fails the claim."""
     cols = ["dtype", "path", "model_constant"]
     if law_calibration is None or not len(law_calibration):
         cal = pd.DataFrame(columns=cols + ["model_scatter_log10"])
@@ -295,7 +310,8 @@ def model_constant_check(law: pd.DataFrame, law_calibration: pd.DataFrame | None
                                              "model_scatter_log10": "calibration_scatter_log10"}),
                         on=["dtype", "path"], how="left")
     m["deviation_log10"] = np.abs(np.log10(m["model_constant"].astype(float) / m["calibration_constant"].astype(float)))
-    m["allowance_log10"] = normal_quantile() * m["calibration_scatter_log10"].astype(float)
+    m["pooled_scatter_log10"] = calibration_scatter(law_calibration)
+    m["allowance_log10"] = normal_quantile() * math.sqrt(2.0) * m["pooled_scatter_log10"]
     return m
 
 
@@ -351,8 +367,8 @@ def precision_claims(law, pooled, errors, checks, gsum, grads, seq_len, law_cali
              statement=f"For every dtype, the pooled log-log slope of the b_k-induced output change against |b_k|/|k| is within the fixed margin of 1 that the first-order model allows; a true slope farther from 1 than the margin plus z standard errors (z for p = {p_tex}), the smallest detectable deviation, would have failed it.",
              value=finite_max(slope_dev, "slope deviation per dtype") / SLOPE_MARGIN, bound=1.0, comparison="<="),
         Claim(id="precision-rounding-model-constant", kind="test",
-             bound_origin=f"held-out calibration: z = {z_tex} (two-sided normal quantile at p = {p_tex}, the failure probability of every notebook-03 claim) times the scatter of log10 C in the fit of the calibration seed",
-             statement=f"For every dtype and code path, the constant C by which the measured change exceeds the first-order rounding model reproduces the constant calibrated on a held-out seed (fresh inputs and b_k direction) within z = {z_tex} times the scatter of that calibration: C is a property of the dtype and kernel, not of the data.",
+             bound_origin=f"held-out calibration: z = {z_tex} (two-sided normal quantile at p = {p_tex}, the failure probability of every notebook-03 claim) times sqrt(2) times the scatter of log10 C in the calibration seed's fits, pooled over dtypes and paths",
+             statement=f"For every dtype and code path, the constant C by which the measured change exceeds the first-order rounding model reproduces the constant calibrated on a held-out seed (fresh inputs and b_k direction) within z = {z_tex} times the scatter of that calibration (pooled over its fits, times sqrt(2) for a difference of two draws): C is a property of the dtype and kernel, not of the data.",
              value=_ratio_max(covered["deviation_log10"], covered["allowance_log10"], "model constant deviation over allowance")
              if len(covered) else math.nan,
              bound=1.0, comparison="<="),
@@ -452,14 +468,16 @@ def law_macros(errors: pd.DataFrame, law: pd.DataFrame, pooled: pd.DataFrame,
     out["PrecOutputJudgedCount"] = (len(judged), 3)
     out["PrecOutputRowCount"] = (len(ok), 3)
     out["PrecOutputJudgedDtypes"] = (", ".join(dict.fromkeys(judged["dtype"])) or "none", 3)
-    out["PrecOutputTolFractionPercent"] = (100 * OUTPUT_TOLERANCE_FRACTION, 2)
+    percent = round(100 * OUTPUT_TOLERANCE_FRACTION, 9)
+    out["PrecOutputTolFractionPercent"] = (int(percent) if percent.is_integer() else percent, 2)
     in_scope = ok[ok["dtype"].isin(OUTPUT_CLAIM_DTYPES)]
     out["PrecOutputScopeCount"] = (len(in_scope), 3)
     out["PrecOutputExcludedCount"] = (len(in_scope) - len(judged), 3)
     if law_calibration is not None and len(law):
         mc = model_constant_check(law, law_calibration)
         out["PrecModelConstCalibDevMax"] = (finite_max(mc["deviation_log10"], "model constant deviations"), 2)
-        out["PrecModelConstCalibAllowanceMin"] = (finite_min(mc["allowance_log10"], "model constant allowances"), 2)
+        out["PrecModelConstCalibAllowance"] = (finite_min(mc["allowance_log10"], "model constant allowance"), 2)
+        out["PrecModelConstCalibScatter"] = (calibration_scatter(law_calibration), 2)
         out["PrecModelConstCalibOverAllowanceMax"] = (
             _ratio_max(mc["deviation_log10"], mc["allowance_log10"], "model constant deviation over allowance"), 2)
     out["PrecSlopeMargin"] = (SLOPE_MARGIN, 2)
