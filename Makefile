@@ -24,7 +24,7 @@ ifeq ($(filter $(DEVICE),cpu cuda mps auto),)
 $(error DEVICE=$(DEVICE) is unknown; allowed: cpu cuda mps auto)
 endif
 
-.PHONY: install-check all notebooks paper test bench bundle verify arxiv bitwise clean help venv tex browser mutations manifest render gpu
+.PHONY: install-check all notebooks paper test bench bundle verify verify-record arxiv bitwise clean help venv tex browser mutations manifest render gpu
 
 # The pipeline prints one line per step; cell logs go to results/.build/logs/.
 all: $(VENV_STAMP) ## regenerate results/, rendered notebooks and paper/main.pdf
@@ -53,8 +53,11 @@ gpu: $(VENV_STAMP) ## on a CUDA machine: the GPU profile into $(GPU_OUT), for no
 bundle: $(VENV_STAMP) ## deterministic dist/keybias-artifact-<commit>.tar.gz of HEAD (refuses a dirty tree)
 	@$(PY) -m keybias.build.pipeline bundle
 
-verify: $(VENV_STAMP) ## regenerate into a scratch folder; compare with results/ by output class
+verify: $(VENV_STAMP) ## regenerate into a scratch folder; compare findings, exact data and rounding statistics with results/ (writes nothing here)
 	@$(PIPELINE) verify
+
+verify-record: $(VENV_STAMP) ## as verify, and keep its record (machine, times, outcome) in results/machine/verify.json
+	@$(PIPELINE) verify --record
 
 arxiv: $(VENV_STAMP) ## dist/keybias-arxiv-<commit>.tar.gz, proven by compiling it with pdflatex alone
 	@TEX_PACKAGES="$(TEX_PACKAGES)" $(PIPELINE) arxiv
