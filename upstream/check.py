@@ -55,15 +55,20 @@ def _load_tests():
 
 
 def _short(test: unittest.TestCase) -> str:
-    """test_is_causal_matches_explicit_reference_need_weights_False_option_both
-    -> reference[both, need_weights=False]"""
+    """test_is_causal_matches_explicit_reference_key_padding_mask_True_need_weights_False_option_both
+    -> reference[both, need_weights=False, key_padding_mask]"""
     name = test.id().rsplit(".", 1)[-1]
     kind = "reference" if "matches_explicit_reference" in name else "need_weights"
-    option = re.search(r"_option_(\w+?)(?:_need_weights_|$)", name)
-    flag = re.search(r"_need_weights_(True|False)", name)
+    option = re.search(r"_option_(\w+?)(?:_need_weights_|_key_padding_mask_|$)", name)
     if not option:
         return name
-    return f"{kind}[{option.group(1)}" + (f", need_weights={flag.group(1)}]" if flag else "]")
+    parts = [option.group(1)]
+    flag = re.search(r"_need_weights_(True|False)", name)
+    if flag:
+        parts.append(f"need_weights={flag.group(1)}")
+    if "_key_padding_mask_True" in name:
+        parts.append("key_padding_mask")
+    return f"{kind}[{', '.join(parts)}]"
 
 
 def run_once(patched: bool):

@@ -66,16 +66,24 @@ class TestMultiheadAttentionCausalKeySlots(TestCase):
         src_len = STATIC_LEN if static_kv else L
         return x, args, src_len
 
-    def _forward(self, x, args, attn_mask, need_weights):
+    def _key_padding_mask(self, src_len, dtype):
+        # Hides source key 1 from the second batch entry; no query is left
+        # without a visible key.
+        kpm = torch.zeros(BSZ, src_len, dtype=dtype)
+        kpm[1, 1] = float("-inf")
+        return kpm
+
+    def _forward(self, x, args, attn_mask, need_weights, key_padding_mask=None):
         return F.multi_head_attention_forward(
             x, x, x, EMBED_DIM, NUM_HEADS,
             args["in_proj_weight"], args["in_proj_bias"], args["bias_k"], args["bias_v"],
             args["add_zero_attn"], 0.0, args["out_proj_weight"], args["out_proj_bias"],
-            training=False, need_weights=need_weights, attn_mask=attn_mask, is_causal=True,
+            training=False, key_padding_mask=key_padding_mask, need_weights=need_weights,
+            attn_mask=attn_mask, is_causal=True,
             static_k=args["static_k"], static_v=args["static_v"],
         )[0]
 
-    def _reference(self, x, args, src_len):
+    def _reference(self, x, args, src_len, key_padding_mask=None):
         # Attention written out: causal over the src_len source keys, every
         # appended slot visible to every query.
         E, H, N, L = EMBED_DIM, NUM_HEADS, BSZ, TGT_LEN
@@ -95,17 +103,23 @@ class TestMultiheadAttentionCausalKeySlots(TestCase):
             v = torch.cat([v, v.new_zeros(N * H, 1, hd)], dim=1)
         n_slots = k.size(1) - src_len
         mask = F.pad(_causal_mask(L, src_len, x.dtype), (0, n_slots))
+        if key_padding_mask is not None:
+            # batch entry n is rows n * H ... n * H + H - 1, as in the function
+            kpm = F.pad(key_padding_mask, (0, n_slots)).repeat_interleave(H, dim=0)
+            mask = mask + kpm[:, None, :]
         weights = torch.softmax(q @ k.transpose(1, 2) / math.sqrt(hd) + mask, dim=-1)
         out = (weights @ v).transpose(0, 1).reshape(L, N, E)
         return F.linear(out, args["out_proj_weight"], args["out_proj_bias"])
 
+    @parametrize("key_padding_mask", [False, True])
     @parametrize("need_weights", [False, True])
     @parametrize("option", list(OPTIONS))
-    def test_is_causal_matches_explicit_reference(self, option, need_weights):
+    def test_is_causal_matches_explicit_reference(self, option, need_weights, key_padding_mask):
         x, args, src_len = self._inputs(option)
         attn_mask = _causal_mask(TGT_LEN, src_len, x.dtype)
-        out = self._forward(x, args, attn_mask, need_weights)
-        self.assertEqual(out, self._reference(x, args, src_len))
+        kpm = self._key_padding_mask(src_len, x.dtype) if key_padding_mask else None
+        out = self._forward(x, args, attn_mask, need_weights, key_padding_mask=kpm)
+        self.assertEqual(out, self._reference(x, args, src_len, key_padding_mask=kpm))
 
     @parametrize("option", list(OPTIONS))
     def test_is_causal_output_independent_of_need_weights(self, option):
