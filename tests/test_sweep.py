@@ -562,6 +562,16 @@ def test_mutation_exact_ties_are_misses(small, record_mutation):
     assert _mag_claims(df, above)["invariance-missed-breaks-bfloat16"]["holds"]
 
 
+def test_decision_margin_is_the_distance_to_the_nearest_threshold():
+    assert S.decision_margin(1.0, 100.0, 1.0, 1000.0) == 0.0  # an exact tie
+    assert S.decision_margin(0.1, 100.0, 1.0, 1000.0) == pytest.approx(1.0)
+    # the tolerance at 4.99% / 5.01% of the output: a hair from the power threshold either way
+    assert S.decision_margin(1e-6, 100.0, 0.0499, 1.0) < 1e-3 and S.decision_margin(1e-6, 100.0, 0.0501, 1.0) < 1e-3
+    assert math.isnan(S.decision_margin(math.nan, math.nan, 0.0, 0.0))
+    row, mags = _measure(dtype="bfloat16", mode="eval")
+    assert (mags.decision_margin >= 0).all() and row["decision_margin_min"] == mags.decision_margin.min()
+
+
 def test_tie_is_within_rounding():
     assert VD.classify(0.015625, 0.015625, control_delta=1.0, output_abs=1.0) == VD.REDUNDANT
     assert VD.classify(math.nextafter(0.015625, 1.0), 0.015625, control_delta=1.0, output_abs=1.0) == VD.NOT_REDUNDANT
