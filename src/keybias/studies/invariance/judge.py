@@ -6,14 +6,16 @@ configuration and magnitude, and the power control's column `min_detectable_eps`
 
 Claim kinds (keybias.build.recorder.Recorder.claim):
 - `test`: the per-dtype verdict counts (each verdict judged in its own dtype), the per-dtype share
-  of float64-known breaks that the dtype's verdict misses, the float64 and float32 separation of
-  breaks from the tolerance, the joint bias_k verdict, the drop, the float64 noise floor, the
-  float64 twin, the gradient, unexpected `invalid` verdicts and the power control. Each has a
+  of distinct modules whose float64-known break the dtype's verdict misses (ties as misses,
+  `TIE_RULE`), the float64 separation of breaks and redundant changes from the tolerance (both
+  sides), the float32 break margin, the joint bias_k verdict, the drop, the float64 noise floor,
+  the float64 twin, the gradient and the power control (grid to 100, bound 1). Each has a
   mutation test in tests/test_sweep.py.
 - `implied`: the per-category and overall "matches the proof" claims, which partition the same
   rows the per-dtype claims count.
-- `consistency`: the number of measured configurations against the profile's target, and that
-  every float64 noise floor is finite.
+- `consistency`: the number of measured configurations against the profile's target, that
+  every float64 noise floor is finite, and that no float32/float64 verdict is unexpectedly
+  `invalid` (power bookkeeping).
 Every reduction goes through keybias.studies.reduce: NaN fails unless the caller names its
 exclusion, and an empty selection gives NaN, which fails the claim and names it.
 """
