@@ -520,6 +520,34 @@ def test_mutation_miss_rate_just_above_the_bound_fails(small, dt, record_mutatio
         assert missing(edge - 1)["holds"]
 
 
+def _replicated(df, mags, copies):
+    """The small sweep `copies` times, each copy another seed: as many distinct modules per cell."""
+    n = int(df.config_id.max()) + 1
+    rows = pd.concat([df.assign(seed=df.seed + 10_000 * k, config_id=df.config_id + n * k) for k in range(copies)],
+                     ignore_index=True)
+    per_mag = pd.concat([mags.assign(config_id=mags.config_id + n * k) for k in range(copies)], ignore_index=True)
+    return rows, per_mag
+
+
+@pytest.mark.claim_mutation("invariance-missed-breaks-bfloat16")
+def test_mutation_one_module_past_the_bound_at_the_papers_cell_size_fails(small, record_mutation):
+    """The paper's bfloat16 cell at m = 1 has 24 modules with a known break: 1 missed (4.2%) holds, 2
+    missed (8.3%), one module past the bound, fail, however many modes and masks each runs."""
+    _, df, mags = small
+    base = _cell_rows(df, mags, "bfloat16").module.nunique()
+    rows, per_mag = _replicated(df, mags, -(-24 // base))
+    first = _cell_rows(rows, per_mag, "bfloat16").drop_duplicates("module")
+    assert len(first) >= 21 and 1 / len(first) <= J.MAX_MISS_RATE < 2 / len(first)
+
+    def missing(n):
+        bad = per_mag.copy()
+        bad.loc[first.index[:n], "verdict"] = "redundant"
+        return _mag_claims(rows, bad)["invariance-missed-breaks-bfloat16"]
+
+    assert missing(1)["holds"]
+    record_mutation(missing(2))
+
+
 def test_misses_of_one_module_over_modes_and_masks_count_once(small):
     """A module missed under every mode and mask it runs is one missed module, not one per row."""
     _, df, mags = small
