@@ -218,7 +218,7 @@ register(Finding(
     section="sec:invariance", figure="invariance_map", notebook="02_invariance", basis="test",
     decided_by=(*(f"invariance-independent-{d}" for d in _DTYPES),
                 *(f"invariance-missed-breaks-{d}" for d in ("float32", "bfloat16", "float16")),
-                "invariance-separation-float64", "invariance-separation-float32",
+                "invariance-separation-float64", "invariance-break-margin-float32",
                 "invariance-add-bias-kv-joint-redundant", "invariance-drop-matches-theory",
                 "invariance-drop-never-breaks-redundant", "invariance-float64-noise-floor",
                 "invariance-float64-twin-matches-theory", "invariance-gradient-agrees",
