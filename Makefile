@@ -24,7 +24,7 @@ ifeq ($(filter $(DEVICE),cpu cuda mps auto),)
 $(error DEVICE=$(DEVICE) is unknown; allowed: cpu cuda mps auto)
 endif
 
-.PHONY: install-check all notebooks paper test bench bundle verify arxiv bitwise clean help venv tex browser mutations manifest render gpu
+.PHONY: install-check all notebooks paper test bench bundle verify verify-record arxiv bitwise clean help venv tex browser mutations manifest render gpu upstream
 
 # The pipeline prints one line per step; cell logs go to results/.build/logs/.
 all: $(VENV_STAMP) ## regenerate results/, rendered notebooks and paper/main.pdf
@@ -46,6 +46,10 @@ install-check: $(VENV_STAMP) ## build the wheel, install it into a fresh venv wi
 bench: $(VENV_STAMP) ## the full timing sweep of the cost benchmark (long)
 	$(PY) -m keybias.build.bench --full --device $(DEVICE) --out results/machine
 
+# upstream/: the fix for torch's F.multi_head_attention_forward (is_causal with appended key slots, static_k).
+upstream: $(VENV_STAMP) ## the PyTorch fix in upstream/: its test fails on stock torch and passes patched (exit 0 only then)
+	@$(PY) upstream/check.py
+
 GPU_OUT ?= recorded/gpu-local
 gpu: $(VENV_STAMP) ## on a CUDA machine: the GPU profile into $(GPU_OUT), for notebook 09 to judge (recorded=...)
 	$(PY) -m keybias.studies.gpu.measure --out $(GPU_OUT) --commit $$(git rev-parse HEAD)
@@ -53,8 +57,11 @@ gpu: $(VENV_STAMP) ## on a CUDA machine: the GPU profile into $(GPU_OUT), for no
 bundle: $(VENV_STAMP) ## deterministic dist/keybias-artifact-<commit>.tar.gz of HEAD (refuses a dirty tree)
 	@$(PY) -m keybias.build.pipeline bundle
 
-verify: $(VENV_STAMP) ## regenerate into a scratch folder; compare with results/ by output class
+verify: $(VENV_STAMP) ## regenerate into a scratch folder; compare findings, exact data and rounding statistics with results/ (writes nothing here)
 	@$(PIPELINE) verify
+
+verify-record: $(VENV_STAMP) ## as verify, and keep its record (machine, times, outcome) in results/machine/verify.json
+	@$(PIPELINE) verify --record
 
 arxiv: $(VENV_STAMP) ## dist/keybias-arxiv-<commit>.tar.gz, proven by compiling it with pdflatex alone
 	@TEX_PACKAGES="$(TEX_PACKAGES)" $(PIPELINE) arxiv

@@ -158,7 +158,8 @@ def test_deleting_a_claim_from_a_step_record_fails_the_pipeline_check_naming_it(
     assert manifest, "params/claims/smoke/ holds no manifest"
     run = [
         claim(cid, notebook=nb, kind=kind, **({"implied_by": [i for i in ids if i != cid][:1]} if kind == "implied" else {}),
-              **({"identity": "x = x"} if kind == "proof" else {}))
+              **({"identity": "x = x"} if kind == "proof" else {}),
+              **({"protects": [i for i, k in ids.items() if k == "test"][:1]} if kind == "control" else {}))
         for nb, ids in manifest.items() for cid, kind in ids.items()
     ]
     build = make_build(ROOT, tmp_path)

@@ -68,10 +68,16 @@ def test_each_case_has_a_measurement_and_unique_id():
         assert math.isfinite(conditions.measure_case(c, w, CFG))
 
 
-def test_cases_whose_outcome_the_code_guarantees_are_consistency_checks():
+def test_cases_are_proof_checks_of_the_own_attention_or_consistency_checks():
+    """Every case evaluates the project's own float64 attention, so it is a proof check (its
+    identity is its statement); the cases whose outcome the code puts there are consistency
+    checks. Only the PyTorch quirk, which runs PyTorch's module, is a test."""
     kinds = {claim_id(c): c.kind for c in CASES}
-    assert {cid for cid, kind in kinds.items() if kind != "test"} == BY_CONSTRUCTION_IDS
-    assert set(kinds.values()) == {"test", "consistency"}
+    assert {cid for cid, kind in kinds.items() if kind != "proof"} == BY_CONSTRUCTION_IDS
+    assert set(kinds.values()) == {"proof", "consistency"}
+    claims = {c.id: c for c in conditions.judge(conditions.measure(CFG))}
+    assert all(c.identity == case.statement for case in CASES for c in [claims[claim_id(case)]]
+               if case.kind == "proof")
 
 
 def _at_the_edge(frame, c, factor=1.1):

@@ -171,7 +171,12 @@ def _claims(changes, norms=NORMS):
 def test_pretrained_claims_hold_on_good_data_with_kinds():
     claims, macros = _claims(_fake_changes(dtypes=("float32", "float64")))
     assert all(_holds(c) for c in claims.values())
-    assert all(c.kind in ("test", "consistency", "implied") and c.bound_origin for c in claims.values())
+    assert all(c.kind in ("test", "control", "consistency", "implied") and c.bound_origin for c in claims.values())
+    assert claims["pretrained-zero-key-bias-within-rounding-float64"].implied_by == (
+        "pretrained-strip-key-bias-within-rounding-float64",)
+    control = claims["pretrained-control-detected-float64"]
+    assert control.kind == "control" and "pretrained-strip-key-bias-within-rounding-float64" in control.protects
+    assert all(claims[p].kind == "test" for p in control.protects)
     assert claims["pretrained-strip-saves-layers-times-hidden"].kind == "consistency"
     assert claims["pretrained-saved-gpt2-matches-config"].kind == "consistency"
     assert claims["pretrained-strip-key-bias-within-rounding-float64"].kind == "test"

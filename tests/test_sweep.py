@@ -393,11 +393,22 @@ def test_mutation_gradient_above_bound(small, record_mutation):
     record_mutation(claims["invariance-gradient-agrees"], claims["invariance-gradient-never-contradicts"])
 
 
-@pytest.mark.claim_mutation("invariance-no-unexpected-invalid")
-def test_mutation_unexpected_invalid(small, record_mutation):
+def test_unexpected_invalid_is_a_consistency_count(small):
+    """Power bookkeeping, not a test: an invalid float32 verdict the proof does not predict is counted."""
     _, df, mags = small
     bad = _flip(df, _valid("float32"), "verdict", "invalid")
-    record_mutation(_claims(bad, mags)[0]["invariance-no-unexpected-invalid"])
+    claim = _claims(bad, mags)[0]["invariance-no-unexpected-invalid"]
+    assert claim["kind"] == "consistency" and not claim["holds"]
+
+
+def _power_at(df, eps):
+    """The power table's worst size moved to `eps` (the smallest break the rule then sees there)."""
+    bad = df.copy()
+    idx = bad.index[bad.min_detectable_eps.notna()]
+    bad.loc[idx[0], "min_detectable_eps"] = eps
+    if "min_detectable_eps_perturbed" in bad:
+        bad.loc[idx[0], "min_detectable_eps_perturbed"] = math.nan
+    return bad
 
 
 @pytest.mark.claim_mutation("invariance-power")
@@ -407,6 +418,26 @@ def test_mutation_power_control_sees_nothing(small, record_mutation):
     bad = _flip(df, lambda d: d.min_detectable_eps.notna(), "min_detectable_eps", math.nan)
     claims, _ = _claims(bad, mags)
     record_mutation(claims["invariance-power"])
+
+
+@pytest.mark.claim_mutation("invariance-power")
+def test_mutation_power_one_decade_above_the_bound_fails(small, record_mutation):
+    """The smallest violation: one size that sees a break of 10 (the grid step above the bound of 1) but
+    none of 1. The grid reaches 100, so the bound is not its top and this is measurable; a break of 1
+    seen holds."""
+    _, df, mags = small
+    assert max(K.EPS_GRID) > J.POWER_BOUND and 10.0 in K.EPS_GRID
+    record_mutation(_claims(_power_at(df, 10.0), mags)[0]["invariance-power"])
+    assert _claims(_power_at(df, J.POWER_BOUND), mags)[0]["invariance-power"]["holds"]
+
+
+def test_power_probe_measures_above_the_bound():
+    """A break the rule sees only above eps = 1 is measured on the grid (not NaN), and at a perturbed
+    state it makes that magnitude blind."""
+    cfg = S._base(family="sizes", case="MHA sizes", dtype="float64", mode="inference", embed_dim=16, num_heads=2)
+    out = K.min_detectable_break(cfg, FACTOR)
+    assert out["min_detectable_eps"] <= 1e-10
+    assert K.EPS_GRID[0] == 100.0 and list(K.EPS_GRID) == sorted(K.EPS_GRID, reverse=True)
 
 
 def test_config_count_claim(small):
@@ -457,41 +488,151 @@ def test_mutation_rerun_of_real_breaks_below_resolution_fails(record_mutation, d
     record_mutation(claim)
 
 
+def _cell_rows(df, mags, dt, mag=1.0):
+    """Per-magnitude rows of dtype `dt` at `mag` whose twin breaks and whose own verdict sees it, with
+    their module label."""
+    cell = mags.merge(df[["config_id", *[c for c in J.MODULE_COLUMNS if c in df and c not in mags]]], on="config_id")
+    cell = cell.assign(module=J.module_ids(cell).to_numpy())
+    return cell[(cell.dtype == dt) & (cell.magnitude == mag) & (cell.verdict_float64 == "not_redundant")
+                & (cell.verdict == "not_redundant")]
+
+
 @pytest.mark.claim_mutation("invariance-missed-breaks-bfloat16", "invariance-missed-breaks-float16",
                             "invariance-missed-breaks-float32")
 @pytest.mark.parametrize("dt", ["bfloat16", "float16", "float32"])
 def test_mutation_miss_rate_just_above_the_bound_fails(small, dt, record_mutation):
-    """At the edge: the fewest missed known breaks whose share exceeds 5% fail; one fewer holds."""
+    """At the edge, per distinct module: the fewest modules with one missed known break each whose share
+    exceeds 5% fail; one module fewer holds."""
     _, df, mags = small
-    cell = mags.merge(df[["config_id", "dtype"]], on="config_id")
-    cell = cell[(cell.dtype == dt) & (cell.magnitude == 1.0) & (cell.verdict_float64 == "not_redundant")
-                & (cell.verdict == "not_redundant")]
-    k = len(cell)
+    cell = _cell_rows(df, mags, dt)
+    first = cell.drop_duplicates("module")
+    k = len(first)
     assert k >= 2
-    edge = next(n for n in range(1, k + 1) if n / k > J.MAX_MISS_RATE)
+    cells = len(J.magnitude_cells(df, mags).query("dtype == @dt and powered and known_modules > 0"))
+    edge = next(n for n in range(1, k + 1) if J.miss_rate_lower_limit(n, k, cells) > J.MAX_MISS_RATE)
 
     def missing(n):
         bad = mags.copy()
-        bad.loc[cell.index[:n], "verdict"] = "redundant"
+        bad.loc[first.index[:n], "verdict"] = "redundant"
         return _mag_claims(df, bad)[f"invariance-missed-breaks-{dt}"]
 
     record_mutation(missing(edge))
-    if (edge - 1) / k <= J.MAX_MISS_RATE and edge > 1:
+    if edge > 1:
         assert missing(edge - 1)["holds"]
 
 
-@pytest.mark.claim_mutation("invariance-separation-float64", "invariance-separation-float32")
+def _replicated(df, mags, copies):
+    """The small sweep `copies` times, each copy another seed: as many distinct modules per cell."""
+    n = int(df.config_id.max()) + 1
+    rows = pd.concat([df.assign(seed=df.seed + 10_000 * k, config_id=df.config_id + n * k) for k in range(copies)],
+                     ignore_index=True)
+    per_mag = pd.concat([mags.assign(config_id=mags.config_id + n * k) for k in range(copies)], ignore_index=True)
+    return rows, per_mag
+
+
+@pytest.mark.claim_mutation("invariance-missed-breaks-bfloat16")
+def test_mutation_one_module_past_the_bound_at_the_papers_cell_size_fails(small, record_mutation):
+    """The paper's bfloat16 cell at m = 1 has 24 modules with a known break. Tested as a rate, the
+    claim fails at the fewest missed modules whose lower confidence limit exceeds 5%, and holds at
+    one fewer, however many modes and masks each runs."""
+    _, df, mags = small
+    base = _cell_rows(df, mags, "bfloat16").module.nunique()
+    rows, per_mag = _replicated(df, mags, -(-24 // base))
+    first = _cell_rows(rows, per_mag, "bfloat16").drop_duplicates("module")
+    k = len(first)
+    cells = len(J.magnitude_cells(rows, per_mag).query("dtype == 'bfloat16' and powered and known_modules > 0"))
+    edge = next(n for n in range(1, k + 1) if J.miss_rate_lower_limit(n, k, cells) > J.MAX_MISS_RATE)
+    assert k >= 21 and 2 < edge < k / 2
+
+    def missing(n):
+        bad = per_mag.copy()
+        bad.loc[first.index[:n], "verdict"] = "redundant"
+        return _mag_claims(rows, bad)["invariance-missed-breaks-bfloat16"]
+
+    assert missing(edge - 1)["holds"]
+    record_mutation(missing(edge))
+
+
+def test_miss_rate_lower_limit_is_the_clopper_pearson_limit():
+    assert J.miss_rate_lower_limit(0, 24) == 0.0 and math.isnan(J.miss_rate_lower_limit(0, 0))
+    # 2 of 24 is an 8% estimate, but a rate of 5% gives 2 or more misses one time in three
+    assert J.miss_rate_lower_limit(2, 24) < 0.05 < 2 / 24
+    assert J.miss_rate_lower_limit(24, 24, cells=1) == pytest.approx(0.05 ** (1 / 24))
+    assert J.miss_rate_lower_limit(5, 24, cells=3) < J.miss_rate_lower_limit(5, 24, cells=1)
+
+
+def test_misses_of_one_module_over_modes_and_masks_count_once(small):
+    """A module missed under every mode and mask it runs is one missed module, not one per row."""
+    _, df, mags = small
+    cell = _cell_rows(df, mags, "bfloat16")
+    module = cell.module.value_counts().index[0]
+    rows = cell.index[cell.module == module]
+    assert len(rows) >= 2  # the small sweep runs each module under more than one mask
+    bad = mags.copy()
+    bad.loc[rows, "verdict"] = "redundant"
+    c = J.magnitude_cells(df, bad).set_index(["dtype", "magnitude"]).loc[("bfloat16", 1.0)]
+    assert c.missed == len(rows) and c.missed_modules == 1
+    assert c.module_miss_rate == pytest.approx(1 / c.known_modules)
+
+
+@pytest.mark.claim_mutation("invariance-missed-breaks-bfloat16")
+def test_mutation_exact_ties_are_misses(small, record_mutation):
+    """The tie rule (fixed in verdict.classify before the data): a known break whose change equals its
+    tolerance is within rounding, so it is a miss. Known breaks of enough modules moved to an exact tie
+    fail the claim; one unit in the last place above the tolerance they are seen and it holds."""
+    _, df, mags = small
+    first = _cell_rows(df, mags, "bfloat16").drop_duplicates("module")
+    cells = len(J.magnitude_cells(df, mags).query("dtype == 'bfloat16' and powered and known_modules > 0"))
+    n = next(n for n in range(1, len(first) + 1)
+             if J.miss_rate_lower_limit(n, len(first), cells) > J.MAX_MISS_RATE)
+
+    def moved(to):
+        bad = mags.copy()
+        for i in first.index[:n]:
+            tol = bad.loc[i, "tolerance_abs"]
+            bad.loc[i, "bk_abs"] = to(tol)
+            bad.loc[i, "verdict"] = VD.classify(bad.loc[i, "bk_abs"], tol, control_delta=bad.loc[i, "control_abs"],
+                                                output_abs=tol / bad.loc[i, "tolerance_rel"])
+        return bad
+
+    tie = moved(lambda t: t)
+    assert (tie.loc[first.index[:n], "verdict"] == "redundant").all()
+    cell = J.magnitude_cells(df, tie).set_index(["dtype", "magnitude"]).loc[("bfloat16", 1.0)]
+    assert cell.tie_misses >= n
+    record_mutation(_mag_claims(df, tie)["invariance-missed-breaks-bfloat16"])
+    above = moved(lambda t: math.nextafter(t, math.inf))
+    assert (above.loc[first.index[:n], "verdict"] == "not_redundant").all()
+    assert _mag_claims(df, above)["invariance-missed-breaks-bfloat16"]["holds"]
+
+
+def test_decision_margin_is_the_distance_to_the_nearest_threshold():
+    assert S.decision_margin(1.0, 100.0, 1.0, 1000.0) == 0.0  # an exact tie
+    assert S.decision_margin(0.1, 100.0, 1.0, 1000.0) == pytest.approx(1.0)
+    # the tolerance at 4.99% / 5.01% of the output: a hair from the power threshold either way
+    assert S.decision_margin(1e-6, 100.0, 0.0499, 1.0) < 1e-3 and S.decision_margin(1e-6, 100.0, 0.0501, 1.0) < 1e-3
+    assert math.isnan(S.decision_margin(math.nan, math.nan, 0.0, 0.0))
+    row, mags = _measure(dtype="bfloat16", mode="eval")
+    assert (mags.decision_margin >= 0).all() and row["decision_margin_min"] == mags.decision_margin.min()
+
+
+def test_tie_is_within_rounding():
+    assert VD.classify(0.015625, 0.015625, control_delta=1.0, output_abs=1.0) == VD.REDUNDANT
+    assert VD.classify(math.nextafter(0.015625, 1.0), 0.015625, control_delta=1.0, output_abs=1.0) == VD.NOT_REDUNDANT
+
+
+@pytest.mark.claim_mutation("invariance-separation-float64", "invariance-break-margin-float32")
 @pytest.mark.parametrize("dt", ["float64", "float32"])
 def test_mutation_break_just_under_twice_the_tolerance_fails(small, dt, record_mutation):
     _, df, mags = small
+    cid = f"invariance-separation-{dt}" if dt in J.SEPARATION_DTYPES else f"invariance-break-margin-{dt}"
     cell = mags.merge(df[["config_id", "dtype"]], on="config_id")
     idx = cell.index[(cell.dtype == dt) & (cell.verdict_float64 == "not_redundant") & (cell.verdict == "not_redundant")]
     bad = mags.copy()
     bad.loc[idx[0], "bk_abs"] = 0.99 * J.SEPARATION * bad.loc[idx[0], "tolerance_abs"]
-    record_mutation(_mag_claims(df, bad)[f"invariance-separation-{dt}"])
+    record_mutation(_mag_claims(df, bad)[cid])
     ok = mags.copy()
     ok.loc[idx[0], "bk_abs"] = 1.01 * J.SEPARATION * ok.loc[idx[0], "tolerance_abs"]
-    assert _mag_claims(df, ok)[f"invariance-separation-{dt}"]["holds"]
+    assert _mag_claims(df, ok)[cid]["holds"]
 
 
 @pytest.mark.claim_mutation("invariance-separation-float64")
@@ -502,6 +643,19 @@ def test_mutation_redundant_change_just_over_half_the_tolerance_fails(small, rec
     bad = mags.copy()
     bad.loc[idx[0], "bk_abs"] = 1.01 / J.SEPARATION * bad.loc[idx[0], "tolerance_abs"]
     record_mutation(_mag_claims(df, bad)["invariance-separation-float64"])
+    ok = mags.copy()
+    ok.loc[idx[0], "bk_abs"] = 0.99 / J.SEPARATION * ok.loc[idx[0], "tolerance_abs"]
+    assert _mag_claims(df, ok)["invariance-separation-float64"]["holds"]
+
+
+def test_separation_is_claimed_on_both_sides_only_where_the_tolerance_is_analytic(small):
+    """Separation (both sides) is claimed in float64 only; float32 claims the break side under its own
+    name, and no dtype claims separation on one side."""
+    _, df, mags = small
+    claims = _mag_claims(df, mags)
+    assert {c for c in claims if c.startswith("invariance-separation-")} == {"invariance-separation-float64"}
+    assert "invariance-break-margin-float32" in claims
+    assert "redundant change at most" in claims["invariance-separation-float64"]["statement"]
 
 
 def test_tolerance_above_the_output_share_is_invalid():

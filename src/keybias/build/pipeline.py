@@ -385,9 +385,35 @@ def failure_message(name: str, exc: Exception, executed: Path, log_path: Path, r
     return "\n".join(lines)
 
 
-def verify(reference: Path, scratch: Path, seconds: float | None = None) -> int:
-    """Compare freshly regenerated results with the reference; print the failures, then per
-    output class the values compared and the largest ratio to tolerance, then the summary."""
+ALLOW_DIRTY = "KEYBIAS_ALLOW_DIRTY"
+CLEAN_PROFILES = ("paper",)  # the profiles whose results are committed and read
+
+
+def refuse_dirty_tree(root: Path, profile: str) -> None:
+    """Committed results must come from a clean commit: with the paper profile, stop before any
+    work on results/ if tracked source files have uncommitted changes, unless
+    KEYBIAS_ALLOW_DIRTY=1. A scratch folder (--results elsewhere) is never refused."""
+    from keybias.build.provenance import GENERATED, git
+
+    if profile not in CLEAN_PROFILES or os.environ.get(ALLOW_DIRTY) == "1":
+        if profile in CLEAN_PROFILES:
+            log(f"warning: {ALLOW_DIRTY}=1: building from a tree with uncommitted changes; its results "
+                "name no commit that reproduces them and must not be committed")
+        return
+    excludes = [f":(exclude){p}" for p in GENERATED]
+    changed = git(root, "status", "--porcelain", "--untracked-files=no", "--", ".", *excludes).splitlines()
+    if changed:
+        shown = ", ".join(line[3:] for line in changed[:5]) + (" ..." if len(changed) > 5 else "")
+        raise BuildError(
+            f"the {profile} profile builds the committed results, so it needs a clean tree, and "
+            f"{len(changed)} tracked file(s) have uncommitted changes ({shown}): commit them first, "
+            f"or set {ALLOW_DIRTY}=1 for a development build whose results are not to be committed")
+
+
+def verify(reference: Path, scratch: Path, seconds: float | None = None, record: bool = False) -> int:
+    """Compare freshly regenerated results with the reference; print the failures, then the three
+    tiers (findings, exact and stable data, rounding statistics), the values compared per output
+    class, and the summary. Writes nothing under `reference` unless `record` (`make verify-record`)."""
     from keybias.build.outputs import compare_folders
 
     report = compare_folders(reference, scratch)
@@ -395,16 +421,19 @@ def verify(reference: Path, scratch: Path, seconds: float | None = None) -> int:
         print(f"verify: DIFFERS {failure}", flush=True)
     for line in report.class_table():
         print(f"verify: {line}", flush=True)
+    for line in report.tier_table():
+        print(f"verify: {line}", flush=True)
     print(f"verify: {report.summary()}", flush=True)
     took = f" after regenerating for {seconds:.0f} s" if seconds is not None else ""
     print(f"verify: {'PASSED' if report.ok else 'FAILED'}{took}; fresh results in {scratch}", flush=True)
-    record_verify(reference, scratch, report)
+    record_verify(reference if record else scratch, scratch, report)
     return 0 if report.ok else 1
 
 
-def record_verify(reference: Path, scratch: Path, report) -> None:
-    """`<reference>/machine/verify.json`: where the last verify ran (CPU, instruction-set flags
-    and caps), what each notebook took there, and the outcome; the README prints it."""
+def record_verify(folder: Path, scratch: Path, report) -> None:
+    """`<folder>/machine/verify.json`: where the verify ran (CPU, instruction-set flags and caps),
+    what each notebook took there, and the outcome. `make verify` writes it into its scratch
+    folder; `make verify-record` into results/, where the README prints it."""
     from keybias.build.provenance import cpu_flags, cpu_model
 
     walls = {}
@@ -422,7 +451,7 @@ def record_verify(reference: Path, scratch: Path, report) -> None:
         "failures": len(report.failures),
         "summary": report.summary(),
     }
-    atomic_write_text(reference / "machine" / "verify.json", json.dumps(record, indent=2) + "\n")
+    atomic_write_text(folder / "machine" / "verify.json", json.dumps(record, indent=2) + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -435,6 +464,8 @@ def main(argv: list[str] | None = None) -> int:
         "command", choices=["check", "notebooks", "paper", "all", "verify", "bundle", "arxiv"]
     )
     parser.add_argument("--only", nargs="+", help="run only these notebooks")
+    parser.add_argument("--record", action="store_true",
+                        help="verify: keep the record of this run in results/machine/verify.json")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     for noisy in ("traitlets", "asyncio", "blib2to3", "matplotlib"):
@@ -460,6 +491,8 @@ def main(argv: list[str] | None = None) -> int:
         ):
             log(f"nothing changed since the last complete build; finished in {time.perf_counter() - t0:.1f} s")
             return 0
+        if args.command in ("all", "notebooks", "paper", "arxiv") and results == (ROOT / "results").resolve():
+            refuse_dirty_tree(ROOT, args.profile)
         done_stamp.unlink(missing_ok=True)
         build = Build(args.profile, args.device, results, force=args.force, only=args.only)
         build.check()
@@ -477,7 +510,7 @@ def main(argv: list[str] | None = None) -> int:
             # a failing claim is reported by the comparison (its outcome differs), not raised here
             with contextlib.suppress(BuildError):
                 fresh.check_claims(fresh.gather())
-            return verify(build.results, scratch, time.perf_counter() - t0)
+            return verify(build.results, scratch, time.perf_counter() - t0, record=args.record)
         build.check_tools(paper=args.command in ("paper", "all", "arxiv"))
         if args.command in ("notebooks", "all"):
             build.run_notebooks()

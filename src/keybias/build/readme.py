@@ -58,22 +58,34 @@ def verify_sentence(record: dict) -> str:
             f"{record['total_wall_seconds']:.0f} s, and the comparison with these results {outcome}.")
 
 
+def findings_block(findings: list[dict]) -> str:
+    """The findings, as the registry states them with their numbers (results/findings.json)."""
+    basis = {"test": "tested by", "proof": "a proof", "measurement": "a reported measurement"}
+    rows = ["| finding | what decides it |", "|---|---|"]
+    for f in findings:
+        statement = (f.get("statement") or f["title"]).replace("|", "\\|")
+        decided = (f"{len(f['decided_by'])} test claim{'s' if len(f['decided_by']) != 1 else ''}"
+                   if f["basis"] == "test" else basis[f["basis"]])
+        rows.append(f"| **{f['title']}.** {statement} | {decided} |")
+    return "\n".join(rows) + "\n\nSource: `results/findings.json` (from `keybias.studies.findings`)."
+
+
 def blocks(provenance: dict, claims: list[dict], bitwise: dict | None = None,
-           verified: dict | None = None) -> dict[str, str]:
+           verified: dict | None = None, findings: list[dict] | None = None) -> dict[str, str]:
     """Generated README text per marker name."""
     steps = provenance["steps"]
     fresh = (verified or {}).get("wall_seconds", {})
     # test claims in their own column: they alone count as evidence, so no column sums the kinds
     head = "| notebook | wall time |" + (" `make verify` run |" if fresh else "")
-    rows = [head + " test claims | proof checks | consistency checks | implied claims |",
-            "|---|---|" + ("---|" if fresh else "") + "---|---|---|---|"]
+    rows = [head + " test claims | proof checks | positive controls | consistency checks | implied claims |",
+            "|---|---|" + ("---|" if fresh else "") + "---|---|---|---|---|"]
     per_notebook = {name: Counter(c.get("kind") or "none" for c in claims if c["notebook"] == name) for name in steps}
     for name, step in sorted(steps.items()):
         kinds = per_notebook[name]
         verify_cell = (f" {fresh[name]:.0f} s |" if name in fresh else " not run |") if fresh else ""
         rows.append(
             f"| `{name}` | {step['wall_seconds']:.0f} s |{verify_cell} {kinds['test']} | {kinds['proof']} "
-            f"| {kinds['consistency']} | {kinds['implied']} |"
+            f"| {kinds['control']} | {kinds['consistency']} | {kinds['implied']} |"
         )
     machine = provenance["machine"]
     flags = ", ".join(machine.get("isa_flags") or []) or "not recorded"
@@ -89,6 +101,8 @@ def blocks(provenance: dict, claims: list[dict], bitwise: dict | None = None,
         + (", `results/machine/verify.json`." if verified else ".")
     )
     generated = {"times": summary + "\n\n" + "\n".join(rows)}
+    if findings:
+        generated["findings"] = findings_block(findings)
     if bitwise:
         generated["bitwise"] = bitwise_block(bitwise)
     return generated
@@ -111,8 +125,10 @@ def update_readme(path: Path, provenance: dict, claims: list[dict], bitwise_json
         return False
     bitwise = json.loads(bitwise_json.read_text()) if bitwise_json and bitwise_json.exists() else None
     verified = json.loads(verify_json.read_text()) if verify_json and verify_json.exists() else None
+    findings_json = path.parent / "results" / "findings.json"
+    findings = json.loads(findings_json.read_text()) if findings_json.exists() else None
     text = path.read_text()
-    new = render(text, blocks(provenance, claims, bitwise, verified))
+    new = render(text, blocks(provenance, claims, bitwise, verified, findings))
     if new != text:
         atomic_write_text(path, new)
         return True

@@ -107,6 +107,10 @@ QUANTITIES = {
 REDUNDANT, NOT_REDUNDANT = "redundant", "not_redundant"
 
 
+# Every case evaluates the project's own float64 attention, written out for that case, so its
+# outcome is an identity of that code, not a measurement that data could contradict: a `proof`
+# check (the identity is the case's statement). The PyTorch quirk below runs PyTorch's own
+# module and stays a test.
 # A case whose effect is a term the code itself puts there (an explicit penalty, an explicit
 # decay term, weights set to zero, slots or gates that bypass b_v) cannot come out otherwise for
 # any data: its claim is a `consistency` check of the measurement, not evidence.
@@ -120,7 +124,7 @@ class Case:
     quantity: str
     predicted: str
     statement: str  # the claim, as the paper states it
-    kind: str = "test"  # BY_CONSTRUCTION where the code guarantees the outcome
+    kind: str = "proof"  # BY_CONSTRUCTION where the code guarantees the outcome
 
 
 CASES = [
@@ -516,6 +520,7 @@ def judge(frame: pd.DataFrame, cases: list[Case] = CASES) -> list[Claim]:
         claims.append(Claim(
             claim_id(case), f"{case.statement} (worst of {row.seeds} seeds, float64)",
             value=row.effect, bound=bound, comparison=comparison, kind=case.kind, bound_origin=origin,
+            identity=case.statement if case.kind == "proof" else None,
         ))
     return claims
 

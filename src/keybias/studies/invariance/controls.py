@@ -31,7 +31,8 @@ CALIBRATION_SHAPES = (
     (12, 3, 4, 8, 2, "eval", "none"), (4, 1, 5, 5, 2, "inference_no_fastpath", "float"),
     (16, 16, 5, 5, 2, "eval", "is_causal"),
 )
-EPS_GRID = tuple(10.0 ** -k for k in range(16))  # per-key score perturbations of the power control
+EPS_GRID = J.EPS_GRID  # per-key score perturbations of the power control, 100 down to 10^-15
+POWER_BOUND = J.POWER_BOUND  # a break of this size must be seen; a state that does not see it has no power
 
 
 # ----------------------------------------------------------------------------- power
@@ -55,14 +56,18 @@ def min_detectable_break(cfg: dict, null_factor: dict | None = None, magnitudes=
     query (r_j standard normal, fixed seed), through a float attn_mask, so the attention weights
     change by a relative eps * (r_j - mean) and no shift can undo it. It is judged exactly as the
     b_k change is (same dtype, same tolerance rule, null measured with a zero float mask), for eps
-    on the decade grid EPS_GRID; the answer is the smallest eps whose change exceeds the tolerance,
-    found by bisection (detection grows with eps). NaN if not even the largest is detected.
+    on the decade grid EPS_GRID (100 down to 10^-15: its top lies above the claim's bound POWER_BOUND = 1,
+    so a rule that sees only breaks of 10 or 100 is measured as such and fails the claim); the answer is
+    the smallest eps whose change exceeds the tolerance, found by bisection (detection grows with eps).
+    NaN if not even the largest is detected. The score bound S of the analytic tolerance includes the
+    probe's own perturbation, max(eps, 1) max|r| (for eps <= 1 the value at eps = 1, as before the grid
+    was extended).
     Below float64 the factor is the largest calibrated over the magnitudes (conservative).
 
     Below float32 the rounding null grows with the state, so the probe also runs at each perturbed
     state the sweep judges (b_k moved by magnitude m, for every m of a cell with power):
-    `min_detectable_eps_perturbed` is the worst over the states where a break was seen, and
-    `blind_magnitudes` lists the states where not even eps = 1 was: the sweep's verdict of this
+    `min_detectable_eps_perturbed` is the worst over the states where a break of at most POWER_BOUND
+    was seen, and `blind_magnitudes` lists the states where not even eps = POWER_BOUND was: the sweep's verdict of this
     configuration at those magnitudes had no power and becomes `invalid` (`measure.run_sweep`)."""
     dtype = C.TORCH_DTYPES[cfg["dtype"]]
     low = dtype != torch.float64
@@ -82,7 +87,7 @@ def min_detectable_break(cfg: dict, null_factor: dict | None = None, magnitudes=
                 direction = torch.randn(bk[0].numel(), generator=gen, dtype=torch.float64)
                 with C.perturbed(bk, direction / direction.norm() * mag * typical):
                     eps = _probe(cfg, case, obj, inp, r, dtype, low, C.null_factor_for(null_factor, cfg["dtype"], mag))
-                if math.isfinite(eps["min_detectable_eps"]):
+                if eps["min_detectable_eps"] <= POWER_BOUND:  # NaN (nothing seen) is blind too
                     worst = eps["min_detectable_eps"] if not math.isfinite(worst) else max(worst, eps["min_detectable_eps"])
                 else:
                     blind.append(float(mag))
@@ -105,18 +110,20 @@ def _probe(cfg, case, obj, inp, r, dtype, low, kappa) -> dict:
     zero = {**inp, "attn_mask": torch.zeros(lq, lk, dtype=dtype, device=dev)}
     q, k, v, w_o, n_slots = case["stats"](obj, inp)
     st = C.tolerance_stats(q, k, v, w_o, cfg["num_heads"])
-    st["S"] += float(r.abs().max())  # the largest eps of the grid is 1
-    analytic = C.output_tolerance_for(dtype, st, n_slots, y_abs)
-    if low:
-        null = C.rounding_null(case, obj, zero, base)
-        tol = VD.null_tolerance(analytic, null_base=null, null_perturbed=null, factor=kappa)
-    else:
-        tol = analytic
+    null = C.rounding_null(case, obj, zero, base) if low else math.nan
+    r_max = float(r.abs().max())
+
+    def tolerance(eps):
+        # the score bound with the probe's own perturbation; for eps <= POWER_BOUND its value at the bound
+        analytic = C.output_tolerance_for(dtype, {**st, "S": st["S"] + max(eps, POWER_BOUND) * r_max}, n_slots, y_abs)
+        return VD.null_tolerance(analytic, null_base=null, null_perturbed=null, factor=kappa) if low else analytic
+
+    tol = tolerance(POWER_BOUND)
     detected = {}
 
     def seen(i):
         if i not in detected:
-            detected[i] = C.change(run_eps(EPS_GRID[i]), base) > tol
+            detected[i] = C.change(run_eps(EPS_GRID[i]), base) > tolerance(EPS_GRID[i])
         return detected[i]
 
     lo, hi = 0, len(EPS_GRID) - 1  # EPS_GRID descends: find the last index still detected

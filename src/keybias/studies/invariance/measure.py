@@ -302,10 +302,30 @@ TOLERANCE_RULE_FLOAT64 = "analytic bound"
 TOLERANCE_RULE_LOW = "min(analytic bound, kappa x rounding null)"
 
 
+def _min_or_nan(values) -> float:
+    """min over the finite values, NaN if none is finite."""
+    finite = [v for v in values if math.isfinite(v)]
+    return min(finite) if finite else math.nan
+
+
 def _max_or_nan(values) -> float:
     """max over all values, NaN if any is not finite (Python's max would depend on the order)."""
     values = list(values)
     return max(values) if values and all(math.isfinite(v) for v in values) else math.nan
+
+
+def decision_margin(change: float, control: float, tolerance: float, output_abs: float) -> float:
+    """How far a verdict sits from the thresholds that decide it, in decades: the smallest
+    |log10| of change / tolerance (redundant or not), control / tolerance (power) and tolerance /
+    (MAX_TOLERANCE_FRACTION |y|) (power). A verdict whose margin is below the spread of the
+    tolerance across CPUs (its rounding null and its calibrated factor differ in the last digits,
+    up to 6% for float32's factor) can flip on another machine; one far above it cannot. 0 for an
+    exact tie; NaN where no ratio is finite."""
+    ratios = (change / tolerance if tolerance > 0 else math.nan,
+              control / tolerance if tolerance > 0 else math.nan,
+              tolerance / (VD.MAX_TOLERANCE_FRACTION * output_abs) if output_abs > 0 else math.nan)
+    logs = [abs(math.log10(r)) for r in ratios if math.isfinite(r) and r > 0]
+    return min(logs) if logs else math.nan
 
 
 def _combine(verdicts: list[str]) -> str:
@@ -414,6 +434,7 @@ def measure(cfg: dict, magnitudes, null_factor: dict | None = None,
                             if cell_powered else VD.INVALID),
                 "bk_rel_float64": ch64["b_k"] / y64_abs, "tolerance_rel_float64": tol64 / y64_abs,
                 "verdict_float64": VD.classify(ch64["b_k"], tol64, control_delta=control64, output_abs=y64_abs),
+                "decision_margin": decision_margin(ch["b_k"], control, tol, y_abs),
             }
             if "joint" in roles:
                 tol_j, _ = judged_tolerance({**st0, "S": smax["joint"]}, null_pert.get("joint", math.nan), mag)
@@ -445,6 +466,7 @@ def measure(cfg: dict, magnitudes, null_factor: dict | None = None,
         # the rule, not which of its two terms was smaller (that depends on the last bits)
         tolerance_rule=TOLERANCE_RULE_LOW if low else TOLERANCE_RULE_FLOAT64,
         magnitudes_judged=sum(v != VD.INVALID for v in verdicts),
+        decision_margin_min=_min_or_nan([e["decision_margin"] for e in per_mag]),
         verdict_float64=_combine([e["verdict_float64"] for e in per_mag]),
         noise_floor_rel=_max_or_nan([e["bk_rel_float64"] for e in per_mag]),
         noise_floor_over_tol64=_max_or_nan(floor),

@@ -23,7 +23,7 @@ TABLES: dict[str, dict[str, str]] = {
         f32="typical_key_norm output_abs_max grad_tolerance grad_bv",
         effect32="max_rel_bk",
         noise="noise_floor_rel noise_floor_over_tol64 max_rel_drop grad_bk grad_bq "
-        "grad_ratio power_tolerance_rel",
+        "grad_ratio power_tolerance_rel decision_margin_min",
         statistic="null_factor",
         decade_grid="min_detectable_eps min_detectable_eps_perturbed",  # bisections on a decade grid
     ),
@@ -31,7 +31,8 @@ TABLES: dict[str, dict[str, str]] = {
         exact="config_id magnitude cell_powered verdict verdict_float64 verdict_joint",
         effect_mag="bk_rel",
         noise="bk_abs control_abs tolerance_abs tolerance_rel control_rel analytic_rel "
-        "null_base_rel null_perturbed_rel bk_rel_float64 tolerance_rel_float64 joint_rel joint_tolerance_rel",
+        "null_base_rel null_perturbed_rel bk_rel_float64 tolerance_rel_float64 joint_rel joint_tolerance_rel "
+        "decision_margin",
     ),
     "data/invariance_null_calibration.csv": cols(
         exact="dtype case seed embed_dim num_heads tgt_len src_len batch mode mask need_weights "

@@ -117,12 +117,15 @@ def _num(x) -> str:
 
 
 def cells_latex(cells: pd.DataFrame) -> str:
-    """booktabs tabular of `judge.magnitude_cells`: misses and separation per dtype and magnitude."""
+    """booktabs tabular of `judge.magnitude_cells`: misses (per verdict, the ties among them, and per
+    distinct module) and separation per dtype and magnitude."""
     t = pd.DataFrame({
         "dtype": cells.dtype, "magnitude": cells.magnitude.map(lambda m: f"{m:g}"),
         "power": cells.powered.map({True: "yes", False: "no"}), "valid": cells.valid,
-        "known_breaks": cells.known_breaks, "missed": cells.missed,
+        "known_breaks": cells.known_breaks, "missed": cells.missed, "ties": cells.tie_misses,
+        "known_modules": cells.known_modules, "missed_modules": cells.missed_modules,
         "redundant_over_tol": cells.redundant_over_tol.map(_num), "break_over_tol": cells.break_over_tol.map(_num)})
-    head = {"known_breaks": "known breaks", "redundant_over_tol": "max redundant / tol.",
+    head = {"known_breaks": "known breaks", "ties": "of them ties", "known_modules": "modules",
+            "missed_modules": "missed", "redundant_over_tol": "max redundant / tol.",
             "break_over_tol": "min break / tol."}
     return _tabular(t, head, "ll" + "r" * (len(t.columns) - 2))

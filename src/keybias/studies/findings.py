@@ -1,0 +1,337 @@
+"""The paper's findings: the one registry the paper, the entry page, the README and `make verify` read.
+
+A finding is what a reader takes away: one sentence with its number, the section and figure that
+show it, and the claims that decide it. The unit of evidence stays the claim (keybias.build.claims);
+a finding groups the few `test` claims that could have refuted it. A finding that no test claim can
+refute says what it rests on instead (`basis`): a proof, or a reported measurement.
+
+Every `test` claim of a run names exactly one finding (`decided_by`); the pipeline stamps that id on
+the claim's record in `results/claims.json` and writes this registry, with its statements filled in
+from the macros, to `results/findings.json`. `make verify` compares each finding's `headlines`
+within the tolerance declared here, before anything else.
+
+Statements are LaTeX with macros (`\\Name{}`), so that the paper prints them as written and every
+other reader gets them with the numbers filled in (`plain_statement`).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+BASES = ("test", "proof", "measurement")
+MODES = ("exact", "abs", "rel", "decades")
+
+
+@dataclass(frozen=True)
+class Headline:
+    """A number a finding states, printed by `macro`, and how closely another run must reproduce it.
+
+    `mode`: `exact` (a count or a setting), `abs` (|a - b| <= tolerance), `rel` (|a - b| <=
+    tolerance * max(|a|, |b|)) or `decades` (|log10(a / b)| <= tolerance). `why` says where the
+    tolerance comes from: it is the precision at which the finding states the number, never looser
+    than the effect the finding reports.
+    """
+
+    macro: str
+    mode: str
+    tolerance: float = 0.0
+    why: str = ""
+
+    def __post_init__(self):
+        if self.mode not in MODES:
+            raise ValueError(f"headline {self.macro}: mode {self.mode!r} not one of {MODES}")
+        if self.mode != "exact" and not (self.tolerance > 0 and self.why):
+            raise ValueError(f"headline {self.macro}: a {self.mode} tolerance needs a value and a why")
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One finding of the paper.
+
+    id: stable, lower-case words joined by hyphens.
+    title: a few words, for a card or a table row.
+    statement: one sentence with its numbers, LaTeX with macros.
+    section: the LaTeX label of the paper section that reports it.
+    figure: the stem of the figure in results/figures/ that shows it (None: a table shows it).
+    notebook: the notebook that measures and judges it.
+    basis: `test` (decided by `decided_by`), `proof` or `measurement` (reported, not tested).
+    decided_by: the `test` claims that could have refuted it.
+    rests_on: claims of other kinds that it also uses (proof checks, controls).
+    headlines: the numbers `make verify` compares, with their tolerances.
+    """
+
+    id: str
+    title: str
+    statement: str
+    section: str
+    figure: str | None
+    notebook: str
+    basis: str
+    decided_by: tuple[str, ...] = ()
+    rests_on: tuple[str, ...] = ()
+    headlines: tuple[Headline, ...] = ()
+
+    def __post_init__(self):
+        if not re.fullmatch(r"[a-z0-9]+(-[a-z0-9]+)*", self.id):
+            raise ValueError(f"finding id {self.id!r}: lower-case words joined by hyphens")
+        if self.basis not in BASES:
+            raise ValueError(f"finding {self.id}: basis {self.basis!r} not one of {BASES}")
+        if self.basis == "test" and not self.decided_by:
+            raise ValueError(f"finding {self.id}: a tested finding names the claims that decide it")
+        if self.basis != "test" and self.decided_by:
+            raise ValueError(f"finding {self.id}: only a tested finding is decided by claims")
+
+    def record(self, macros: dict[str, str]) -> dict:
+        return {
+            "id": self.id, "title": self.title, "statement": plain_statement(self.statement, macros),
+            "statement_latex": self.statement, "section": self.section, "figure": self.figure,
+            "notebook": self.notebook, "basis": self.basis, "decided_by": list(self.decided_by),
+            "rests_on": list(self.rests_on),
+            "headlines": [{"macro": h.macro, "value": macros.get(h.macro), "mode": h.mode,
+                           "tolerance": h.tolerance, "why": h.why} for h in self.headlines],
+        }
+
+
+_REGISTRY: dict[str, Finding] = {}
+
+
+def register(finding: Finding) -> Finding:
+    if finding.id in _REGISTRY:
+        raise ValueError(f"finding {finding.id!r} registered twice")
+    _REGISTRY[finding.id] = finding
+    return finding
+
+
+def list_findings() -> list[Finding]:
+    """Every finding, in the order the paper tells them."""
+    return list(_REGISTRY.values())
+
+
+def finding_of_claims() -> dict[str, str]:
+    """{test claim id: the finding it decides}; a claim named by two findings is an error."""
+    out: dict[str, str] = {}
+    for f in _REGISTRY.values():
+        for cid in f.decided_by:
+            if cid in out:
+                raise ValueError(f"claim {cid!r} decides both {out[cid]!r} and {f.id!r}")
+            out[cid] = f.id
+    return out
+
+
+def _exact(macro: str) -> Headline:
+    return Headline(macro, "exact")
+
+
+# -- plain text from LaTeX with macros -----------------------------------------------------------
+_MACRO_USE = re.compile(r"\\([A-Za-z]+)\{\}")
+_SUPERSCRIPT = str.maketrans("0123456789-", "⁰¹²³⁴⁵⁶⁷⁸⁹⁻")
+
+
+def latex_number_to_text(text: str) -> str:
+    """`1.2\\times10^{-3}` -> `1.2×10⁻³`, `2{,}290` -> `2,290`, `5\\%` -> `5%`."""
+    text = re.sub(r"\\times\s*10\^\{(-?\d+)\}", lambda m: "×10" + m.group(1).translate(_SUPERSCRIPT), text)
+    text = re.sub(r"^10\^\{(-?\d+)\}$", lambda m: "10" + m.group(1).translate(_SUPERSCRIPT), text)
+    return text.replace("{,}", ",").replace(r"\%", "%")
+
+
+def plain_statement(statement: str, macros: dict[str, str]) -> str:
+    """The statement for readers outside LaTeX: macros filled in, markup reduced to text."""
+    def fill(m: re.Match) -> str:
+        name = m.group(1)
+        if name in _LATEX_WORDS:
+            return _LATEX_WORDS[name]
+        if name not in macros:
+            raise KeyError(f"macro \\{name} is not defined by any notebook")
+        return latex_number_to_text(macros[name])
+
+    text = _MACRO_USE.sub(fill, statement)
+    text = re.sub(r"\\texttt\{([^}]*)\}", r"\1", text)
+    text = re.sub(r"\\emph\{([^}]*)\}", r"\1", text)
+    text = re.sub(r"\$([^$]*)\$", lambda m: _math_text(m.group(1)), text)
+    return text.replace(r"\_", "_").replace("~", " ").replace(r"\%", "%").replace("--", "–")
+
+
+_LATEX_WORDS = {"bk": "b_k", "bq": "b_q", "bv": "b_v"}
+
+
+def _math_text(math: str) -> str:
+    math = re.sub(r"\\(bk|bq|bv)\b(\{\})?", lambda m: _LATEX_WORDS[m.group(1)], math)
+    for a, b in ((r"\le", "≤"), (r"\ge", "≥"), (r"\times", "×"), (r"\cdot", "·"), (r"\approx", "≈"),
+                 (r"\sqrt", "√"), (r"\alpha", "α"), (r"\varepsilon", "ε"), (r"\epsilon", "ε"),
+                 (r"\lambda", "λ"), (r"\|", "‖"), (r"\,", " ")):
+        math = math.replace(a, b)
+    return latex_number_to_text(math.replace("{", "").replace("}", ""))
+
+
+# -- the findings, in the paper's order ----------------------------------------------------------
+_DTYPES = ("float64", "float32", "bfloat16", "float16")
+
+register(Finding(
+    id="criterion-exact",
+    title="The key bias cancels exactly",
+    statement=(r"In exact arithmetic $\bk$ adds the same $q_i\cdot\bk$ to every score of query $i$, so "
+               r"softmax, the output and every other gradient are unchanged and the gradient of $\bk$ is "
+               r"zero; SymPy checks this on \SymGridSizes{} shapes of up to \SymGridMaxKeys{} keys."),
+    section="sec:theorem", figure=None, notebook="01_symbolic", basis="proof",
+    rests_on=("symbolic-score-split",),
+    headlines=(_exact("SymGridSizes"), _exact("SymGridMaxKeys")),
+))
+
+register(Finding(
+    id="conditions-checklist",
+    title="Where the criterion holds and breaks",
+    statement=(r"Of \CondCaseCount{} common variants of attention, \CondRedundantCount{} keep $\bk$ "
+               r"redundant (temperature, gates, grouped and multi-query heads, relative keys, unrotated "
+               r"RoPE dimensions) and \CondBrokenCount{} make it matter (soft-capping, tied query and key "
+               r"biases, relative key--query terms, rotated RoPE dimensions, $\bk$ before QK-norm)."),
+    section="sec:conditions", figure="conditions_effects", notebook="07_conditions", basis="proof",
+    headlines=(_exact("CondCaseCount"), _exact("CondRedundantCount"), _exact("CondBrokenCount")),
+))
+
+register(Finding(
+    id="need-weights-quirk",
+    title="need_weights changes PyTorch's output",
+    statement=(r"In PyTorch's \texttt{nn.MultiheadAttention} with a causal mask, appended key slots "
+               r"(\texttt{add\_bias\_kv} or \texttt{add\_zero\_attn}) make \texttt{need\_weights=True} "
+               r"change the output by up to \CondQuirkZeroAttnDiff{} of its size, while every path without "
+               r"appended slots agrees to rounding."),
+    section="sec:invariance", figure=None, notebook="07_conditions", basis="test",
+    decided_by=("cond-quirk-add-bias-kv-need-weights-changes-output",
+                "cond-quirk-add-bias-kv-need-weights-true-documented",
+                "cond-quirk-add-zero-attn-need-weights-changes-output",
+                "cond-quirk-add-zero-attn-need-weights-true-documented",
+                "cond-quirk-plain-paths-agree"),
+    headlines=(Headline("CondQuirkZeroAttnDiff", "rel", 0.05,
+                        "a float64 effect, printed to two digits; other CPUs reproduce it to the last bits"),
+               Headline("CondQuirkBiasKvDiff", "rel", 0.05,
+                        "a float64 effect, printed to two digits; other CPUs reproduce it to the last bits")),
+))
+
+register(Finding(
+    id="invariance-map",
+    title="b_k is redundant wherever the criterion says",
+    statement=(r"Across \InvMeasured{} measured configurations of \texttt{nn.MultiheadAttention} (sizes, "
+               r"masks, modes, appended slots, fused and reference paths, six Hugging Face attentions) in "
+               r"four dtypes, the measured verdict contradicts the criterion \InvContradictionsFloatSixtyFour{} "
+               r"times in float64 and \InvContradictionsFloatThirtyTwo{} times in float32."),
+    section="sec:invariance", figure="invariance_map", notebook="02_invariance", basis="test",
+    decided_by=(*(f"invariance-independent-{d}" for d in _DTYPES),
+                *(f"invariance-missed-breaks-{d}" for d in ("float32", "bfloat16", "float16")),
+                "invariance-separation-float64", "invariance-break-margin-float32",
+                "invariance-add-bias-kv-joint-redundant", "invariance-drop-matches-theory",
+                "invariance-drop-never-breaks-redundant", "invariance-float64-noise-floor",
+                "invariance-float64-twin-matches-theory", "invariance-gradient-agrees",
+                "invariance-gradient-never-contradicts", "invariance-power"),
+    headlines=(_exact("InvMeasured"), _exact("InvContradictionsFloatSixtyFour"),
+               _exact("InvContradictionsFloatThirtyTwo")),
+))
+
+register(Finding(
+    id="gradient-is-rounding-noise",
+    title="The gradient of b_k is rounding noise",
+    statement=(r"In floating point the gradient of $\bk$ is rounding noise: its size stays below "
+               r"\PrecGradNoiseScaleMax{} of the rounding bound of a row sum, and its direction is random "
+               r"(mean pairwise cosine \PrecBkCosMax{}, where a systematic direction would give 1)."),
+    section="sec:noise", figure="precision_gradient", notebook="03_precision", basis="test",
+    decided_by=("precision-bk-gradient-within-tolerance", "precision-bk-gradient-noise-scale",
+                "precision-bk-gradient-scales-with-u", "precision-bk-gradient-no-direction"),
+    headlines=(Headline("PrecGradNoiseScaleMax", "decades", 0.5,
+                        "a ratio of rounding noise to its bound; the finding states it is below 1, which "
+                        "it is by almost two decades"),
+               Headline("PrecBkCosMax", "abs", 0.2,
+                        "a mean cosine of pure noise, of size 1/sqrt(batches); the finding contrasts it with 1")),
+))
+
+register(Finding(
+    id="precision-law",
+    title="Rounding error grows linearly with unit roundoff",
+    statement=(r"The output's rounding error grows in proportion to the unit roundoff of the dtype: the "
+               r"fitted log--log slopes are \PrecSlopeFloatSixtyFour{}, \PrecSlopeFloatThirtyTwo{}, "
+               r"\PrecSlopeFloatSixteen{} and \PrecSlopeBfloatSixteen{} in float64, float32, float16 and "
+               r"bfloat16, against the first-order model's 1."),
+    section="sec:noise", figure="precision_error_vs_bias", notebook="03_precision", basis="test",
+    decided_by=("precision-output-change-within-tolerance", "precision-law-slope-one",
+                "precision-rounding-model-constant", "precision-accuracy-crossing-law",
+                "precision-bq-gradient-consistent"),
+    headlines=tuple(Headline(f"PrecSlope{name}", "abs", 0.03,
+                             "a fitted slope, stated to two decimals against the model's 1; other CPUs "
+                             "move it by its standard error (about 0.003)")
+                    for name in ("FloatSixtyFour", "FloatThirtyTwo", "FloatSixteen", "BfloatSixteen")),
+))
+
+register(Finding(
+    id="training-unchanged",
+    title="Training without b_k is the same training",
+    statement=(r"A small vision transformer trained with and without $\bk$ reaches the same test "
+               r"accuracy (\TrainAccKeptAdam{} and \TrainAccRemovedAdam{} with Adam), and the two runs "
+               r"differ no more than a run differs from its own copy perturbed at the rounding level."),
+    section="sec:training", figure="training_curves", notebook="04_training", basis="test",
+    decided_by=("train-accuracy-agrees-kept-removed", "train-divergence-within-rounding-control",
+                "train-bk-gradient-within-rounding", "train-drifted-bk-never-changes-function"),
+    headlines=(Headline("TrainAccKeptAdam", "abs", 0.02,
+                        "a test accuracy over 359 images, stated to three digits; rounding flips a few images"),
+               Headline("TrainAccRemovedAdam", "abs", 0.02,
+                        "a test accuracy over 359 images, stated to three digits; rounding flips a few images")),
+))
+
+register(Finding(
+    id="adam-drift-regimes",
+    title="Adam turns the noise into drift, by regime",
+    statement=(r"Adam divides the noise gradient by its own scale: with $\varepsilon$ far below the noise "
+               r"($10^{-12}$) $\bk$ drifts \TrainDriftAdamEpsTwelve{} in float32 over the run, as with full-size "
+               r"steps, while at the default $\varepsilon=10^{-8}$ it moves like SGD with step lr$/\varepsilon$ "
+               r"and drifts only \TrainDriftAdamEpsEight{}; SGD leaves it in place."),
+    section="sec:training", figure="training_bias_norms", notebook="04_training", basis="test",
+    decided_by=("train-sgd-bk-stays-put", "train-adam-drift-matches-noise-prediction",
+                "train-adamw-bias-decay-shrinks-bk"),
+    headlines=(Headline("TrainDriftAdamEpsTwelve", "rel", 0.3,
+                        "the drift of a walk driven by rounding noise: another CPU draws another walk of the "
+                        "same size; the regimes differ by a decade"),
+               Headline("TrainDriftAdamEpsEight", "rel", 0.3,
+                        "as above, at the default eps; a decade below the small-eps drift")),
+))
+
+register(Finding(
+    id="long-run-drift",
+    title="The drift over a long run",
+    statement=(r"Over \LongSteps{} steps with $\varepsilon=10^{-12}$, $\|\bk\|$ grows like $t^{\alpha}$ with "
+               r"$\alpha=\LongExponent{}$ and reaches \LongBkOverKeyEnd{} times the key norm, while the output "
+               r"changes by only \LongOutputChangeEnd{}."),
+    section="sec:longrun", figure="longrun_drift", notebook="08_longrun", basis="test",
+    decided_by=("longrun-drift-exponent-decided",),
+    headlines=(Headline("LongExponent", "abs", 0.15,
+                        "a growth exponent of a chaotic run, stated to one decimal; the finding separates "
+                        "0.5 (a walk) from 1 (constant velocity)"),),
+))
+
+register(Finding(
+    id="pretrained-strip-exact",
+    title="Stripping b_k from trained models is exact",
+    statement=(r"In the trained MiniLM encoder $\bk$ is at most \PretBkOverBqMax{} of $\bq$, and removing it "
+               r"changes the embeddings by \PretBothDiffFloatSixtyFour{} in float64, within rounding; over "
+               r"\PretFamilies{} model families the tool handles \PretFamiliesHandled{} and refuses "
+               r"\PretFamiliesRefused{} whose attention the criterion excludes."),
+    section="sec:pretrained", figure="pretrained_bias_norms", notebook="05_pretrained", basis="test",
+    decided_by=("pretrained-bk-smaller-than-bq", "pretrained-strip-key-bias-within-rounding-float64",
+                "pretrained-random-key-bias-within-rounding-float64",
+                "pretrained-fold-value-bias-within-rounding-float64",
+                "pretrained-strip-and-fold-within-rounding-float64",
+                "pretrained-families-handled-unchanged-float64", "pretrained-families-refusals-needed"),
+    rests_on=("pretrained-control-detected-float32", "pretrained-control-detected-float64",
+              "pretrained-families-control-detected"),
+    headlines=(Headline("PretBkOverBqMax", "rel", 0.05,
+                        "a ratio of fixed trained weights, computed in float32; printed to three digits"),
+               _exact("PretFamilies"), _exact("PretFamiliesHandled"), _exact("PretFamiliesRefused")),
+))
+
+register(Finding(
+    id="cost-saving",
+    title="What b_k costs",
+    statement=(r"Removing $\bk$ saves the work the byte model predicts and no more: \CostRemovedByteShareTrainingPercent{}\% "
+               r"of the bytes a BERT-base layer's training step moves."),
+    section="sec:cost", figure="cost_time_saving", notebook="06_cost", basis="test",
+    decided_by=("cost-saving-within-removed-work",),
+    headlines=(Headline("CostRemovedByteShareTrainingPercent", "rel", 0.01,
+                        "a count of bytes, exact; printed to three digits"),),
+))
