@@ -187,7 +187,9 @@ def _step_records_from_the_manifest(tmp_path):
                   "machine": {"cpu": "x", "torch_threads": 1, "devices_present": ["cpu"]}}
     for nb in ("01_symbolic", "03_precision"):
         shutil.copy(ROOT / "notebooks" / f"{nb}.ipynb", root / "notebooks")
-        records = [claim(cid, notebook=nb, kind=kind, **({"identity": "x = x"} if kind == "proof" else {}))
+        tests = [i for i, k in manifest[nb].items() if k == "test"]
+        records = [claim(cid, notebook=nb, kind=kind, **({"identity": "x = x"} if kind == "proof" else {}),
+                         **({"protects": tests[:1]} if kind == "control" else {}))
                    for cid, kind in manifest[nb].items()]
         step = {"notebook": nb, "profile": "smoke", "device": "cpu", "claims": records, "outputs": [],
                 "provenance": provenance}

@@ -135,7 +135,7 @@ PLANTS = {
     "finding need-weights-quirk: the quirk's effect 10% smaller": ("headline", _headline(
         "CondQuirkZeroAttnDiff", lambda v: round(v * 0.9, 3))),
     "claim outcome flipped (a cost claim: its outcome is never a machine value)": ("claim outcome", _claim(
-        "cost-saving-within-removed-work", "holds", lambda v: not v)),
+        "cost-saving-within-byte-prediction", "holds", lambda v: not v)),
     "claim kind changed (a test reported as a proof)": ("claim outcome", _claim(
         "train-accuracy-agrees-kept-removed", "kind", lambda v: "proof")),
     # the exact and stable tier: one entry suffices

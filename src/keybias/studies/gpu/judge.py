@@ -17,7 +17,7 @@ import pandas as pd
 from keybias.build.recorder import Claim
 from keybias.studies.cost import judge as cost_judge
 from keybias.studies.precision import judge as precision_judge
-from keybias.studies.reduce import finite_max
+from keybias.studies.reduce import finite_max, finite_min
 
 PREFIX = "gpu-"
 
@@ -76,7 +76,8 @@ def precision_results(errors, calibration, grads, gsum) -> dict:
     crossing = precision_judge.accuracy_crossing(errors, law_calibration)
     checks = precision_judge.crossing_check(crossing, law_calibration, grid_step_log10(errors))
     seq_len = int(errors["seq_len"].iloc[0])
-    claims = precision_judge.precision_claims(law, pooled, errors, checks, gsum, grads, seq_len)
+    claims = precision_judge.precision_claims(law, pooled, errors, checks, gsum, grads, seq_len,
+                                              law_calibration=law_calibration)
     return {"law": law, "pooled": pooled, "crossing": crossing, "checks": checks, "claims": claims, "gsum": gsum}
 
 
@@ -98,6 +99,8 @@ def precision_macros(errors: pd.DataFrame, law: pd.DataFrame, pooled: pd.DataFra
 def cost_results(model: pd.DataFrame, bounds: pd.DataFrame) -> dict:
     """Notebook 06's saving claim on the GPU's timings, and the headline table."""
     claims, macros, machine = cost_judge.saving_claims(model, bounds)
+    byte_claims, _, byte_machine = cost_judge.byte_model_claims(model, bounds)
+    claims = [*claims, *byte_claims]
     main = cost_judge.headline(model).merge(bounds[cost_judge.CONFIG_COLUMNS + ["saving_bound"]],
                                            on=cost_judge.CONFIG_COLUMNS, how="left", validate="one_to_one")
     resolved = main[(main["saving_ci_low_adjusted"] > 0) | (main["saving_ci_high_adjusted"] < 0)]
@@ -110,6 +113,10 @@ def cost_results(model: pd.DataFrame, bounds: pd.DataFrame) -> dict:
         "GpuCostUpperMaxPercent": 100 * finite_max(main["saving_ci_high_adjusted"], "upper end of the saving"),
         "GpuCostBoundMinPercent": 100 * float(main["saving_bound"].min()),
         "GpuCostLowOverBoundMaxPercent": float(machine["CostSavingLowOverBoundMaxPercent"]),
+        "GpuCostPredictedMinPercent": 100 * finite_min(main["predicted_saving"], "byte prediction"),
+        "GpuCostPredictedMaxPercent": 100 * finite_max(main["predicted_saving"], "byte prediction"),
+        "GpuCostByteExcessMaxPercent": byte_machine["CostByteExcessMaxPercent"],
+        "GpuCostByteDeficitMaxPercent": byte_machine["CostByteDeficitMaxPercent"],
     }
     return {"claims": claims, "macros": out, "headline": main}
 
