@@ -502,3 +502,27 @@ def test_every_input_section_exists():
     for path in [PAPER / "main.tex", *SECTIONS.glob("*.tex")]:
         for name in re.findall(r"\\input\{sections/([^}]+)\}", path.read_text()):
             assert (PAPER / "sections" / name).is_file() or (PAPER / "sections" / f"{name}.tex").is_file(), name
+
+
+# Macros whose printed form a person would not write (a trailing zero, "1\times10^{-10}"), which the
+# paper still prints because their notebooks own the format; asked for in the report. The list
+# may only shrink.
+PENDING_FORMAT = {"LongExponentHigh", "TrainPredAdamEpsTwelve", "CondRedundantMax", "CondBreakMin",
+                  "LongEps", "TrainEpsDefault"}
+
+
+def _badly_formatted(value: str) -> bool:
+    value = value.strip()
+    return bool(re.fullmatch(r"-?\d+\.\d*0(\\%)?", value) or re.match(r"1\s*\\times\s*10\^", value))
+
+
+def test_printed_numbers_are_formatted_as_a_person_writes_them():
+    macros = _macros()
+    used = set()
+    for name in MAIN_SECTIONS:
+        text = _uncommented(SECTIONS / f"{name}.tex")
+        text = re.sub(r"\\Num\{\\[A-Za-z]+\}", " ", text)
+        used |= {m for m in re.findall(r"\\([A-Z][A-Za-z]+)", text) if m in macros}
+    bad = {m for m in used if _badly_formatted(macros[m])}
+    assert bad <= PENDING_FORMAT, f"print these with \\Num{{}} or reword: {sorted(bad - PENDING_FORMAT)}"
+    assert not (PENDING_FORMAT - bad) & used, f"now well formatted, drop from PENDING_FORMAT: {sorted((PENDING_FORMAT - bad) & used)}"
