@@ -1,4 +1,8 @@
-"""The paper's prose: no typed numbers, every caption names its notebook, a short abstract.
+"""The paper: no typed numbers, no build talk, twelve pages, numbers that agree with their sources.
+
+Source checks run on the .tex files; checks of the printed paper build it once (latexmk, into a
+temporary folder) and read main.aux and pdftotext's text. They skip when latexmk, pdftotext or the
+generated results (results/macros/findings.tex) are missing.
 
 `typed_numbers` strips what may hold digits legitimately (comments, math, citations,
 references, labels, inputs, URLs, code in \\texttt, lengths, command options) and reports
@@ -9,6 +13,8 @@ every standalone number that is left, with file, line and context. Digits inside
 from __future__ import annotations
 
 import re
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -18,22 +24,22 @@ from conftest import ROOT
 PAPER = ROOT / "paper"
 SECTIONS = PAPER / "sections"
 
-# Sections written by this branch (issue 13): they must be free of typed numbers now.
-CLEAN_SECTIONS = [
-    "abstract.tex", "intro.tex", "related.tex", "conditions.tex", "results.tex", "discussion.tex",
-    "conclusion.tex", "reproducibility.tex", "appendix_upstream.tex", "appendix_checklist.tex",
-]
-# Sections of other owners that still type numbers or lack \FigSource, with the count found when
-# this test was written. The count may only go down; a file that is clean must leave the list.
-KNOWN_TYPED_NUMBERS: dict[str, int] = {}
-KNOWN_CAPTIONS_WITHOUT_SOURCE: dict[str, int] = {}
+RESULTS = ROOT / "results"
+# The sections of the main text, in order; everything after them is appendix.
+MAIN_SECTIONS = ["abstract", "intro", "related", "theorem", "conditions", "invariance", "precision",
+                 "training", "longrun", "pretrained", "cost", "discussion"]
+APPENDIX_SECTIONS = ["appendix_upstream", "gpu", "appendix_tables", "reproducibility"]
+MAX_MAIN_PAGES = 12
+# Words of the build that a reader of the main text and the captions must not meet.
+BUILD_WORDS = ("commit", "uncommitted", "profile", "recorded/", "notebooks/", "(claim:", "claim id",
+               "this machine")
 
 MATH_ENVS = r"equation|equation\*|align|align\*|gather|gather\*|multline|multline\*|math|displaymath|eqnarray|eqnarray\*"
 # Commands whose (last) braced argument is not prose.
 NON_PROSE_ARGS = (
     r"cite[tp]?\*?|citealp|citeauthor|citeyear|ref|eqref|autoref|pageref|label|input|include|"
     r"includegraphics|url|bibliography|bibliographystyle|usepackage|documentclass|graphicspath|"
-    r"texttt|verbatiminput|FigSource|FigSourceName|begin|end|newcommand|providecommand|"
+    r"texttt|verbatiminput|Notebook|kbmath|begin|end|newcommand|providecommand|"
     r"renewcommand|DeclareRobustCommand|hypersetup|setlength|vspace|hspace|detokenize|"
     r"rowcolors|arraystretch|multicolumn|multirow|cline|cmidrule"
 )
@@ -104,10 +110,14 @@ def typed_numbers(path: Path) -> list[str]:
     return found
 
 
-def captions_without_source(path: Path) -> list[str]:
-    """Captions of `path` that do not call \\FigSource{NN_name}."""
-    text = re.sub(r"(?<!\\)%[^\n]*", "", path.read_text())
-    missing = []
+def _uncommented(path: Path) -> str:
+    return re.sub(r"(?<!\\)%[^\n]*", "", path.read_text())
+
+
+def captions(path: Path) -> list[str]:
+    """The text of every \\caption{...} in `path`."""
+    text = _uncommented(path)
+    out = []
     for m in re.finditer(r"\\caption(?:\[[^\]]*\])?\{", text):
         depth, j = 0, m.end() - 1
         while j < len(text):
@@ -115,11 +125,15 @@ def captions_without_source(path: Path) -> list[str]:
             if depth == 0:
                 break
             j += 1
-        caption = text[m.end():j]
-        if not re.search(r"\\FigSource\{\d\d_[a-z0-9_]+\}", caption):
-            line = text[: m.start()].count("\n") + 1
-            missing.append(f"{_display(path)}:{line}: {caption[:80]!r}")
-    return missing
+        out.append(text[m.end():j])
+    return out
+
+
+def floats(path: Path) -> list[tuple[str, str]]:
+    """(environment, body) of every figure and table of `path`."""
+    text = _uncommented(path)
+    return [(m.group(1), m.group(2)) for m in
+            re.finditer(r"\\begin\{(figure|table)\}(.*?)\\end\{\1\}", text, re.S)]
 
 
 # ---- the scanner itself
@@ -140,8 +154,8 @@ def test_scanner_flags_typed_numbers(tmp_path, text):
     "$d=64$ and \\(n = 3\\)", "\\begin{equation}x = 2\\end{equation}", "see~\\citep{a2020b}",
     "Table~\\ref{tab:x2}\\label{sec:3}", "\\input{../results/tables/claims_2.tex}",
     "\\includegraphics[width=0.9\\linewidth]{fig_3.pdf}", "\\texttt{eps=1e-8}", "% 42 in a comment",
-    "\\vspace{2mm}", "notebooks/02\\_invariance.ipynb made it", "\\FigSource{02_invariance}",
-    "\\href{https://x.org/a1}{a link}", "\\InvConfigCount{} configurations", "EVA-02 and Swin V2",
+    "\\vspace{2mm}", "\\Notebook{02_invariance}", "\\href{https://x.org/a1}{a link}",
+    "\\InvConfigCount{} configurations", "EVA-02 and Swin V2",
 ])
 def test_scanner_ignores_names_math_and_references(tmp_path, text):
     path = tmp_path / "probe.tex"
@@ -149,12 +163,23 @@ def test_scanner_ignores_names_math_and_references(tmp_path, text):
     assert not typed_numbers(path), typed_numbers(path)
 
 
-# ---- the paper
+# ---- the sources
 
 
-@pytest.mark.parametrize("name", CLEAN_SECTIONS)
-def test_own_sections_type_no_numbers(name):
-    found = typed_numbers(SECTIONS / name)
+def _section_files() -> list[Path]:
+    return sorted(SECTIONS.glob("*.tex"))
+
+
+def test_main_tex_inputs_exactly_the_listed_sections():
+    main = _uncommented(PAPER / "main.tex")
+    inputs = re.findall(r"\\input\{sections/([a-z_]+)\.tex\}", main)
+    assert inputs == MAIN_SECTIONS + APPENDIX_SECTIONS
+    assert {p.stem for p in _section_files()} == set(inputs), "a section file that main.tex does not input"
+
+
+@pytest.mark.parametrize("name", MAIN_SECTIONS + APPENDIX_SECTIONS)
+def test_sections_type_no_numbers(name):
+    found = typed_numbers(SECTIONS / f"{name}.tex")
     assert not found, "typed numbers (use a macro from results/macros):\n" + "\n".join(found)
 
 
@@ -163,40 +188,284 @@ def test_main_tex_prose_types_no_numbers():
     assert not found, "\n".join(found)
 
 
-def test_other_sections_do_not_add_typed_numbers():
-    """A ratchet over the sections of other owners: fewer typed numbers only, never more."""
-    report, errors = [], []
-    for path in sorted(SECTIONS.glob("*.tex")):
-        if path.name in CLEAN_SECTIONS:
-            continue
-        found = typed_numbers(path)
-        report += found
-        known = KNOWN_TYPED_NUMBERS.get(path.name, 0)
-        if len(found) > known:
-            errors.append(f"{path.name}: {len(found)} typed numbers, at most {known} allowed")
-        if known and len(found) < known:
-            errors.append(f"{path.name}: now {len(found)} typed numbers; lower KNOWN_TYPED_NUMBERS to it")
-    assert not errors, "\n".join(errors) + "\n\nAll typed numbers:\n" + "\n".join(report)
+def test_no_ledger_checklist_or_listing_in_the_paper():
+    text = "\n".join(_uncommented(p) for p in [PAPER / "main.tex", *_section_files()])
+    for word in ("NeurIPS", "claims.tex", "claims ledger", "lstinputlisting", "FigSource"):
+        assert word not in text, word
+    # no code listing: the reproducer and the patch live in the artifact
+    assert not re.search(r"\\verbatiminput|\\begin\{verbatim\}|\\lstinputlisting", text)
 
 
-def test_every_caption_names_its_notebook_and_commit():
-    report, errors = [], []
-    for path in [PAPER / "main.tex", *sorted(SECTIONS.glob("*.tex"))]:
-        missing = captions_without_source(path)
-        report += missing
-        known = KNOWN_CAPTIONS_WITHOUT_SOURCE.get(path.name, 0)
-        if len(missing) > known:
-            errors.append(f"{path.name}: {len(missing)} captions without \\FigSource, at most {known}")
-        if known and len(missing) < known:
-            errors.append(f"{path.name}: now {len(missing)}; lower KNOWN_CAPTIONS_WITHOUT_SOURCE to it")
-    assert not errors, "\n".join(errors) + "\n\nCaptions without \\FigSource{NN_name}:\n" + "\n".join(report)
+def test_captions_carry_no_build_words():
+    bad = []
+    for path in [PAPER / "main.tex", *_section_files()]:
+        for caption in captions(path):
+            low = caption.lower()
+            bad += [f"{path.name}: {w!r} in {caption[:70]!r}" for w in BUILD_WORDS if w in low]
+    assert not bad, "\n".join(bad)
 
 
-def test_fig_source_names_existing_notebooks():
+def test_every_data_float_links_its_notebook():
     notebooks = {p.stem for p in (ROOT / "notebooks").glob("*.ipynb")}
-    for path in SECTIONS.glob("*.tex"):
-        for name in re.findall(r"\\FigSource\{([^}]*)\}", path.read_text()):
-            assert name in notebooks, f"{path.name}: \\FigSource{{{name}}} names no notebook"
+    for path in _section_files():
+        for env, body in floats(path):
+            names = re.findall(r"\\Notebook\{([^}]*)\}", body)
+            if "tab:notation" in body:
+                assert not names
+                continue
+            assert len(names) == 1, f"{path.name}: a {env} without one \\Notebook{{NN_name}}: {body[:80]!r}"
+            assert names[0] in notebooks, f"{path.name}: \\Notebook{{{names[0]}}} names no notebook"
+            assert body.index("\\Notebook") < body.index("\\caption"), (
+                f"{path.name}: \\Notebook must come before \\caption (it links the float's number)")
+
+
+def test_data_figures_are_full_width():
+    for path in _section_files():
+        for env, body in floats(path):
+            for opts, name in re.findall(r"\\includegraphics\[([^\]]*)\]\{([^}]*)\}", body):
+                if name.startswith("pretrained_bias_norms"):  # drawn at half width, in the appendix
+                    continue
+                assert opts.replace(" ", "") == "width=\\linewidth", f"{path.name}: {name} at {opts}"
+
+
+def test_figures_are_drawn_at_the_printed_width():
+    from keybias.studies import style
+
+    for pdf in sorted((RESULTS / "figures").glob("*.pdf")):
+        if pdf.stem.startswith("pretrained_bias_norms"):
+            continue
+        info = subprocess.run(["pdfinfo", str(pdf)], capture_output=True, text=True)
+        if info.returncode:
+            pytest.skip("pdfinfo not available")
+        width_in = float(re.search(r"Page size:\s+([\d.]+)", info.stdout).group(1)) / 72
+        # saved with a tight bounding box: a few per cent narrower or wider than the figure
+        assert width_in == pytest.approx(style.FULL_WIDTH, rel=0.1), f"{pdf.name}: {width_in:.2f} in"
+
+
+def test_findings_list_comes_from_the_registry():
+    from keybias.studies.findings import list_findings
+
+    intro = _uncommented(SECTIONS / "intro.tex")
+    assert "\\FindingsItems" in intro, "the introduction lists the findings from the registry"
+    main = _uncommented(PAPER / "main.tex")
+    items = main[main.index("\\newcommand{\\FindingsItems}"):]
+    assert "findings.tex" in items and "\\begin{itemize}" in items and "\\FindingsList" in items
+    assert "\\item" not in intro, "the paper keeps no list of findings of its own"
+    labels = set()
+    for path in _section_files():
+        labels |= set(re.findall(r"\\label\{([^}]*)\}", _uncommented(path)))
+    for finding in list_findings():
+        assert finding.section in labels, f"finding {finding.id}: no \\label{{{finding.section}}} in the paper"
+
+
+def test_proof_checks_are_not_called_tests():
+    text = _uncommented(SECTIONS / "conditions.tex")
+    assert not re.search(r"\btests?\b", prose_words(text)), "the cond-* cases are proof checks, not tests"
+
+
+def prose_words(text: str) -> str:
+    return re.sub(r"\\[A-Za-z]+", " ", text)
+
+
+def test_notation_table_gives_one_meaning_per_symbol():
+    text = _uncommented(SECTIONS / "theorem.tex")
+    body = re.search(r"\\label\{tab:notation\}(.*?)\\end\{tabular\}", text, re.S).group(1)
+    symbols = []
+    for row in body.split("\\\\"):
+        cells = [c.strip() for c in row.split("&")]
+        if len(cells) == 4:
+            symbols += [cells[0], cells[2]]
+    singles = [s for cell in symbols for s in re.findall(r"\$([^$]+)\$", cell)]
+    assert len(singles) == len(set(singles)), f"a symbol listed twice: {sorted(singles)}"
+
+
+def test_references_of_the_review_are_in_the_bibliography():
+    bib = (PAPER / "refs.bib").read_text()
+    for arxiv in ("2106.10199", "2410.02367", "2510.04212", "2405.02803", "2105.02716", "2309.16932",
+                  "2309.16588", "1803.02155", "2204.02311"):
+        assert f"arXiv:{arxiv}" in bib, arxiv
+    for kind, number in (("issues", 172338), ("issues", 153136), ("pull", 195660)):
+        assert f"https://github.com/pytorch/pytorch/{kind}/{number}" in bib
+    cited = set()
+    for path in [PAPER / "main.tex", *_section_files()]:
+        for group in re.findall(r"\\cite[a-z]*\*?(?:\[[^\]]*\])*\{([^}]*)\}", path.read_text()):
+            cited |= {k.strip() for k in group.split(",")}
+    for key in ("benzaken2022bitfit", "zhang2025sageattention", "qiu2025lowprecision", "golden2024flash",
+                "tanaka2021noether", "ziyin2024symmetry", "darcet2024registers", "shaw2018relative",
+                "chowdhery2023palm", "pytorch172338", "pytorch153136", "pytorch195660", "beitcode",
+                "eva02code", "swinv2code"):
+        assert key in cited, f"{key} is not cited"
+
+
+# ---- numbers against their sources
+
+
+def _macros() -> dict[str, str]:
+    from keybias.build.findings_out import read_macros
+
+    if not (RESULTS / "macros").is_dir():
+        pytest.skip("no results/macros")
+    return read_macros(RESULTS)
+
+
+def _number(text: str) -> float:
+    text = text.replace("{,}", "").replace("\\%", "")
+    m = re.fullmatch(r"(-?[\d.]+)(?:\\times\s*10\^\{(-?\d+)\})?", text.strip())
+    if m is None:
+        m2 = re.fullmatch(r"10\^\{(-?\d+)\}", text.strip())
+        assert m2, f"not a number: {text!r}"
+        return 10.0 ** int(m2.group(1))
+    return float(m.group(1)) * (10.0 ** int(m.group(2)) if m.group(2) else 1.0)
+
+
+def _table_rows(name: str) -> list[list[str]]:
+    text = (RESULTS / "tables" / name).read_text()
+    body = text.split("\\midrule", 1)[1].split("\\bottomrule", 1)[0]
+    return [[c.strip() for c in row.split("&")] for row in body.split("\\\\") if row.strip()]
+
+
+def test_invariance_counts_agree_with_their_table():
+    macros = _macros()
+    words = {"float64": "FloatSixtyFour", "float32": "FloatThirtyTwo", "bfloat16": "BfloatSixteen",
+             "float16": "FloatSixteen"}
+    for dtype, valid, contradictions, *_ in _table_rows("invariance_independent.tex"):
+        assert _number(macros[f"InvIndependent{words[dtype]}"]) == _number(valid)
+        assert _number(macros[f"InvContradictions{words[dtype]}"]) == _number(contradictions)
+
+
+def test_condition_counts_agree_with_their_table():
+    macros = _macros()
+    rows = _table_rows("conditions.tex")
+    assert len(rows) == _number(macros["CondCaseCount"])
+    assert sum(r[-1] == "redundant" for r in rows) == _number(macros["CondRedundantCount"])
+    assert sum(r[-1] == "not redundant" for r in rows) == _number(macros["CondBrokenCount"])
+
+
+def test_family_counts_agree_with_their_table():
+    macros = _macros()
+    rows = _table_rows("pretrained_families.tex")
+    assert len(rows) == _number(macros["PretFamilies"])
+    assert sum(r[1] == "refused" for r in rows) == _number(macros["PretFamiliesRefused"])
+    assert len(rows) - sum(r[1] == "refused" for r in rows) == _number(macros["PretFamiliesHandled"])
+    # the text says what the families are: tiny random models and the trained MiniLM
+    text = _uncommented(SECTIONS / "pretrained.tex")
+    assert "and on MiniLM, \\PretFamilies{} models in all" in " ".join(text.split())
+
+
+def test_cost_interval_is_the_simultaneous_one_and_says_so():
+    import pandas as pd
+
+    path = RESULTS / "machine" / "cost_timing_model.csv"
+    if not path.is_file():
+        pytest.skip("no cost timings")
+    macros = _macros()
+    frame = pd.read_csv(path)
+    frame = frame[(frame["device"] == "cpu") & (frame["status"] == "measured") & (frame["phase"] == "forward")]
+    top = frame.loc[frame["measured_saving"].idxmax()]
+    assert _number(macros["CostLargestPointSavingPercent"]) == pytest.approx(100 * top.measured_saving, abs=6e-3)
+    assert _number(macros["CostLargestPointSavingLowPercent"]) == pytest.approx(
+        100 * top.saving_ci_low_adjusted, abs=6e-3)
+    assert _number(macros["CostLargestPointSavingHighPercent"]) == pytest.approx(
+        100 * top.saving_ci_high_adjusted, abs=6e-3)
+    text = " ".join(_uncommented(SECTIONS / "cost.tex").split())
+    assert "simultaneous interval $\\CostLargestPointSavingLowPercent$" in text
+    # the appendix table prints the per-configuration interval, and its caption says which it is
+    assert "for that configuration (the text quotes simultaneous intervals)" in " ".join(
+        _uncommented(SECTIONS / "appendix_tables.tex").split())
+
+
+def test_longrun_interval_brackets_the_exponent():
+    macros = _macros()
+    low, mid, high = (_number(macros[k]) for k in ("LongExponentLow", "LongExponent", "LongExponentHigh"))
+    assert low <= mid <= high
+    sep = _number(macros["LongExponentSeparating"])
+    verdict = macros["LongDriftVerdict"]
+    # the text says the interval lies on one side of the midpoint and names the side by the verdict
+    assert (low > sep and "systematic" in verdict) or (high < sep and "walk" in verdict)
+
+
+def test_training_drift_sentence_matches_its_regimes():
+    macros = _macros()
+    # "the measured drift is within a factor TrainAdamFactor of the prediction": check the examples
+    factor = _number(macros["TrainAdamFactor"])
+    for measured, predicted in (("TrainDriftAdamEpsTwelve", "TrainPredAdamEpsTwelve"),
+                                ("TrainDriftAdamEpsEightBfloatSixteen", "TrainPredAdamEpsEightBfloatSixteen")):
+        ratio = _number(macros[measured]) / _number(macros[predicted])
+        assert max(ratio, 1 / ratio) <= factor * 1.01, (measured, ratio, factor)
+
+
+def test_findings_statements_use_defined_macros():
+    from keybias.studies.findings import list_findings, plain_statement
+
+    macros = _macros()
+    for finding in list_findings():
+        plain_statement(finding.statement, macros)  # raises on a macro no notebook defines
+
+
+# ---- the printed paper
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    for tool in ("latexmk", "pdftotext"):
+        if shutil.which(tool) is None:
+            pytest.skip(f"{tool} not installed")
+    if not (RESULTS / "macros" / "findings.tex").is_file():
+        pytest.skip("results/macros/findings.tex not generated")
+    out = tmp_path_factory.mktemp("paper")
+    run = subprocess.run(["latexmk", "-pdf", "-interaction=nonstopmode", f"-outdir={out}", "main.tex"],
+                         cwd=PAPER, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-3000:]
+    aux = (out / "main.aux").read_text()
+    mainend = int(re.search(r"\\newlabel\{page:mainend\}\{\{[^}]*\}\{(\d+)\}", aux).group(1))
+
+    def text(first: int, last: int | None = None) -> str:
+        args = ["pdftotext", "-layout", "-f", str(first)] + (["-l", str(last)] if last else [])
+        return subprocess.run(args + [str(out / "main.pdf"), "-"], capture_output=True, text=True).stdout
+
+    return {"dir": out, "aux": aux, "mainend": mainend, "text": text, "log": (out / "main.log").read_text()}
+
+
+def test_main_text_fits_the_page_budget(built):
+    assert built["mainend"] <= MAX_MAIN_PAGES, f"main text runs to {built['mainend']} pages"
+
+
+def test_every_main_float_comes_before_the_references(built):
+    labels = set()
+    for name in MAIN_SECTIONS:
+        labels |= set(re.findall(r"\\label\{((?:fig|tab):[^}]*)\}", _uncommented(SECTIONS / f"{name}.tex")))
+    for label in labels:
+        page = int(re.search(r"\\newlabel\{" + re.escape(label) + r"\}\{\{[^}]*\}\{(\d+)\}", built["aux"]).group(1))
+        assert page <= built["mainend"], f"{label} on page {page}, after the main text"
+    first_refs = built["text"](built["mainend"] + 1, built["mainend"] + 1)
+    assert "References" in first_refs
+
+
+def test_printed_main_text_has_no_build_talk(built):
+    text = built["text"](1, built["mainend"]).lower()
+    found = [w for w in BUILD_WORDS if w in text]
+    assert not found, f"build words in the main text: {found}"
+
+
+def test_no_unresolved_numbers_or_references(built):
+    text = built["text"](1)
+    assert "??" not in text, "a macro or reference did not resolve"
+    assert "undefined" not in built["log"].lower() or "Reference" not in built["log"]
+
+
+def test_printed_width_matches_the_figure_style(built):
+    from keybias.studies import style
+
+    width = float(re.search(r"\\gdef\\kbLinewidthIn\{([\d.]+)\}", built["aux"]).group(1))
+    assert width == pytest.approx(style.FULL_WIDTH, abs=0.02)
+
+
+def test_pdf_metadata_holds_the_provenance(built):
+    info = subprocess.run(["pdfinfo", str(built["dir"] / "main.pdf")], capture_output=True, text=True).stdout
+    macros = _macros()
+    assert macros["ProvCommit"].split()[0] in info
+    # and nowhere on the title page
+    assert macros["ProvCommit"].split()[0] not in built["text"](1, 1)
 
 
 def _abstract_text() -> str:
@@ -233,3 +502,27 @@ def test_every_input_section_exists():
     for path in [PAPER / "main.tex", *SECTIONS.glob("*.tex")]:
         for name in re.findall(r"\\input\{sections/([^}]+)\}", path.read_text()):
             assert (PAPER / "sections" / name).is_file() or (PAPER / "sections" / f"{name}.tex").is_file(), name
+
+
+# Macros whose printed form a person would not write (a trailing zero, "1\times10^{-10}"), which the
+# paper still prints because their notebooks own the format; asked for in the issue's report. The list
+# may only shrink.
+PENDING_FORMAT = {"LongExponentHigh", "TrainPredAdamEpsTwelve", "CondRedundantMax", "CondBreakMin",
+                  "LongEps", "TrainEpsDefault"}
+
+
+def _badly_formatted(value: str) -> bool:
+    value = value.strip()
+    return bool(re.fullmatch(r"-?\d+\.\d*0(\\%)?", value) or re.match(r"1\s*\\times\s*10\^", value))
+
+
+def test_printed_numbers_are_formatted_as_a_person_writes_them():
+    macros = _macros()
+    used = set()
+    for name in MAIN_SECTIONS:
+        text = _uncommented(SECTIONS / f"{name}.tex")
+        text = re.sub(r"\\Num\{\\[A-Za-z]+\}", " ", text)
+        used |= {m for m in re.findall(r"\\([A-Z][A-Za-z]+)", text) if m in macros}
+    bad = {m for m in used if _badly_formatted(macros[m])}
+    assert bad <= PENDING_FORMAT, f"print these with \\Num{{}} or reword: {sorted(bad - PENDING_FORMAT)}"
+    assert not (PENDING_FORMAT - bad) & used, f"now well formatted, drop from PENDING_FORMAT: {sorted((PENDING_FORMAT - bad) & used)}"

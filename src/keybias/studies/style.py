@@ -1,17 +1,21 @@
 """One figure style for the paper: readable at print size, colour-blind safe, legends outside.
 
-The paper is single-column A4/letter with a text width of about 6.3 in, so a figure made at
-`FULL_WIDTH` and included at `\\linewidth` prints at its own size; fonts set here are then the
-printed sizes (all at least 7 pt). The palette is Okabe and Ito's (2008), which stays distinct
-under the common forms of colour blindness.
+The paper is single-column US letter with 1 in margins, so its `\\linewidth` is 6.5 in (the paper
+writes the value it was set with into main.aux, and tests/test_paper.py checks it against
+`FULL_WIDTH`). A figure made at `FULL_WIDTH` and included at `width=\\linewidth` prints at its own
+size, so the fonts set here (8-9 pt, never below `MIN_FONT_PT`) are the printed sizes. Figures are
+saved with a tight bounding box, so anything drawn outside the figure (a legend wider than it) would
+widen the saved figure and shrink every font when LaTeX scales it back to `\\linewidth`:
+`legend_outside` therefore keeps a figure legend no wider than the figure. The palette is Okabe
+and Ito's (2008), which stays distinct under the common forms of colour blindness.
 """
 
 from __future__ import annotations
 
 import matplotlib as mpl
 
-FULL_WIDTH = 6.3  # inches: the paper's \linewidth
-HALF_WIDTH = 3.1
+FULL_WIDTH = 6.5  # inches: the paper's \linewidth (letter paper, 1 in margins)
+HALF_WIDTH = 3.15  # two side by side with a small gap
 MIN_FONT_PT = 7.0
 OKABE_ITO = (
     "#0072B2",  # blue
@@ -24,13 +28,13 @@ OKABE_ITO = (
     "#000000",  # black
 )
 RC = {
-    "font.size": 8.0,
-    "axes.titlesize": 8.5,
-    "axes.labelsize": 8.0,
-    "xtick.labelsize": 7.5,
-    "ytick.labelsize": 7.5,
-    "legend.fontsize": 7.5,
-    "legend.title_fontsize": 7.5,
+    "font.size": 8.5,
+    "axes.titlesize": 9.0,
+    "axes.labelsize": 8.5,
+    "xtick.labelsize": 8.0,
+    "ytick.labelsize": 8.0,
+    "legend.fontsize": 8.0,
+    "legend.title_fontsize": 8.0,
     "figure.titlesize": 9.0,
     "axes.prop_cycle": mpl.cycler(color=OKABE_ITO),
     "figure.dpi": 100,
@@ -56,7 +60,22 @@ def legend_outside(ax_or_fig, **kwargs):
     kwargs.setdefault("loc", "lower center")
     kwargs.setdefault("bbox_to_anchor", (0.5, 1.0))
     kwargs.setdefault("ncol", 4)
-    return ax_or_fig.legend(**kwargs)
+    return _fit_figure_legend(ax_or_fig, kwargs)
+
+
+def _fit_figure_legend(fig, kwargs):
+    """A figure legend with as many columns as fit the figure's width (fewer columns, more rows)."""
+    ncol = max(1, int(kwargs.pop("ncol")))
+    while True:
+        legend = fig.legend(ncol=ncol, **kwargs)
+        if ncol == 1:
+            return legend
+        renderer = fig.canvas.get_renderer()
+        width_in = legend.get_window_extent(renderer).width / fig.dpi
+        if width_in <= 0.98 * fig.get_figwidth():
+            return legend
+        legend.remove()
+        ncol -= 1
 
 
 def smallest_font_pt(fig) -> float:
