@@ -545,7 +545,7 @@ def test_macros_and_figures_from_summaries():
     style.apply()
     law, pooled, df, checks, gsum, grads = _claim_inputs()
     m = nj.law_macros(df, law, pooled)
-    assert m["PrecSlopeFloatThirtyTwo"][0] == pytest.approx(1.0, abs=0.05)
+    assert float(m["PrecSlopeFloatThirtyTwo"][0]) == pytest.approx(1.0, abs=0.05)
     assert m["PrecModelConstWide"][0] == pytest.approx(2.0, rel=0.02) and "PrecModelConstSdpaHalf" not in m
     g = nj.gradient_macros(gsum.assign(bk_consistency=0.3, bq_consistency=0.9), grads, 16)
     assert g["PrecUnitRoundoffSpanLog"][0] == 13 and g["PrecGradRedundantCount"][0] == 1

@@ -84,7 +84,8 @@ class Finding:
 
     def record(self, macros: dict[str, str]) -> dict:
         return {
-            "id": self.id, "title": self.title, "statement": plain_statement(self.statement, macros),
+            "id": self.id, "title": plain_statement(self.title, macros), "title_latex": self.title,
+            "statement": plain_statement(self.statement, macros),
             "statement_latex": self.statement, "section": self.section, "figure": self.figure,
             "notebook": self.notebook, "basis": self.basis, "decided_by": list(self.decided_by),
             "rests_on": list(self.rests_on),
@@ -156,10 +157,11 @@ _LATEX_WORDS = {"bk": "b_k", "bq": "b_q", "bv": "b_v"}
 
 
 def _math_text(math: str) -> str:
+    math = re.sub(r"10\^\{(-?\d+)\}", lambda m: "10" + m.group(1).translate(_SUPERSCRIPT), math)
     math = re.sub(r"\\(bk|bq|bv)\b(\{\})?", lambda m: _LATEX_WORDS[m.group(1)], math)
     for a, b in ((r"\le", "≤"), (r"\ge", "≥"), (r"\times", "×"), (r"\cdot", "·"), (r"\approx", "≈"),
                  (r"\sqrt", "√"), (r"\alpha", "α"), (r"\varepsilon", "ε"), (r"\epsilon", "ε"),
-                 (r"\lambda", "λ"), (r"\|", "‖"), (r"\,", " ")):
+                 (r"\lambda", "λ"), (r"\|", "‖"), (r"\,", " "), (r"\eta", "η")):
         math = math.replace(a, b)
     return latex_number_to_text(math.replace("{", "").replace("}", ""))
 
@@ -191,7 +193,7 @@ register(Finding(
 
 register(Finding(
     id="need-weights-quirk",
-    title="need_weights changes PyTorch's output",
+    title=r"\texttt{need\_weights} changes PyTorch's output",
     statement=(r"In PyTorch's \texttt{nn.MultiheadAttention} with a causal mask, appended key slots "
                r"(\texttt{add\_bias\_kv} or \texttt{add\_zero\_attn}) make \texttt{need\_weights=True} "
                r"change the output by up to \CondQuirkZeroAttnDiff{} of its size, while every path without "
@@ -210,11 +212,10 @@ register(Finding(
 
 register(Finding(
     id="invariance-map",
-    title="b_k is redundant wherever the criterion says",
-    statement=(r"Across \InvMeasured{} measured configurations of \texttt{nn.MultiheadAttention} (sizes, "
-               r"masks, modes, appended slots, fused and reference paths, six Hugging Face attentions) in "
-               r"four dtypes, the measured verdict contradicts the criterion \InvContradictionsFloatSixtyFour{} "
-               r"times in float64 and \InvContradictionsFloatThirtyTwo{} times in float32."),
+    title=r"$\bk$ is redundant wherever the criterion says",
+    statement=(r"Across \InvMeasured{} measured configurations of \texttt{nn.MultiheadAttention} and of "
+               r"attention variants (sizes, masks, modes, appended slots, fused and reference paths, Hugging Face "
+               r"attentions) in four dtypes, no float64 or float32 verdict contradicts the criterion."),
     section="sec:invariance", figure="invariance_map", notebook="02_invariance", basis="test",
     decided_by=(*(f"invariance-independent-{d}" for d in _DTYPES),
                 *(f"invariance-missed-breaks-{d}" for d in ("float32", "bfloat16", "float16")),
@@ -229,7 +230,7 @@ register(Finding(
 
 register(Finding(
     id="gradient-is-rounding-noise",
-    title="The gradient of b_k is rounding noise",
+    title=r"The gradient of $\bk$ is rounding noise",
     statement=(r"In floating point the gradient of $\bk$ is rounding noise: its size stays below "
                r"\PrecGradNoiseScaleMax{} of the rounding bound of a row sum, and its direction is random "
                r"(mean pairwise cosine \PrecBkCosMax{}, where a systematic direction would give 1)."),
@@ -262,9 +263,9 @@ register(Finding(
 
 register(Finding(
     id="training-unchanged",
-    title="Training without b_k is the same training",
+    title=r"Training without $\bk$ is the same training",
     statement=(r"A small vision transformer trained with and without $\bk$ reaches the same test "
-               r"accuracy (\TrainAccKeptAdam{} and \TrainAccRemovedAdam{} with Adam), and the two runs "
+               r"accuracy with Adam (\TrainAccKeptAdam{} with $\bk$, \TrainAccRemovedAdam{} without), and the two runs "
                r"differ no more than a run differs from its own copy perturbed at the rounding level."),
     section="sec:training", figure="training_curves", notebook="04_training", basis="test",
     decided_by=("train-accuracy-agrees-kept-removed", "train-divergence-within-rounding-control",
@@ -280,7 +281,7 @@ register(Finding(
     title="Adam turns the noise into drift, by regime",
     statement=(r"Adam divides the noise gradient by its own scale: with $\varepsilon$ far below the noise "
                r"($10^{-12}$) $\bk$ drifts \TrainDriftAdamEpsTwelve{} in float32 over the run, as with full-size "
-               r"steps, while at the default $\varepsilon=10^{-8}$ it moves like SGD with step lr$/\varepsilon$ "
+               r"steps, while at the default $\varepsilon=10^{-8}$ it moves like SGD with step $\eta/\varepsilon$ "
                r"and drifts only \TrainDriftAdamEpsEight{}; SGD leaves it in place."),
     section="sec:training", figure="training_bias_norms", notebook="04_training", basis="test",
     decided_by=("train-sgd-bk-stays-put", "train-adam-drift-matches-noise-prediction",
@@ -307,11 +308,12 @@ register(Finding(
 
 register(Finding(
     id="pretrained-strip-exact",
-    title="Stripping b_k from trained models is exact",
+    title=r"Stripping $\bk$ from trained models is exact",
     statement=(r"In the trained MiniLM encoder $\bk$ is at most \PretBkOverBqMax{} of $\bq$, and removing it "
-               r"changes the embeddings by \PretBothDiffFloatSixtyFour{} in float64, within rounding; over "
-               r"\PretFamilies{} model families the tool handles \PretFamiliesHandled{} and refuses "
-               r"\PretFamiliesRefused{} whose attention the criterion excludes."),
+               r"changes its float64 embeddings by at most $\PretBothDiffFloatSixtyFour{}$, within rounding; of "
+               r"\PretFamilies{} models (tiny random instances of Hugging Face families, and MiniLM) the tool "
+               r"handles \PretFamiliesHandled{} and refuses the \PretFamiliesRefused{} whose attention the "
+               r"criterion excludes."),
     section="sec:pretrained", figure="pretrained_bias_norms", notebook="05_pretrained", basis="test",
     decided_by=("pretrained-bk-smaller-than-bq", "pretrained-strip-key-bias-within-rounding-float64",
                 "pretrained-random-key-bias-within-rounding-float64",
@@ -327,7 +329,7 @@ register(Finding(
 
 register(Finding(
     id="cost-saving",
-    title="What $\\bk$ costs",
+    title=r"What $\bk$ costs",
     statement=(r"Removing $\bk$ saves what a count of the bytes it moves predicts, and the timings show no "
                r"departure from that prediction beyond \CostByteMarginPercent{} percentage points of a pass; the "
                r"bytes are \CostRemovedByteShareTrainingPercent{}\% of a BERT-base layer's training step, and counting "

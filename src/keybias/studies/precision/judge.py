@@ -446,9 +446,10 @@ def law_macros(errors: pd.DataFrame, law: pd.DataFrame, pooled: pd.DataFrame,
         if p["dtype"] not in SLOPE_MACROS or not np.isfinite(p["slope"]):
             continue
         slope, points, slope_se, detectable, second_order = SLOPE_MACROS[p["dtype"]]
-        out[slope] = (float(p["slope"]), 4)
+        # every slope with the same two decimals and its standard error to one digit, as a reader compares them
+        out[slope] = (f"{float(p['slope']):.2f}", 3)
         out[points] = (int(p["points"]), 3)
-        out[slope_se] = (float(p["slope_se"]), 2)
+        out[slope_se] = (f"{float(p['slope_se']):.1g}", 2)
         out[detectable] = (float(p["detectable_dev"]), 2)
         out[second_order] = (float(p["second_order"]), 2)
     if len(law):
