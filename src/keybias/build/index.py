@@ -320,6 +320,13 @@ def render_index(results: Path, steps: list[dict], claims: list[dict], provenanc
                  *, root: Path = ROOT, findings: list[dict] | None = None) -> str:
     """The HTML text of results/index.html; every link is relative to `results`."""
     results = Path(results)
+    if results.is_dir():  # the page links to files.html: written beside it, whoever renders the index
+        from keybias.build.recorder import atomic_write_text
+
+        files_page = render_files(results, steps, provenance, root=root)
+        path = results / "files.html"
+        if not path.is_file() or path.read_text() != files_page:
+            atomic_write_text(path, files_page)
     front = paper_front(root, results)
     findings = load_findings(results) if findings is None else findings
     pages = paper_pages(root)
@@ -491,5 +498,4 @@ def write_index(results: Path, root: Path = ROOT) -> Path:
         provenance = {**steps[0].get("provenance", {}), "profile": steps[0].get("profile", "")}
     path = results / "index.html"
     atomic_write_text(path, render_index(results, steps, claims, provenance, root=root))
-    atomic_write_text(results / "files.html", render_files(results, steps, provenance, root=root))
     return path

@@ -105,6 +105,12 @@ def whole_clauses(text: str, cut_at: int | None = None) -> str:
     return text.rsplit(" ", 1)[0] + " \u2026"
 
 
+def breakable(escaped: str) -> str:
+    """Escaped text with a line-break opportunity after each underscore, so that identifiers
+    (`not_redundant`, `add_bias_kv`) wrap on a phone instead of widening the table."""
+    return escaped.replace("_", "_<wbr>")
+
+
 def _frame(frame):
     import pandas as pd
 
@@ -140,7 +146,7 @@ def table_html(frame, *, csv: str | None = None, max_rows: int = MAX_ROWS, capti
                 cells.append(f'<td class="kb-num">{e(format_number(value))}</td>')
             else:
                 text = MISSING if is_missing(value) else (format_number(value) if is_number(value) else str(value))
-                cells.append(f'<td class="kb-text">{e(text)}</td>')
+                cells.append(f'<td class="kb-text">{breakable(e(text))}</td>')
         rows.append("<tr>" + "".join(cells) + "</tr>")
     note = ""
     if len(frame) > max_rows:
@@ -223,4 +229,14 @@ def tidy_table_html(table, soup) -> None:
                 cell["class"] = [*(cell.get("class") or []), "kb-num"]
             elif text in ("True", "False"):
                 cell.string = "yes" if text == "True" else "no"
+            elif "_" in text and cell.name == "td" and not cell.find(True):
+                cell.clear()
+                for i, part in enumerate(text.split("_")):
+                    if i:
+                        cell.append("_")
+                        cell.append(soup.new_tag("wbr"))
+                    cell.append(part)
+                cell["class"] = [*(cell.get("class") or []), "kb-text"]
+            elif cell.name == "td":
+                cell["class"] = [*(cell.get("class") or []), "kb-text"]
     table["class"] = [*(table.get("class") or []), "kb-tidy"]
