@@ -15,7 +15,6 @@ import html
 import re
 from pathlib import Path
 
-from keybias.build.render_cells import NUMBER
 from keybias.build.render_clean import PACKAGE_DIR, cell_source, code_cells, parse_code
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -94,14 +94,15 @@ def header_text(name) -> str:
 
 
 def whole_clauses(text: str, cut_at: int | None = None) -> str:
-    """Text that was cut at `cut_at` characters, back to its last whole clause (never mid-word)."""
+    """Text that was cut at about `cut_at` characters, back to its last whole clause (never
+    mid-word); shorter text unchanged."""
     text = str(text)
     if cut_at is None or len(text) < cut_at:
         return text
-    for mark in ("; ", ". ", ", "):
-        head = text.rsplit(mark, 1)[0]
-        if head != text and len(head) > 20:
-            return head.rstrip(",;") + "."
+    ends = [text.rfind(mark) for mark in ("; ", ". ", ", ")]
+    end = max(ends)
+    if end > 20:
+        return text[:end].rstrip(",;.") + "."
     return text.rsplit(" ", 1)[0] + " \u2026"
 
 
