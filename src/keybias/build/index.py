@@ -22,7 +22,7 @@ from keybias.studies.tables import format_number
 
 ROOT = Path(__file__).resolve().parents[3]
 
-KIND_WORDS = {"test": ("test", "tests"), "consistency": ("cross-check", "cross-checks"),
+KIND_WORDS = {"test": ("test", "tests"), "claim": ("claim", "claims"), "consistency": ("cross-check", "cross-checks"),
               "implied": ("implied claim", "implied claims"), "proof": ("proof check", "proof checks"),
               "control": ("positive control", "positive controls")}
 KIND_ORDER = ("test", "proof", "control", "consistency", "implied")
@@ -383,8 +383,9 @@ def render_index(results: Path, steps: list[dict], claims: list[dict], provenanc
         text = [f'<div><h3>{_esc(f.get("title", f["id"]))}{verdict}</h3>',
                 f'<p class="statement">{statement_html(f.get("statement") or "")}</p>',
                 f'<p class="links">See {", ".join(links[:-1])} and {links[-1]}. '
-                f'<span class="meta">Basis: {_esc(basis.get(f.get("basis"), f.get("basis", "")))}; '
-                f'<a href="#group-{_esc(f["id"])}">its {len(mine)} claims</a>.</span></p></div>']
+                f'<span class="meta">Basis: {_esc(basis.get(f.get("basis"), f.get("basis", "")))}'
+                + (f'; <a href="#group-{_esc(f["id"])}">its {_count(len(mine), "claim")}</a>' if mine else "")
+                + ".</span></p></div>"]
         figure = ""
         if has_figure:
             alt = alts.get(stem, f"The figure {stem}.")

@@ -13,6 +13,7 @@ import math
 import re
 
 MISSING = "\u2014"
+COMPARISONS = {"<=": "\u2264", ">=": "\u2265", "!=": "\u2260", "==": "="}
 MAX_ROWS = 25
 # column names that are PyTorch keywords (the sweep tables' axes): shown as code, not as words
 KEYWORDS = frozenset({
@@ -147,6 +148,7 @@ def table_html(frame, *, csv: str | None = None, max_rows: int = MAX_ROWS, capti
                 cells.append(f'<td class="kb-num">{e(format_number(value))}</td>')
             else:
                 text = MISSING if is_missing(value) else (format_number(value) if is_number(value) else str(value))
+                text = COMPARISONS.get(text, text)
                 cells.append(f'<td class="kb-text">{breakable(e(text))}</td>')
         rows.append("<tr>" + "".join(cells) + "</tr>")
     note = ""
@@ -230,6 +232,8 @@ def tidy_table_html(table, soup) -> None:
                 cell["class"] = [*(cell.get("class") or []), "kb-num"]
             elif text in ("True", "False"):
                 cell.string = "yes" if text == "True" else "no"
+            elif text in COMPARISONS:
+                cell.string = COMPARISONS[text]
             elif "_" in text and cell.name == "td" and not cell.find(True):
                 cell.clear()
                 for i, part in enumerate(text.split("_")):
