@@ -403,8 +403,11 @@ def finish_page(page: str, *, header: str, name: str, claims: list[dict], judged
         finding = finding_by_figure.get(stem)
         # the caption says what to see: the finding's sentence, with the numbers the code computed;
         # the picture itself is described by the alt text, which the caption does not repeat
-        said = (f'{e(finding.get("statement") or "")} <a href="{INDEX_HREF}#finding-{e(finding["id"])}">'
-                f"The finding</a>." if finding and finding.get("statement") else "")
+        if finding and finding.get("statement"):
+            said = (f'{e(finding.get("statement") or "")} <a href="{INDEX_HREF}#finding-{e(finding["id"])}">'
+                    f"The finding</a>.")
+        else:  # no finding shows this figure: the sentence its code wrote
+            said = e(img.get("alt", "").removeprefix("Figure: "))
         caption = (f'<figcaption><a class="kb-fig-number" href="#{anchor}">Figure {number}.</a> {said}'
                    + (f' <span class="kb-fig-links">({" &middot; ".join(extra)})</span>' if extra else "")
                    + "</figcaption>")
