@@ -439,3 +439,44 @@ def test_render_inputs_cover_code_templates_and_mathjax_record():
     assert {"render.py", "render_clean.py", "render_cells.py", "render_page.py",
             "index.html.j2", "conf.json", "SOURCE.md"} <= names
     assert all(p.is_file() for p in render.render_inputs())
+
+
+# -- the one table formatter --------------------------------------------------------------------
+def test_table_formatter_numbers_headers_missing_and_no_index():
+    import pandas as pd
+
+    from keybias.studies import tables
+
+    assert [tables.format_number(v) for v in (1234567, 0.5, 12.3456, 0.000123, -0.00337, 2.5e7, float("nan"), None)] == [
+        "1,234,567", "0.500", "12.3", "1.23\u00d710\u207b\u2074", "\u22120.00337", "2.5\u00d710\u2077", "\u2014", "\u2014"]
+    assert tables.header_text("norm_b_k") == "Norm b_k" and tables.header_text("embed_dim") == "embed_dim"
+    frame = pd.DataFrame({"n_keys": [1, 20000], "max_err": [1e-16, None], "verdict": ["not_redundant", "--"]})
+    page = tables.show_table(frame, csv="demo")._repr_html_()
+    soup = BeautifulSoup(page, "html.parser")
+    assert [th.get_text() for th in soup.find_all("th")] == ["Number of keys", "Largest err", "Verdict"]
+    assert [td.get_text() for td in soup.find_all("td")] == ["1", "1\u00d710\u207b\u00b9\u2076", "not_redundant",
+                                                             "20,000", "\u2014", "\u2014"]
+    assert soup.find("td")["class"] == ["kb-num"] and "<wbr>" in page
+    assert soup.find("a", href="../data/demo.csv") is not None
+    long = tables.show_table(pd.DataFrame({"x": range(60)}), csv="long", max_rows=25)._repr_html_()
+    assert long.count("<tr>") == 26 and "The first 25 of 60 rows" in long and "../data/long.csv" in long
+
+
+def test_pandas_tables_on_a_page_go_through_the_same_formatter():
+    import pandas as pd
+
+    from keybias.studies import tables
+
+    soup = BeautifulSoup(pd.DataFrame({"max_abs_diff": [0.123456, float("nan")], "ok": [True, False]}).to_html(),
+                         "html.parser")
+    tables.tidy_table_html(soup.find("table"), soup)
+    assert [th.get_text() for th in soup.find_all("th")] == ["Largest abs diff", "Ok"]  # the index column is gone
+    assert [td.get_text() for td in soup.find_all("td")] == ["0.123", "yes", "\u2014", "no"]
+
+
+def test_cut_text_is_shown_back_to_its_last_whole_clause():
+    from keybias.studies.tables import whole_clauses
+
+    cut = "the output depends on b_k: a change beyond the bound; rotary embeddings rotate each key, so t"
+    assert whole_clauses(cut, cut_at=60) == "the output depends on b_k: a change beyond the bound; rotary embeddings rotate each key."
+    assert whole_clauses("short, whole", cut_at=60) == "short, whole"
