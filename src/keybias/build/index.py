@@ -354,7 +354,7 @@ def render_index(results: Path, steps: list[dict], claims: list[dict], provenanc
     out.append('<section id="found" aria-labelledby="found-h"><h2 id="found-h">What we found</h2><ol class="found">')
     for f in findings:
         statement = f.get("statement") or ""
-        out.append(f'<li><strong><a href="#finding-{_esc(f["id"])}">{_esc(f.get("title", f["id"]))}</a></strong>'
+        out.append(f'<li><strong><a href="#finding-{_esc(f["id"])}">{statement_html(f.get("title", f["id"]))}</a></strong>'
                    f"{statement_html(statement)}</li>")
     out.append("</ol></section>")
 
@@ -380,7 +380,7 @@ def render_index(results: Path, steps: list[dict], claims: list[dict], provenanc
         verdict = ""
         if any(not c.get("holds") for c in mine):
             verdict = ' <span class="fails">(a claim FAILS)</span>'
-        text = [f'<div><h3>{_esc(f.get("title", f["id"]))}{verdict}</h3>',
+        text = [f'<div><h3>{statement_html(f.get("title", f["id"]))}{verdict}</h3>',
                 f'<p class="statement">{statement_html(f.get("statement") or "")}</p>',
                 f'<p class="links">See {", ".join(links[:-1])} and {links[-1]}. '
                 f'<span class="meta">Basis: {_esc(basis.get(f.get("basis"), f.get("basis", "")))}'

@@ -91,7 +91,11 @@ def header_text(name) -> str:
     words = re.sub(r"\bmax\b", "largest", words)
     words = re.sub(r"\brms\b", "RMS", words)
     words = re.sub(r"\bgrad\b", "gradient", words)
-    return words[:1].upper() + words[1:] if words else ""
+    words = re.sub(r"\b(?:B|b)([kqvo])\b", r"b_\1", re.sub(r"^b([kqvo])\b", r"b_\1", words))
+    words = re.sub(r"\bdim\b", "dimension", words)
+    if not words or re.match(r"b_[kqvo]\b", words):
+        return words
+    return words[:1].upper() + words[1:]
 
 
 def whole_clauses(text: str, cut_at: int | None = None) -> str:
