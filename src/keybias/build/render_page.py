@@ -420,9 +420,7 @@ def finish_page(page: str, *, header: str, name: str, claims: list[dict], judged
 
     # tables: wrap, numbers formatted, long ones trimmed with a link to the CSV
     for table in soup.select(".jp-RenderedHTML table"):
-        if "kb-tidy" in (table.get("class") or []):
-            continue  # made by keybias.studies.tables.show_table: already in the reader's form
-        tidy_table_html(table, soup)
+        tidy_table_html(table, soup)  # a show_table table is only labelled for phones
         holder = table.find_parent(class_="jp-OutputArea-output")
         index = None
         cell_div = table.find_parent("div", class_="jp-Cell")

@@ -15,6 +15,7 @@ import re
 MISSING = "\u2014"
 COMPARISONS = {"<=": "\u2264", ">=": "\u2265", "!=": "\u2260", "==": "="}
 MAX_ROWS = 25
+WIDE_COLUMNS = 4  # a table with more columns reads as one card per row on a phone
 # column names that are PyTorch keywords (the sweep tables' axes): shown as code, not as words
 KEYWORDS = frozenset({
     "embed_dim", "num_heads", "kdim", "vdim", "batch_first", "bias", "add_bias_kv", "add_zero_attn",
@@ -138,9 +139,10 @@ def table_html(frame, *, csv: str | None = None, max_rows: int = MAX_ROWS, capti
     columns = list(frame.columns)
     numeric = {c: all(is_number(v) or is_missing(v) for v in frame[c]) and not all(is_missing(v) for v in frame[c])
                for c in columns}
+    labels = {c: str(c) if str(c) in KEYWORDS and c not in headers else headers.get(c, header_text(c)) for c in columns}
     head = "".join(
         f'<th class="{"kb-num" if numeric[c] else "kb-text"}" scope="col">'
-        f'{"<code>" + e(str(c)) + "</code>" if str(c) in KEYWORDS and c not in headers else e(headers.get(c, header_text(c)))}'
+        f'{"<code>" + e(labels[c]) + "</code>" if str(c) in KEYWORDS and c not in headers else e(labels[c])}'
         "</th>" for c in columns)
     shown = frame if len(frame) <= max_rows else frame.head(max_rows)
     rows = []
@@ -149,11 +151,11 @@ def table_html(frame, *, csv: str | None = None, max_rows: int = MAX_ROWS, capti
         for c in columns:
             value = row[c]
             if numeric[c]:
-                cells.append(f'<td class="kb-num">{e(format_number(value))}</td>')
+                cells.append(f'<td class="kb-num" data-label="{e(labels[c])}">{e(format_number(value))}</td>')
             else:
                 text = MISSING if is_missing(value) else (format_number(value) if is_number(value) else str(value))
                 text = COMPARISONS.get(text, text)
-                cells.append(f'<td class="kb-text">{breakable(e(text))}</td>')
+                cells.append(f'<td class="kb-text" data-label="{e(labels[c])}">{breakable(e(text))}</td>')
         rows.append("<tr>" + "".join(cells) + "</tr>")
     note = ""
     if len(frame) > max_rows:
@@ -163,7 +165,8 @@ def table_html(frame, *, csv: str | None = None, max_rows: int = MAX_ROWS, capti
     elif csv:
         note = f'<p class="kb-trimmed">As CSV: <a href="../data/{e(csv)}.csv">data/{e(csv)}.csv</a>.</p>'
     cap = f"<caption>{e(caption)}</caption>" if caption else ""
-    return (f'<div class="kb-table"><table class="kb-tidy">{cap}<thead><tr>{head}</tr></thead>'
+    wide = " kb-wide" if len(columns) > WIDE_COLUMNS else ""
+    return (f'<div class="kb-table"><table class="kb-tidy{wide}">{cap}<thead><tr>{head}</tr></thead>'
             f'<tbody>{"".join(rows)}</tbody></table></div>{note}')
 
 
@@ -192,11 +195,29 @@ def show_table(frame, *, csv: str | None = None, max_rows: int = MAX_ROWS, capti
     return Table(frame, csv=csv, max_rows=max_rows, caption=caption, headers=headers)
 
 
+def _label_cells(table) -> int:
+    """Give each body cell its column's header as `data-label` (a phone shows a wide table as one
+    card per row) and mark a table of more than WIDE_COLUMNS columns `kb-wide`; the column count."""
+    head = table.find("thead")
+    rows = head.find_all("tr", recursive=False) if head else []
+    labels = [th.get_text().strip() for th in rows[-1].find_all(["th", "td"], recursive=False)] if rows else []
+    body = table.find("tbody")
+    for row in (body.find_all("tr", recursive=False) if body else []):
+        cells = row.find_all(["td", "th"], recursive=False)
+        if labels and len(cells) == len(labels):
+            for cell, label in zip(cells, labels, strict=True):
+                cell["data-label"] = label
+    if len(labels) > WIDE_COLUMNS and "kb-wide" not in (table.get("class") or []):
+        table["class"] = [*(table.get("class") or []), "kb-wide"]
+    return len(labels)
+
+
 def tidy_table_html(table, soup) -> None:
     """Rewrite a pandas-rendered `<table>` (a BeautifulSoup node) in place to the reader's form:
     the index column dropped when it is a plain row number, headers in words, numbers formatted
     and right-aligned, missing values as "—". Tables `table_html` made are left as they are."""
     if "kb-tidy" in (table.get("class") or []):
+        _label_cells(table)
         return
     head = table.find("thead")
     body = table.find("tbody")
@@ -249,3 +270,4 @@ def tidy_table_html(table, soup) -> None:
             elif cell.name == "td":
                 cell["class"] = [*(cell.get("class") or []), "kb-text"]
     table["class"] = [*(table.get("class") or []), "kb-tidy"]
+    _label_cells(table)
