@@ -389,7 +389,12 @@ def render_index(results: Path, steps: list[dict], claims: list[dict], provenanc
         figure = ""
         if has_figure:
             alt = alts.get(stem, f"The figure {stem}.")
-            figure = (f'<figure><a href="figures/{_esc(stem)}.png"><img src="figures/{_esc(stem)}.png" '
+            from keybias.build.render_page import png_css_width
+
+            with open(results / "figures" / f"{stem}.png", "rb") as handle:
+                width = png_css_width(handle.read(4096))
+            size = f' width="{width}"' if width else ""
+            figure = (f'<figure><a href="figures/{_esc(stem)}.png"><img src="figures/{_esc(stem)}.png"{size} '
                       f'alt="{_esc(alt)}" loading="lazy"></a><figcaption>Full size: <a href="figures/{_esc(stem)}.png">'
                       f'PNG</a> &middot; <a href="figures/{_esc(stem)}.pdf">PDF</a></figcaption></figure>')
         out.append(f'<article class="finding{" with-figure" if figure else ""}" id="finding-{_esc(f["id"])}">'

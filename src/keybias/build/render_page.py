@@ -301,6 +301,13 @@ def _png_css_width(src: str) -> int | None:
         data = base64.b64decode(src.split(",", 1)[1][:4096])
     except ValueError:
         return None
+    return png_css_width(data)
+
+
+def png_css_width(data: bytes) -> int | None:
+    """`_png_css_width` of a PNG's first bytes."""
+    import struct
+
     if data[:8] != b"\x89PNG\r\n\x1a\n":
         return None
     width = struct.unpack(">I", data[16:20])[0]
