@@ -293,7 +293,6 @@ def _png_css_width(src: str) -> int | None:
     """The CSS width at which an embedded PNG prints at its drawn size: its pixel width times
     96 / its dpi (a 150-dpi figure of 6.3 in shows 605 px wide, 1.56 pixels per CSS pixel)."""
     import base64
-    import struct
 
     if not src.startswith("data:image/png;base64,"):
         return None
