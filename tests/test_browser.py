@@ -3,7 +3,10 @@
 Every notebook page: typeset math, nothing fetched outside its folder, alt text, navigation,
 no visible code cell that only records, no raw scalar output ('1.00', 2900), no cell cut with
 "..." or "…", every figure captioned. The entry page: loads nothing from elsewhere, and every
-link into a notebook (claims, figures) lands on an existing anchor. Screenshots of the entry
+link into a notebook (claims, figures) lands on an existing anchor. Every page of the site at
+1280 and 390 px (inside an iframe of that width: headless windows are at least 500 px wide): no
+sideways scroll, no cell cut off, no "#" in place of a number, no config repr, no "uncommitted";
+and every local link of every page resolves. Screenshots of the entry
 page and of every notebook at 1280 px go to KEYBIAS_SCREENSHOTS, else results/.build/screenshots/.
 Skipped, with the reason, when no Chromium is installed (Debian: `apt-get install chromium`,
 or `make browser`; or point KEYBIAS_CHROMIUM at a binary).
@@ -103,3 +106,72 @@ def test_the_check_fails_a_page_that_breaks_every_rule(tmp_path):
                      "no typeset math", "raw TeX left in prose: ['$q_i\\\\cdot b_k$']",
                      "1 images without alt text", "no navigation header", "no table of contents"):
         assert expected in problems, (expected, problems)
+
+
+# -- the site at 1280 and 390 px: sideways scroll, links, cells, plumbing ----------------------------
+def test_the_layout_check_catches_every_fault_it_exists_for(tmp_path):
+    """Negative control: a page too wide for a phone, a cut cell, "#" for a number, a config
+    repr, "uncommitted", a dangling link and anchor; and a clean page that passes."""
+    site = tmp_path / "results"
+    (site / "notebooks").mkdir(parents=True)
+    (site / "index.html").write_text(
+        '<html><body><p>Fine.</p><a href="notebooks/good.html#here">ok</a> <a href="notebooks/good.html#gone">x</a>'
+        ' <a href="figures/missing.png">y</a> <a href="../paper/main.pdf#page=3">paper</a></body></html>')
+    (site / "notebooks" / "good.html").write_text('<html><body><p id="here">A short page.</p></body></html>')
+    (site / "notebooks" / "bad.html").write_text(
+        '<html><body><div style="width:900px">wide</div><p>(with uncommitted changes)</p>'
+        '<table><tr><td style="max-width:40px;overflow:hidden;white-space:nowrap">a very long reason cut</td>'
+        '<td>a change of # against the bound #</td></tr></table>'
+        '<div class="jp-OutputArea-output"><pre>DemoConfig(size=2, seeds=[0])</pre></div></body></html>')
+    narrow = browser.layout_problems(site, 390, CHROMIUM)
+    bad = " | ".join(narrow["notebooks/bad.html"])
+    for expected in ("scrolls sideways", "cell cut off: a very long reason cut", '"#" in place of a number',
+                     "config repr: DemoConfig(", 'says "uncommitted"'):
+        assert expected in bad, (expected, bad)
+    assert narrow["index.html"] == [] and narrow["notebooks/good.html"] == []
+    assert browser.layout_problems(site, 1280, CHROMIUM)["notebooks/good.html"] == []
+    (site / "notebooks" / "wide.html").write_text(
+        '<html><body><div class="kb-table" style="overflow-x:auto;max-width:300px"><table><tr>'
+        + "<td>12345678</td>" * 40 + "</tr></table></div></body></html>")
+    wide = browser.layout_problems(site, 1280, CHROMIUM)["notebooks/wide.html"]
+    assert wide and all(p.startswith("note: table scrolls inside its box") for p in wide), wide
+    assert browser.layout_faults({"w": wide}) == {"w": []}
+    (tmp_path / "paper").mkdir()
+    links = browser.local_link_problems(site, tmp_path)
+    assert links == ["index.html: notebooks/good.html#gone (no element #gone)",
+                     "index.html: figures/missing.png (no such file)",
+                     "index.html: ../paper/main.pdf#page=3 (no such file)"], links
+    (tmp_path / "paper" / "main.pdf").write_text("%PDF")
+    assert len(browser.local_link_problems(site, tmp_path)) == 2
+
+
+@pytest.mark.parametrize("width", browser.LAYOUT_WIDTHS)
+def test_no_page_of_the_site_scrolls_sideways_cuts_a_cell_or_shows_plumbing(tmp_path, smoke_results, width):
+    """Every page of a fresh (smoke) site, the entry page and the file list included, measured in
+    an iframe `width` px wide: no sideways scroll, no cut cell, no "#" for a number, no config
+    repr, no "uncommitted"."""
+    results = tmp_path / "results"
+    for part in ("notebooks", "steps", "figures", "data", "tables", "macros"):
+        if (smoke_results / part).is_dir():
+            shutil.copytree(smoke_results / part, results / part)
+    for name in ("findings.json", "claims.json", "provenance.json"):
+        if (smoke_results / name).is_file():
+            shutil.copy(smoke_results / name, results / name)
+    render.publish_assets(results)
+    index.write_index(results)
+    measured = browser.layout_problems(results, width, CHROMIUM)
+    notes = [f"{page}: {p}" for page, problems in measured.items() for p in problems if p.startswith("note:")]
+    if notes:
+        print("\n" + "\n".join(notes))
+    found = browser.layout_faults(measured)
+    assert "index.html" in found and "files.html" in found and len(found) >= 3
+    failures = [f"{page}: {'; '.join(problems)}" for page, problems in found.items() if problems]
+    assert not failures, "\n".join(failures)
+
+
+def test_every_local_link_of_the_site_resolves(tmp_path, smoke_results):
+    results = tmp_path / "results"
+    shutil.copytree(smoke_results, results, ignore=shutil.ignore_patterns(".build", ".staging"))
+    index.write_index(results)
+    problems = browser.local_link_problems(results, root=None)  # links out of results/ are the repo's
+    assert not problems, "\n".join(problems[:30])

@@ -1,7 +1,9 @@
-"""results/index.html tells the story (abstract, headline figures with takeaways from claims,
-notebooks, claims by notebook with a link to the judging cell, files, citation); the README's
-generated numbers come from provenance and claims."""
+"""results/index.html tells the findings (from results/findings.json: a sentence with its number,
+its figure, links to the figure, the judging cell and the paper page), the claims grouped by finding
+with a filter, the files on their own page, one title; the README's generated numbers come from
+provenance and claims."""
 
+import json
 import shutil
 import subprocess
 from html.parser import HTMLParser
@@ -25,10 +27,19 @@ class Links(HTMLParser):
         for key in ("href", "src"):
             if key in attrs:
                 self.links.append(attrs[key])
-        if tag == "script" or (tag == "link" and not (attrs.get("href") or "").startswith("data:")):
+        if tag == "script" and attrs.get("src") or (tag == "link" and not (attrs.get("href") or "").startswith("data:")):
             self.scripts.append(attrs)
-        if tag == "tr" and (attrs.get("id") or "").startswith("claim-"):
+        if tag == "li" and (attrs.get("id") or "").startswith("claim-"):
             self.rows += 1
+
+
+FINDINGS = [
+    {"id": "map-finding", "title": "The map", "statement": "The map shows 2,290 configurations with b_k and 10^-12.",
+     "section": "sec:map", "figure": "invariance_map", "notebook": "01_x", "basis": "test",
+     "decided_by": ["a-claim"], "rests_on": []},
+    {"id": "proof-finding", "title": "The proof", "statement": "It cancels exactly.", "section": "sec:none",
+     "figure": None, "notebook": "01_x", "basis": "proof", "decided_by": [], "rests_on": ["b-claim"]},
+]
 
 
 def fake_results(tmp_path):
@@ -37,55 +48,89 @@ def fake_results(tmp_path):
                 "tables/t.tex", "data/d.csv", "claims.json", "provenance.json"):
         (results / rel).parent.mkdir(parents=True, exist_ok=True)
         (results / rel).write_text("x")
+    (results / "findings.json").write_text(json.dumps(FINDINGS))
     steps = [{"notebook": "01_x", "claims": [{"id": "a"}], "figures_alt": {"invariance_map": "A line going up."},
               "outputs": ["figures/invariance_map.pdf", "figures/invariance_map.png", "tables/t.tex", "data/d.csv"]}]
     claims = [
         {"id": "a-claim", "kind": "test", "value": 1e-15, "bound": 1e-12, "comparison": "<=", "holds": True,
-         "notebook": "01_x", "statement": "It <holds> & is escaped."},
+         "notebook": "01_x", "statement": "It <holds> & is escaped.", "finding": "map-finding"},
         {"id": "b-claim", "kind": "consistency", "value": 3, "bound": 2, "comparison": "<=", "holds": False,
          "notebook": "01_x", "statement": "Fails."},
+        {"id": "c-claim", "kind": "control", "value": 5, "bound": 1, "comparison": ">=", "holds": True,
+         "notebook": "01_x", "statement": "A control no finding names."},
     ]
-    provenance = {"commit": "abcdef1234567", "dirty": False, "profile": "smoke"}
+    provenance = {"commit": "abcdef1234567", "head_commit": "abcdef1234567", "dirty": False, "profile": "smoke"}
     return results, steps, claims, provenance
 
 
-def test_index_links_every_output_and_lists_every_claim(tmp_path):
+def test_entry_page_tells_each_finding_with_its_figure_and_links(tmp_path):
+    """From results/findings.json: one sentence per finding with its number, its figure, links to
+    the figure in its notebook, to the cell that judges it and to the paper."""
     results, steps, claims, provenance = fake_results(tmp_path)
-    text = index.render_index(results, steps, claims, provenance)
+    text = index.render_index(results, steps, claims, provenance, root=tmp_path)
+    found = text[text.index('id="found"'):text.index('id="findings"')]
+    assert "2,290 configurations" in found and "10\u207b\u00b9\u00b2" in found and "<sub>k</sub>" in found
+    assert found.index("The map") < found.index("The proof")  # the registry's order
+    card = text[text.index('id="finding-map-finding"'):]
+    card = card[:card.index("</article>")]
+    for href in ('notebooks/01_x.html#fig-invariance-map', 'notebooks/01_x.html#claim-a-claim',
+                 'figures/invariance_map.png', 'figures/invariance_map.pdf', '../paper/main.pdf'):
+        assert f'href="{href}"' in card, href
+    assert 'alt="A line going up."' in card
+    proof = text[text.index('id="finding-proof-finding"'):]
+    assert 'notebooks/01_x.html#claim-b-claim' in proof[:proof.index("</article>")]  # what it rests on
+
+
+def test_paper_links_open_the_page_of_the_section(tmp_path):
+    results, steps, claims, provenance = fake_results(tmp_path)
+    (tmp_path / "paper" / "build").mkdir(parents=True)
+    (tmp_path / "paper" / "build" / "main.aux").write_text(
+        "\\newlabel{sec:map}{{3}{5}{Where it holds}{section.3}{}}\n")
+    text = index.render_index(results, steps, claims, provenance, root=tmp_path)
+    assert 'href="../paper/main.pdf#page=5">section 3 of the paper (page 5)' in text
+    assert index.paper_pages(tmp_path / "nowhere") == {}
+
+
+def test_claims_are_grouped_by_finding_with_a_filter(tmp_path):
+    results, steps, claims, provenance = fake_results(tmp_path)
+    text = index.render_index(results, steps, claims, provenance, root=tmp_path)
     parser = Links()
     parser.feed(text)
-    assert parser.rows == 2
-    local = [link for link in parser.links if not link.startswith("#")]
-    for rel in ("notebooks/01_x.html", "figures/invariance_map.png", "figures/invariance_map.pdf", "tables/t.tex",
-                "data/d.csv", "claims.json", "notebooks/01_x.html#claim-a-claim", "notebooks/01_x.html#fig-invariance-map"):
-        assert rel in local, rel
-    assert all(not link.startswith(("http:", "https:", "//")) for link in local), "network link"
+    assert parser.rows == 3
+    group = text[text.index('id="group-map-finding"'):]
+    group = group[:group.index("</details>")]
+    assert 'id="claim-a-claim"' in group and "It &lt;holds&gt; &amp; is escaped." in group
+    assert "1\u00d710\u207b\u00b9\u2075 \u2264 1\u00d710\u207b\u00b9\u00b2" in group
+    proof = text[text.index('id="group-proof-finding"'):]
+    assert 'id="claim-b-claim"' in proof[:proof.index("</details>")]
+    assert '<details class="group" id="group-proof-finding" open>' in text  # a failing claim is shown
+    assert 'id="group-other-01_x"' in text and "A control no finding names." in text
+    assert 'id="claim-filter"' in text and 'id="claim-kind"' in text and "<option value=\"control\">" in text
+    assert "1 of 3 claims FAIL" in text and "uncommitted" not in text
     assert not parser.scripts, "the page loads scripts or stylesheets"
-    for link in local:
-        if not link.startswith(("../", "data:")):
-            assert (results / link.split("#")[0]).exists(), f"dangling link {link}"
-    assert "It &lt;holds&gt; &amp; is escaped." in text and 'alt="A line going up."' in text
-    assert "1 of 2 hold" in text and 'class="fails">NO' in text
+    assert all(not link.startswith(("http:", "https:", "//")) for link in parser.links), "network link"
 
 
-def test_index_reads_in_story_order_with_claims_collapsed_and_visible(tmp_path):
-    """Abstract, headline results, notebooks, claims, files, cite: in that order; the claims
-    sit in <details> (closed) and each row shows statement, value, bound and kind as text."""
+def test_the_file_list_is_its_own_page(tmp_path):
     results, steps, claims, provenance = fake_results(tmp_path)
-    text = index.render_index(results, steps, claims, provenance)
-    order = [text.index(f'id="{section}"') for section in ("results", "notebooks", "claims", "files", "cite", "bundle")]
-    assert order == sorted(order)
-    assert text.index('id="abstract"') < order[0]
-    assert "<details" in text and "<details open" not in text
-    row = text[text.index('<tr id="claim-a-claim"'):]
-    row = row[:row.index("</tr>")]
-    for shown in ("It &lt;holds&gt;", "1\u00d710<sup>-15</sup>",
-                  "\u2264 1\u00d710<sup>-12</sup>", ">test<"):
-        assert shown in row, (shown, row)
-    assert 'title="' not in row, "statements belong in the row, not in a tooltip"
-    # the headline's takeaway is the claim's own sentence, not typed text
-    headline = text[text.index('class="headline"'):]
-    assert "It &lt;holds&gt; &amp; is escaped." in headline[:headline.index("</figure>")]
+    text = index.render_index(results, steps, claims, provenance, root=tmp_path)
+    assert 'href="files.html"' in text and 'href="tables/t.tex"' not in text
+    files = (results / "files.html").read_text()
+    for rel in ("figures/invariance_map.png", "tables/t.tex", "data/d.csv", "claims.json", "findings.json"):
+        assert f'href="{rel}"' in files, rel
+        assert (results / rel).exists()
+    assert 'href="index.html"' in files
+
+
+def test_one_title_on_the_page_the_bibtex_and_citation_cff():
+    import yaml
+
+    title = index.plain_title(index.paper_front(ROOT, ROOT / "results")["title"])
+    assert title, "paper/main.tex has a \\title"
+    cff = yaml.safe_load((ROOT / "CITATION.cff").read_text())
+    assert cff["title"] == title and cff["preferred-citation"]["title"] == title
+    citation = index._citation(ROOT, title)
+    assert f"title  = {{{title}}}" in citation.replace("&#x27;", "'")
 
 
 def test_abstract_macros_are_filled_in():
@@ -98,14 +143,14 @@ def test_abstract_macros_are_filled_in():
 def test_index_renders_in_headless_chromium(tmp_path):
     results, steps, claims, provenance = fake_results(tmp_path)
     page = results / "index.html"
-    page.write_text(index.render_index(results, steps, claims, provenance))
+    page.write_text(index.render_index(results, steps, claims, provenance, root=tmp_path))
     dom = subprocess.run(
         [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
          "--virtual-time-budget=5000", "--dump-dom", page.as_uri()],
         capture_output=True, text=True, timeout=120, check=True,
     ).stdout
     assert 'id="claim-a-claim"' in dom and 'id="claim-b-claim"' in dom
-    assert "Claims (1 of 2 hold" in dom
+    assert '<div class="filter" id="claim-tools">' in dom, "the filter script did not run"
 
 
 def test_readme_blocks_are_generated_from_provenance_and_claims():

@@ -135,6 +135,12 @@ READER_CLAIMS = [
 ]
 
 
+READER_FINDINGS = [
+    {"id": "demo-finding", "title": "The demo", "statement": "The demo holds to 1\u00d710\u207b\u00b9\u2077.",
+     "notebook": "09_demo", "figure": None, "decided_by": ["demo-holds"], "rests_on": []},
+]
+
+
 def _reader_notebook() -> dict:
     def result(text):
         return nbformat.v4.new_output("execute_result", data={"text/plain": text}, execution_count=1)
@@ -145,10 +151,14 @@ def _reader_notebook() -> dict:
         nbformat.v4.new_code_cell('profile = "paper"\noutput_dir = "../results/.staging/09"',
                                   metadata={"tags": ["injected-parameters"]}),
         nbformat.v4.new_code_cell('rec = recorder.Recorder("09", output_dir, profile=profile, device=device)'),
+        nbformat.v4.new_code_cell('import os\nimport warnings\n\nfrom keybias.build import recorder\n\n'
+                                  'os.environ["HF_HUB_OFFLINE"] = "1"\nwarnings.filterwarnings("ignore")\n'
+                                  "cfg = measure.DemoConfig(size=2)\ncfg",
+                                  outputs=[result("DemoConfig(size=2, seeds=[0, 1])")]),
         nbformat.v4.new_markdown_cell("## When does $\\|b_k\\|$ matter?"),
         nbformat.v4.new_code_cell('rec.equation(r"\\tau = 2u", "tol")\nrec.macro("Lam", 2)',
                                   outputs=[result("'1.00\\\\times10^{-6}'")]),
-        nbformat.v4.new_code_cell("configs = build()\nlen(configs)", outputs=[result("2900")]),
+        nbformat.v4.new_code_cell("configs = build(cfg)\nlen(configs)", outputs=[result("2900")]),
         nbformat.v4.new_code_cell("df.status.value_counts()",
                                   outputs=[result("status\nmeasured    2290\nrejected     352\nName: count, dtype: int64")]),
         nbformat.v4.new_code_cell('out = judge.claims(df)\nfor name, value in out["macros"].items():\n'
@@ -164,17 +174,23 @@ def _reader_notebook() -> dict:
 def reader_page():
     return render.render_notebook_html(nbformat.writes(_reader_notebook()), name="09_demo", profile="paper",
                                        device="cpu", commit="b" * 40, dirty=False, claims=READER_CLAIMS,
-                                       notebooks=["08_x", "09_demo", "10_y"], paper_figure_numbers={})
+                                       notebooks=["08_x", "09_demo", "10_y"], paper_figure_numbers={},
+                                       findings=READER_FINDINGS)
 
 
 def test_reader_sees_no_plumbing(reader_page):
     soup = BeautifulSoup(reader_page, "html.parser")
     code = [" ".join(c.get_text().split()) for c in soup.select(".jp-InputArea-editor")]
-    assert code == ['rec = recorder.Recorder("09", output_dir, profile=profile, device=device)',
-                    "configs = build() len(configs)", "df.status.value_counts()", 'out = judge.claims(df)'], code
+    assert code == ["cfg = measure.DemoConfig(size=2)", "configs = build(cfg) len(configs)",
+                    "df.status.value_counts()", 'out = judge.claims(df)'], code
     outputs = " | ".join(" ".join(o.get_text(" ").split()) for o in soup.select(".jp-OutputArea-output"))
+    assert "DemoConfig(" not in outputs, "a config repr is plumbing"
+    # code is folded: each code cell's input sits in a closed "Code" toggle
+    folds = soup.select("details.kb-code")
+    assert len(folds) == len(code) and not any(f.has_attr("open") for f in folds)
+    assert all(f.summary.get_text() == "Code" for f in folds)
     assert "1.00" not in outputs and "2900" not in outputs and "[(" not in outputs, outputs
-    assert "measured 2290" in outputs  # the value_counts printout, as a table
+    assert "measured 2,290" in outputs  # the value_counts printout, as a table, in the one formatter
     runwith = soup.find(class_="kb-runwith")
     assert "paper" in runwith.get_text() and "b" * 12 in runwith.get_text() and ".staging" not in reader_page
     # the recorded equation is typeset, not shown as a code string
@@ -189,8 +205,14 @@ def test_claims_get_anchors_under_the_judging_cell_and_a_findings_section(reader
         cell = item.find_parent("aside").find_previous_sibling("div", class_="jp-CodeCell")
         assert "judge.claims" in cell.get_text()
     found = soup.find(id="what-we-found")
-    assert "The demo holds." in found.get_text() and "1\u00d710" in found.get_text()
+    # the finding as prose, with its number, from the registry; the claims are not replayed
+    assert "The demo holds to 1\u00d710\u207b\u00b9\u2077." in found.get_text()
+    assert "Counts agree." not in found.get_text()
+    assert found.find("a", href="../index.html#finding-demo-finding") is not None
     assert found.find("a", href="#claim-demo-holds") is not None
+    # each claim links back to its finding on the entry page
+    item = soup.find(id="claim-demo-holds")
+    assert item.find("a", href="../index.html#finding-demo-finding") is not None
 
 
 def test_anchors_are_readable_and_pages_link_to_neighbours(reader_page):
@@ -207,6 +229,21 @@ def test_figures_get_numbered_captions_with_anchors(sample_page):
     assert [f["id"] for f in figures] == ["fig-demo-map", "fig-second"]
     assert figures[0].figcaption.get_text().startswith("Figure 1. Verdict of every configuration.")
     assert figures[1].figcaption.get_text().startswith("Figure 2.")
+
+
+def test_a_findings_figure_is_captioned_by_its_finding_and_described_by_its_alt():
+    """The caption says what to see (the finding's sentence, numbers from the code); the alt text
+    describes the picture and is not repeated in the caption."""
+    page = render.render_notebook_html(
+        nbformat.writes(_sample()), name="02_invariance", profile="smoke", device="cpu",
+        figures_alt={"demo_map": "A grid of coloured squares, one per configuration."}, commit="a" * 40,
+        dirty=False, findings=[{"id": "map", "title": "The map", "statement": "All 2,290 agree.",
+                                "notebook": "02_invariance", "figure": "demo_map", "decided_by": []}])
+    figure = BeautifulSoup(page, "html.parser").select_one("figure#fig-demo-map")
+    caption = figure.figcaption.get_text()
+    assert caption.startswith("Figure 1. All 2,290 agree.") and "coloured squares" not in caption
+    assert figure.img["alt"] == "A grid of coloured squares, one per configuration."
+    assert figure.figcaption.find("a", href="../index.html#finding-map") is not None
 
 
 def test_paper_figure_numbers_follow_the_tex(tmp_path):
@@ -402,3 +439,44 @@ def test_render_inputs_cover_code_templates_and_mathjax_record():
     assert {"render.py", "render_clean.py", "render_cells.py", "render_page.py",
             "index.html.j2", "conf.json", "SOURCE.md"} <= names
     assert all(p.is_file() for p in render.render_inputs())
+
+
+# -- the one table formatter --------------------------------------------------------------------
+def test_table_formatter_numbers_headers_missing_and_no_index():
+    import pandas as pd
+
+    from keybias.studies import tables
+
+    assert [tables.format_number(v) for v in (1234567, 0.5, 12.3456, 0.000123, -0.00337, 2.5e7, float("nan"), None)] == [
+        "1,234,567", "0.500", "12.3", "1.23\u00d710\u207b\u2074", "\u22120.00337", "2.5\u00d710\u2077", "\u2014", "\u2014"]
+    assert tables.header_text("norm_b_k") == "Norm b_k" and tables.header_text("embed_dim") == "embed_dim"
+    frame = pd.DataFrame({"n_keys": [1, 20000], "max_err": [1e-16, None], "verdict": ["not_redundant", "--"]})
+    page = tables.show_table(frame, csv="demo")._repr_html_()
+    soup = BeautifulSoup(page, "html.parser")
+    assert [th.get_text() for th in soup.find_all("th")] == ["Number of keys", "Largest err", "Verdict"]
+    assert [td.get_text() for td in soup.find_all("td")] == ["1", "1\u00d710\u207b\u00b9\u2076", "not_redundant",
+                                                             "20,000", "\u2014", "\u2014"]
+    assert soup.find("td")["class"] == ["kb-num"] and "<wbr>" in page
+    assert soup.find("a", href="../data/demo.csv") is not None
+    long = tables.show_table(pd.DataFrame({"x": range(60)}), csv="long", max_rows=25)._repr_html_()
+    assert long.count("<tr>") == 26 and "The first 25 of 60 rows" in long and "../data/long.csv" in long
+
+
+def test_pandas_tables_on_a_page_go_through_the_same_formatter():
+    import pandas as pd
+
+    from keybias.studies import tables
+
+    soup = BeautifulSoup(pd.DataFrame({"max_abs_diff": [0.123456, float("nan")], "ok": [True, False]}).to_html(),
+                         "html.parser")
+    tables.tidy_table_html(soup.find("table"), soup)
+    assert [th.get_text() for th in soup.find_all("th")] == ["Largest abs diff", "Ok"]  # the index column is gone
+    assert [td.get_text() for td in soup.find_all("td")] == ["0.123", "yes", "\u2014", "no"]
+
+
+def test_cut_text_is_shown_back_to_its_last_whole_clause():
+    from keybias.studies.tables import whole_clauses
+
+    cut = "the output depends on b_k: a change beyond the bound; rotary embeddings rotate each key, so t"
+    assert whole_clauses(cut, cut_at=60) == "the output depends on b_k: a change beyond the bound; rotary embeddings rotate each key."
+    assert whole_clauses("short, whole", cut_at=60) == "short, whole"

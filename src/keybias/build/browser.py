@@ -10,6 +10,9 @@ files inside the page's folder, and must exist. `--virtual-time-budget` lets Mat
 before the DOM is dumped. Beyond loading, `reader_problems` checks what a reader meets
 (recording-only code, raw scalar outputs, cut cells, figures without captions) and
 `check_entry_page` that every link of results/index.html into a notebook lands on an anchor.
+`layout_problems` measures every page of the site inside an iframe of a given width (1280 and
+390 px: headless windows are at least 500 px wide): sideways scroll, cut cells, "#" in place of
+a number, config reprs, "uncommitted"; `local_link_problems` resolves every local link.
 Used by tests/test_browser.py; `python -m keybias.build.browser DIR` checks a folder by hand.
 """
 
@@ -382,6 +385,146 @@ def check_folder(folder: Path, shots: Path | None, chromium: str | None = None,
     return results
 
 
+# -- the site as a reader meets it: widths, links, cells, plumbing -------------------------------
+LAYOUT_WIDTHS = (1280, 390)
+# Measured inside an iframe of the given width: headless windows are at least 500 px wide.
+# For each page: does it scroll sideways, cells cut off (content wider than the cell, or a table
+# wider than its box at desktop width), "#" standing in for a number, config reprs, "uncommitted".
+_LAYOUT_SCRIPT = r"""
+var pages = %(pages)s, width = %(width)d, out = [], i = 0, frame = document.getElementById('f');
+function measure(doc) {
+  var r = {page: pages[i], problems: []}, root = doc.documentElement;
+  if (root.scrollWidth > frame.clientWidth + 1)
+    r.problems.push('scrolls sideways: ' + root.scrollWidth + ' px wide in a ' + frame.clientWidth + '-px frame');
+  doc.querySelectorAll('td, th').forEach(function (c) {
+    var s = getComputedStyle(c), t = c.textContent.trim();
+    if (c.scrollWidth > c.clientWidth + 1 && s.overflowX !== 'visible')
+      r.problems.push('cell cut off: ' + t.slice(0, 60));
+    if (/(^|[\s(])#($|[\s;,.)])/.test(t)) r.problems.push('"#" in place of a number: ' + t.slice(0, 80));
+  });
+  if (width >= 1000) doc.querySelectorAll('.kb-table').forEach(function (b) {
+    if (b.scrollWidth > b.clientWidth + 1) r.problems.push('note: table scrolls inside its box: ' +
+      b.textContent.trim().slice(0, 60));
+  });
+  doc.querySelectorAll('.jp-OutputArea-output').forEach(function (o) {
+    var t = o.textContent;
+    if (/(^|\n)\s*[A-Z]\w*(Config|Settings)\(\w+=/.test(t)) r.problems.push('config repr: ' + t.trim().slice(0, 60));
+  });
+  if (/uncommitted/i.test(doc.body ? doc.body.innerText : '')) r.problems.push('says "uncommitted"');
+  return r;
+}
+function next() {
+  if (i >= pages.length) { document.getElementById('out').textContent = JSON.stringify(out); return; }
+  frame.onload = function () {
+    var w = frame.contentWindow, done = function () {
+      setTimeout(function () {
+        try { out.push(measure(frame.contentDocument)); }
+        catch (e) { out.push({page: pages[i], problems: ['could not be measured: ' + e]}); }
+        i++; next();
+      }, 300);
+    };
+    if (w.MathJax && w.MathJax.startup && w.MathJax.startup.promise) w.MathJax.startup.promise.then(done, done);
+    else done();
+  };
+  frame.src = pages[i];
+}
+next();
+"""
+
+
+def layout_problems(results: Path, width: int, chromium: str | None = None, *,
+                    pages: list[str] | None = None, budget_ms: int = 90000, timeout: float = 300) -> dict[str, list[str]]:
+    """Load every page of the site (index.html, files.html, notebooks/*.html) in an iframe
+    `width` px wide, in one headless Chromium started with --allow-file-access-from-files, and
+    report per page what `_LAYOUT_SCRIPT` finds. An entry starting "note:" (a table at desktop
+    width that scrolls inside its own box: nothing is cut, the page does not scroll) is reported,
+    not a fault; `layout_faults` leaves the notes out."""
+    results = Path(results).resolve()
+    chromium = chromium or find_chromium()
+    if chromium is None:
+        raise RuntimeError("no Chromium found (apt-get install chromium, or set KEYBIAS_CHROMIUM)")
+    pages = pages or site_pages(results)
+    urls = [(results / p).as_uri() for p in pages]
+    with tempfile.TemporaryDirectory(prefix="keybias-layout-") as scratch:
+        wrapper = Path(scratch) / "layout.html"
+        wrapper.write_text(
+            '<!DOCTYPE html><html><head><meta charset="utf-8"></head><body style="margin:0">'
+            f'<iframe id="f" style="width:{width}px;height:900px;border:0"></iframe><pre id="out"></pre>'
+            f"<script>{_LAYOUT_SCRIPT % {'pages': json.dumps(urls), 'width': width}}</script></body></html>")
+        command = [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+                   "--allow-file-access-from-files", f"--user-data-dir={Path(scratch) / 'profile'}",
+                   f"--virtual-time-budget={budget_ms}", f"--window-size={max(width + 40, 600)},1000",
+                   "--hide-scrollbars", "--dump-dom", wrapper.as_uri()]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+    match = re.search(r'<pre id="out">(.*?)</pre>', done.stdout, re.DOTALL)
+    if done.returncode != 0 or not match or not match.group(1).strip():
+        raise RuntimeError(f"the layout check did not finish ({done.returncode}): {done.stderr[-1500:]}")
+    import html as _html
+
+    found = json.loads(_html.unescape(match.group(1)))
+    by_url = dict(zip(urls, pages, strict=True))
+    out = {by_url.get(r["page"], r["page"]): r["problems"] for r in found}
+    for page in pages:
+        out.setdefault(page, ["never measured"])
+    return out
+
+
+def layout_faults(found: dict[str, list[str]]) -> dict[str, list[str]]:
+    """`layout_problems` without its notes."""
+    return {page: [p for p in problems if not p.startswith("note:")] for page, problems in found.items()}
+
+
+def site_pages(results: Path) -> list[str]:
+    results = Path(results)
+    pages = [p for p in ("index.html", "files.html") if (results / p).is_file()]
+    return pages + [f"notebooks/{p.name}" for p in sorted((results / "notebooks").glob("*.html"))]
+
+
+def local_link_problems(results: Path, root: Path | None = None) -> list[str]:
+    """Every local `href`/`src` of every page of the site that does not resolve: a file that does
+    not exist, or a `#fragment` with no element of that id in its page. Links out of the results
+    folder (`../paper/main.pdf`, `../../src/...`) are checked in `root` (the repository holding
+    results/), and skipped when there is none. A `#page=N` fragment of a PDF is not an id."""
+    from urllib.parse import unquote as _unquote
+
+    from bs4 import BeautifulSoup
+
+    results = Path(results).resolve()
+    ids: dict[Path, set[str]] = {}
+
+    def ids_of(path: Path) -> set[str]:
+        if path not in ids:
+            soup = BeautifulSoup(path.read_text(errors="replace"), features="html.parser")
+            ids[path] = {t["id"] for t in soup.find_all(id=True)} | {t["name"] for t in soup.find_all("a", attrs={"name": True})}
+        return ids[path]
+
+    problems = []
+    for rel in site_pages(results):
+        page = results / rel
+        soup = BeautifulSoup(page.read_text(errors="replace"), features="html.parser")
+        for node in soup.find_all(["a", "img", "link", "script", "iframe", "source"]):
+            value = node.get("href") or node.get("src")
+            if not value or re.match(r"^(?:[a-z][a-z0-9+.-]*:|//)", value, re.IGNORECASE):
+                continue  # another host, data:, mailto:, javascript:
+            target, _, fragment = value.partition("#")
+            path = (page.parent / _unquote(target)).resolve() if target else page
+            try:
+                path.relative_to(results)
+            except ValueError:
+                if root is None:
+                    continue
+                try:
+                    path = Path(root).resolve() / path.relative_to(results.parent)
+                except ValueError:
+                    problems.append(f"{rel}: {value} leaves the repository")
+                    continue
+            if not path.exists():
+                problems.append(f"{rel}: {value} (no such file)")
+            elif fragment and path.suffix == ".html" and not fragment.startswith(":~:") and fragment not in ids_of(path):
+                problems.append(f"{rel}: {value} (no element #{fragment})")
+    return problems
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     folder = Path(argv[0] if argv else "results/notebooks")
@@ -393,6 +536,14 @@ def main(argv: list[str] | None = None) -> int:
     results = check_folder(folder, shots)
     if (folder.parent / "index.html").is_file():
         results["../index.html"] = check_entry_page(folder.parent, shots / "index.png")
+    if (folder.parent / "index.html").is_file():
+        for width in LAYOUT_WIDTHS:
+            for page, problems in layout_faults(layout_problems(folder.parent, width)).items():
+                if problems:
+                    results.setdefault(f"{page} at {width} px", []).extend(problems)
+        links = local_link_problems(folder.parent, folder.parent.parent)
+        if links:
+            results["local links"] = links
     for name, problems in results.items():
         print(f"{name}: " + ("ok" if not problems else "FAIL: " + "; ".join(problems)))
     print(f"{len(results)} pages in {time.perf_counter() - t0:.1f} s; screenshots in {shots}")

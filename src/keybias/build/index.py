@@ -1,13 +1,14 @@
-"""results/index.html: the reader's entry page, generated from the step records and the paper.
+"""results/index.html: the reader's entry page, built from the findings registry.
 
-In reading order: the title and abstract (the paper's, with its macros filled in from
-results/macros); three to five headline results, each a figure with a one-sentence takeaway
-(the statement of the claim that figure supports, so no number on the page is typed) and
-links to the figure in its notebook (`notebooks/NN.html#fig-<name>`) and to the paper; the
-notebooks; the claims grouped by notebook, collapsed (`<details>`), each row showing its
-statement, value, bound, kind and a link down to the cell that judges it
-(`notebooks/NN.html#claim-<id>`); the files; how to cite and the bundle. Plain HTML with an
-inline stylesheet and an inline icon: it loads nothing, so it reads the same offline.
+In reading order: the paper's title; what the project found, one sentence with its number per
+finding (results/findings.json, written by the pipeline from keybias.studies.findings; when it is
+absent the registry is read with the macros here), each linking down to its card; the cards, each
+with the figure that shows the finding, links to that figure in its notebook, to the notebook cell
+that judges it and to its page of the paper (`../paper/main.pdf#page=N`, N read from the LaTeX
+labels in paper/build/main.aux or paper/main.aux, left out when neither exists); the notebooks;
+every claim grouped by the finding it decides or supports, with a filter; how to cite. The list of
+files is its own page, results/files.html. Plain HTML with an inline stylesheet, icon and a few
+lines of script for the filter: it loads nothing, so it reads the same offline.
 """
 
 from __future__ import annotations
@@ -17,40 +18,59 @@ import json
 import re
 from pathlib import Path
 
-from keybias.build.render_page import number_text
+from keybias.studies.tables import format_number
 
 ROOT = Path(__file__).resolve().parents[3]
 
-# (figure, claim whose statement is the takeaway): the paper's main results, in its order.
-HEADLINES = (
-    ("invariance_map", "invariance-matches-theory"),
-    ("precision_error_vs_bias", "precision-output-change-within-tolerance"),
-    ("training_curves", "train-accuracy-agrees-kept-removed"),
-    ("pretrained_bias_norms", "pretrained-strip-and-fold-within-rounding-float64"),
-    ("cost_time_saving", "cost-saving-within-removed-work"),
-)
-KIND_WORDS = {"test": ("test", "tests"), "consistency": ("cross-check", "cross-checks"),
-              "implied": ("implied claim", "implied claims"), "proof": ("proof check", "proof checks")}
+KIND_WORDS = {"test": ("test", "tests"), "claim": ("claim", "claims"), "consistency": ("cross-check", "cross-checks"),
+              "implied": ("implied claim", "implied claims"), "proof": ("proof check", "proof checks"),
+              "control": ("positive control", "positive controls")}
+KIND_ORDER = ("test", "proof", "control", "consistency", "implied")
 
+# Colours meet WCAG AA on white (text >= 4.5:1): #1f2328 15.8, #4a5058 7.6, link #0b57a4 7.1,
+# visited #6a2c91 8.6, fails #a4161a 7.5, holds #1d5a37 7.8.
 _STYLE = """
-body{font-family:system-ui,-apple-system,"Segoe UI",sans-serif;max-width:62rem;margin:2rem auto;padding:0 1.2rem;
-color:#222;line-height:1.55}
-h1{font-size:1.9rem;line-height:1.25;margin-bottom:.3rem}h2{margin-top:2.4rem;border-bottom:1px solid #ddd;padding-bottom:.2rem}
-.meta{color:#555;font-size:.92rem}.abstract{font-size:1.02rem;background:#f7f7f5;padding:.8rem 1.1rem;border-radius:4px}
-nav.top a{margin-right:.9rem}
-.headlines{display:grid;grid-template-columns:repeat(auto-fill,minmax(27rem,1fr));gap:1.4rem}
-.headline{margin:0;border:1px solid #e3e3e3;border-radius:5px;padding:.7rem;background:#fff}
-.headline img{width:100%;height:auto;display:block}.headline figcaption{font-size:.95rem;margin-top:.5rem}
-.headline .takeaway{font-weight:600}.headline .links{font-size:.88rem;color:#555}
-ol.notebooks li{margin:.35rem 0}
-details.claims{margin:.4rem 0;border:1px solid #e3e3e3;border-radius:4px;padding:.3rem .7rem}
-details.claims summary{cursor:pointer;font-weight:600}
-table{border-collapse:collapse;font-size:.9rem;width:100%;margin:.4rem 0}
-td,th{border-bottom:1px solid #e6e6e6;padding:.3rem .45rem;text-align:left;vertical-align:top}
-td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
-td.kind{white-space:nowrap;color:#555}.fails{color:#b00;font-weight:bold}.holds{color:#1d5a37}
-code{font-size:.85rem}pre{background:#f7f7f5;padding:.6rem;overflow-x:auto;font-size:.85rem}
-tr:target{outline:2px solid #e9a23b}
+:root{--ink:#1f2328;--muted:#4a5058;--link:#0b57a4;--rule:#d5d8dc;--soft:#f5f6f7}
+*{box-sizing:border-box}
+body{font-family:system-ui,-apple-system,"Segoe UI",sans-serif;max-width:76rem;margin:0 auto;padding:1rem 1.2rem 3rem;
+color:var(--ink);line-height:1.5;font-size:16px;overflow-wrap:break-word}
+a{color:var(--link);text-decoration:underline;text-underline-offset:2px}a:visited{color:#6a2c91}
+a:focus-visible{outline:2px solid #e9a23b;outline-offset:2px}
+h1{font-size:1.65rem;line-height:1.2;margin:.2rem 0 .3rem;max-width:48rem}
+h2{font-size:1.3rem;margin-top:2.2rem;border-bottom:1px solid var(--rule);padding-bottom:.2rem}
+h3{font-size:1.08rem;margin:.2rem 0 .4rem}
+p,li,figcaption,.prose{max-width:40rem}
+.meta{color:var(--muted);font-size:.9rem;margin:.2rem 0}
+nav.top{font-size:.92rem;margin:.3rem 0 .2rem}nav.top a{margin-right:.9rem;white-space:nowrap}
+ol.found{list-style:none;padding:0;margin:.6rem 0;display:grid;grid-template-columns:repeat(auto-fit,minmax(min(100%,22rem),1fr));
+gap:.35rem 1.6rem;max-width:none}
+ol.found li{max-width:38rem;font-size:.93rem;line-height:1.4;padding:.35rem 0;border-top:1px solid var(--rule)}
+ol.found li strong{display:block;font-size:.97rem}
+ol.found .basis{color:var(--muted);font-size:.85rem}
+article.finding{border-top:1px solid var(--rule);padding:1rem 0;display:grid;gap:0 2rem;
+grid-template-columns:minmax(0,1fr)}
+@media (min-width:64rem){article.finding.with-figure{grid-template-columns:minmax(0,26rem) minmax(0,1fr)}}
+article.finding figure{margin:0}article.finding img{max-width:100%;height:auto;display:block;border:1px solid var(--rule)}
+article.finding figcaption{font-size:.88rem;color:var(--muted);margin-top:.3rem}
+.statement{font-size:1rem}.links{font-size:.9rem}.links a{margin-right:.2rem}
+.abstract{background:var(--soft);padding:.8rem 1rem;border-radius:4px}
+ol.notebooks li{margin:.3rem 0}
+.filter{display:flex;flex-wrap:wrap;gap:.5rem 1rem;align-items:center;font-size:.92rem;margin:.6rem 0}
+.filter input[type=search]{font:inherit;padding:.25rem .4rem;min-width:0;width:16rem;max-width:100%}
+.filter select{font:inherit}
+details.group{margin:.35rem 0;border:1px solid var(--rule);border-radius:4px;padding:.3rem .7rem}
+details.group summary{cursor:pointer;font-weight:600}
+ul.claims{list-style:none;padding:0;margin:.3rem 0}
+ul.claims li{max-width:none;border-top:1px solid #e6e8ea;padding:.4rem 0;display:grid;gap:.1rem 1rem;
+grid-template-columns:minmax(0,1fr)}
+@media (min-width:48rem){ul.claims li{grid-template-columns:minmax(0,40rem) 12rem 7rem}}
+ul.claims .check{font-variant-numeric:tabular-nums;white-space:nowrap}
+ul.claims .kind{color:var(--muted);font-size:.88rem}
+ul.claims code{font-size:.8rem;overflow-wrap:anywhere}
+.fails{color:#a4161a;font-weight:bold}.holds{color:#1d5a37}
+code{font-size:.88rem}pre{background:var(--soft);padding:.6rem;font-size:.82rem;white-space:pre-wrap;overflow-wrap:anywhere;max-width:48rem}
+li:target,article:target{outline:2px solid #e9a23b;outline-offset:3px}
+ul.files li{max-width:none;margin:.3rem 0}
 """
 FAVICON = ("data:image/svg+xml,%3Csvg xmlns='http://www.w3.org/2000/svg' viewBox='0 0 16 16'%3E"
            "%3Crect width='16' height='16' rx='3' fill='%23264653'/%3E%3Ctext x='8' y='12.5' font-size='11' "
@@ -65,12 +85,12 @@ def _esc(value) -> str:
 def _number(value) -> str:
     """A claim's value or bound as HTML: numbers as the notebook pages print them, the rest escaped."""
     if isinstance(value, bool) or value is None:
-        return _esc(value)
+        return str(value)
     try:
         float(value)
     except (TypeError, ValueError):
-        return _esc(value)
-    return number_text(value)
+        return str(value)
+    return format_number(value)
 
 
 def _count(n: int, kind: str) -> str:
@@ -144,7 +164,12 @@ def _notebook_title(results: Path, name: str) -> str:
         return name
 
 
-def _citation(root: Path) -> str:
+def plain_title(title_html: str) -> str:
+    return html.unescape(re.sub(r"<[^>]+>", "", title_html)).strip()
+
+
+def _citation(root: Path, title_html: str = "") -> str:
+    """The citation: the paper's title (the one CITATION.cff carries too), authors and year."""
     path = root / "CITATION.cff"
     if not path.is_file():
         return "<p>See <code>CITATION.cff</code> in the repository.</p>"
@@ -158,7 +183,8 @@ def _citation(root: Path) -> str:
     authors = " and ".join(a.get("name") or f"{a.get('given-names', '')} {a.get('family-names', '')}".strip()
                            for a in pref.get("authors", cff.get("authors", [])))
     year = str(pref.get("year") or cff.get("date-released", ""))[:4]
-    fields = [f"  title  = {{{pref.get('title', cff.get('title', ''))}}}", f"  author = {{{authors}}}"]
+    title = plain_title(title_html) or pref.get("title", cff.get("title", ""))
+    fields = [f"  title  = {{{title}}}", f"  author = {{{authors}}}"]
     if year:
         fields.append(f"  year   = {{{year}}}")
     if cff.get("repository-code"):
@@ -166,142 +192,298 @@ def _citation(root: Path) -> str:
     if cff.get("version"):
         fields.append(f"  note   = {{version {cff['version']}}}")
     bib = "@misc{keybias,\n" + ",\n".join(fields) + "\n}"
-    return (f"<p>{_esc(authors)}. <em>{_esc(pref.get('title', ''))}</em>"
+    return (f"<p>{_esc(authors)}. <em>{_esc(title)}</em>"
             f"{'. ' + _esc(year) if year else ''}. The machine-readable record is <code>CITATION.cff</code>.</p>"
             f"<pre>{_esc(bib)}</pre>")
 
 
+# -- where things are ---------------------------------------------------------------------------
+def paper_pages(root: Path = ROOT) -> dict[str, dict]:
+    """{LaTeX label: {"number", "page"}} from the paper's .aux (paper/build/main.aux, then
+    paper/main.aux); empty when the paper has not been built: links then open the PDF's start.
+    `\\newlabel{sec:x}{{3}{5}...}` is section 3 on page 5."""
+    for aux in (root / "paper" / "build" / "main.aux", root / "paper" / "main.aux"):
+        if aux.is_file():
+            found = {}
+            pattern = re.compile(r"\\newlabel\{([^}]+)\}\{\{([^}]*)\}\{(\d+)\}")
+            for match in pattern.finditer(aux.read_text(errors="replace")):
+                found[match.group(1)] = {"number": match.group(2), "page": int(match.group(3))}
+            return found
+    return {}
+
+
+def load_findings(results: Path) -> list[dict]:
+    """results/findings.json; without it, the registry with the run's macros filled in."""
+    path = Path(results) / "findings.json"
+    if path.is_file():
+        try:
+            return json.loads(path.read_text())
+        except json.JSONDecodeError:
+            pass
+    from keybias.build.findings_out import findings_records, read_macros
+
+    return findings_records(read_macros(results))
+
+
+def claims_by_finding(findings: list[dict], claims: list[dict]) -> tuple[dict[str, list[dict]], list[dict]]:
+    """Each finding's claims (the tests that decide it, then the checks it rests on), and the
+    claims no finding names."""
+    owner: dict[str, str] = {}
+    for f in findings:
+        for cid in f.get("decided_by", []):
+            owner.setdefault(cid, f["id"])
+    for f in findings:
+        for cid in f.get("rests_on", []):
+            owner.setdefault(cid, f["id"])
+    for c in claims:
+        if c.get("finding"):
+            owner[c["id"]] = c["finding"]
+    grouped: dict[str, list[dict]] = {f["id"]: [] for f in findings}
+    rest = []
+    for c in claims:
+        fid = owner.get(c["id"])
+        (grouped[fid] if fid in grouped else rest).append(c)
+    for fid in grouped:
+        grouped[fid].sort(key=lambda c: KIND_ORDER.index(c.get("kind")) if c.get("kind") in KIND_ORDER else 9)
+    return grouped, rest
+
+
+_SUPER = str.maketrans("0123456789-", "\u2070\u00b9\u00b2\u00b3\u2074\u2075\u2076\u2077\u2078\u2079\u207b")
+
+
+def statement_html(text: str) -> str:
+    """A finding's plain statement as HTML: `10^-12` as a power, `b_k` and `q_i` with subscripts."""
+    text = _esc(text)
+    text = re.sub(r"\^\{?(-?\d+)\}?", lambda m: m.group(1).translate(_SUPER), text)
+    text = re.sub(r"\^\{?([\w\u0370-\u03ff])\}?", r"<sup>\1</sup>", text)
+    return re.sub(r"(?<![\w])([a-z])_([a-z0-9])(?![\w])", r"<i>\1</i><sub>\2</sub>", text)
+
+
+def _judging_claim(finding: dict, claims_here: list[dict]) -> dict | None:
+    for c in claims_here:
+        if c["id"] in finding.get("decided_by", []):
+            return c
+    return claims_here[0] if claims_here else None
+
+
+def _paper_link(label: str | None, pages: dict[str, dict]) -> str:
+    where = pages.get(label or "")
+    if where:
+        return (f'<a href="../paper/main.pdf#page={where["page"]}">section {_esc(where["number"])} of the paper '
+                f'(page {where["page"]})</a>')
+    return '<a href="../paper/main.pdf">the paper (PDF)</a>'
+
+
+def _claim_item(c: dict, name_of_finding: str) -> str:
+    holds = bool(c.get("holds"))
+    sign = SIGNS.get(c.get("comparison", "<="), _esc(c.get("comparison", "")))
+    words = " ".join([c.get("statement", ""), c["id"], c.get("kind") or "", c.get("notebook", ""), name_of_finding])
+    return (f'<li id="claim-{_esc(c["id"])}" data-kind="{_esc(c.get("kind") or "")}" '
+            f'data-holds="{"yes" if holds else "no"}" data-text="{_esc(words.lower())}">'
+            f'<span>{_esc(c.get("statement", ""))} <a href="notebooks/{_esc(c.get("notebook", ""))}.html#claim-'
+            f'{_esc(c["id"])}">where it is judged</a></span>'
+            f'<span class="check">{_esc(_number(c.get("value")))} {sign} {_esc(_number(c.get("bound")))}'
+            + (' <span class="holds">holds</span>' if holds else ' <span class="fails">FAILS</span>') + "</span>"
+            f'<span class="kind">{_esc(c.get("kind") or "")}</span></li>')
+
+
+_FILTER_SCRIPT = """
+(function(){var q=document.getElementById('claim-filter'),k=document.getElementById('claim-kind'),
+f=document.getElementById('claim-failing'),n=document.getElementById('claim-count');
+function run(){var words=q.value.toLowerCase().trim(),kind=k.value,only=f.checked,shown=0;
+document.querySelectorAll('details.group').forEach(function(g){var any=0;
+g.querySelectorAll('ul.claims li').forEach(function(li){var ok=(!kind||li.dataset.kind===kind)&&
+(!only||li.dataset.holds==='no')&&(!words||li.dataset.text.indexOf(words)>=0);li.hidden=!ok;if(ok){any++;shown++;}});
+g.hidden=!any;if(words||only||kind){g.open=any>0;}});n.textContent=shown+' shown';}
+[q,k,f].forEach(function(el){el.addEventListener('input',run);el.addEventListener('change',run);});
+document.getElementById('claim-tools').hidden=false;})();
+"""
+
+
+def site_commit(provenance: dict, steps: list[dict] | None = None) -> str:
+    """The one commit every page names: the results' (provenance.json), else the first step's."""
+    commit = provenance.get("head_commit") or provenance.get("commit")
+    if not commit and steps:
+        commit = (steps[0].get("provenance") or {}).get("commit")
+    return str(commit or "unknown")
+
+
+def _page_head(title: str, heading_note: str = "") -> list[str]:
+    plain = re.sub(r"<[^>]+>", "", title)
+    return ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
+            '<meta name="viewport" content="width=device-width, initial-scale=1">',
+            f"<title>{_esc(heading_note + plain) if heading_note else plain}</title>",
+            f'<link rel="icon" href="{FAVICON}">', f"<style>{_STYLE}</style></head><body>"]
+
+
 def render_index(results: Path, steps: list[dict], claims: list[dict], provenance: dict,
-                 *, root: Path = ROOT) -> str:
+                 *, root: Path = ROOT, findings: list[dict] | None = None) -> str:
     """The HTML text of results/index.html; every link is relative to `results`."""
-    from keybias.build.render_page import paper_figures
-
     results = Path(results)
-    front = paper_front(root, results)
-    figures_in_paper = paper_figures(root / "paper")
-    by_id = {c["id"]: c for c in claims}
-    commit = str(provenance.get("commit", "unknown"))
-    title = front["title"] or "keybias: results"
-    held = sum(bool(c.get("holds")) for c in claims)
-    tests = [c for c in claims if c.get("kind") == "test"]
-    out = [
-        "<!DOCTYPE html>",
-        '<html lang="en"><head><meta charset="utf-8">',
-        '<meta name="viewport" content="width=device-width, initial-scale=1">',
-        f"<title>{re.sub(r'<[^>]+>', '', title)}</title>",
-        f'<link rel="icon" href="{FAVICON}">',
-        f"<style>{_STYLE}</style></head><body>",
-        f'<header><h1 id="top">{title}</h1>',
-        f'<p class="meta">Results generated from commit <code>{_esc(commit[:12])}</code>'
-        f"{' (with uncommitted changes)' if provenance.get('dirty') else ''}, profile "
-        f"<code>{_esc(provenance.get('profile', ''))}</code>. "
-        '<a href="../paper/main.pdf">The paper (PDF)</a>.</p>',
-        '<nav class="top"><a href="#results">Headline results</a><a href="#notebooks">Notebooks</a>'
-        '<a href="#claims">Claims</a><a href="#files">Files</a><a href="#cite">Cite</a></nav></header>',
-    ]
-    if front["abstract"]:
-        out.append(f'<section id="abstract"><h2>Abstract</h2><p class="abstract">{front["abstract"]}</p></section>')
+    if results.is_dir():  # the page links to files.html: written beside it, whoever renders the index
+        from keybias.build.recorder import atomic_write_text
 
-    # headline results
-    out.append('<section id="results"><h2>Headline results</h2><div class="headlines">')
-    shown = 0
-    for stem, claim_id in HEADLINES:
-        step = next((s for s in steps if f"figures/{stem}.png" in s.get("outputs", [])), None)
-        if step is None:
-            continue
-        name = step["notebook"]
-        claim = by_id.get(claim_id) or next(
-            (c for c in claims if c.get("notebook") == name and c.get("kind") == "test"), None)
-        if claim is None:
-            continue
-        shown += 1
-        alt = step.get("figures_alt", {}).get(stem, f"figure {stem}")
-        paper = figures_in_paper.get(stem)
-        paper_link = ""
-        if paper:
-            section = (paper.get("section") or {}).get("title")
-            paper_link = (f' &middot; <a href="../paper/main.pdf">Figure {paper["number"]} of the paper'
-                          f'{", section " + _esc(section) if section else ""}</a>')
-        verdict = "" if claim.get("holds") else ' <span class="fails">(FAILS)</span>'
-        out.append(
-            f'<figure class="headline" id="headline-{_esc(stem)}">'
-            f'<a href="notebooks/{_esc(name)}.html#fig-{_esc(stem.replace("_", "-"))}">'
-            f'<img src="figures/{_esc(stem)}.png" alt="{_esc(alt)}"></a>'
-            f'<figcaption><span class="takeaway">{_esc(claim.get("statement", ""))}</span>{verdict} '
-            f'<span class="links">(<a href="notebooks/{_esc(name)}.html#claim-{_esc(claim["id"])}">judged in '
-            f'{_esc(name)}</a> &middot; <a href="notebooks/{_esc(name)}.html#fig-{_esc(stem.replace("_", "-"))}">'
-            f'the figure in its notebook</a>{paper_link})</span></figcaption></figure>')
-    out.append("</div>")
-    if not shown:
-        out.append("<p>No headline figure was produced in this run.</p>")
+        files_page = render_files(results, steps, provenance, root=root)
+        path = results / "files.html"
+        if not path.is_file() or path.read_text() != files_page:
+            atomic_write_text(path, files_page)
+    front = paper_front(root, results)
+    findings = load_findings(results) if findings is None else findings
+    pages = paper_pages(root)
+    commit = site_commit(provenance, steps)
+    title = front["title"] or "keybias: results"
+    grouped, rest = claims_by_finding(findings, claims)
+    alts = {stem: alt for s in steps for stem, alt in (s.get("figures_alt") or {}).items()}
+    failing = [c for c in claims if not c.get("holds")]
+    tests = [c for c in claims if c.get("kind") == "test"]
+    out = _page_head(title)
+    out += [
+        f'<header><h1 id="top">{title}</h1>',
+        f'<p class="meta">Every number on this page was computed by the notebooks at commit '
+        f'<code>{_esc(commit[:12])}</code> (profile <code>{_esc(provenance.get("profile", ""))}</code>). '
+        f'<a href="../paper/main.pdf">The paper (PDF)</a>.</p>',
+        '<nav class="top" aria-label="On this page"><a href="#found">What we found</a><a href="#findings">'
+        'The findings</a><a href="#notebooks">Notebooks</a><a href="#claims">Claims</a>'
+        '<a href="files.html">All files</a><a href="#cite">Cite</a></nav></header>',
+    ]
+    if failing:
+        out.append(f'<p class="fails">{len(failing)} of {len(claims)} claims FAIL: '
+                   + ", ".join(f'<a href="#claim-{_esc(c["id"])}">{_esc(c["id"])}</a>' for c in failing) + ".</p>")
+
+    # what we found: one sentence with its number per finding
+    out.append('<section id="found" aria-labelledby="found-h"><h2 id="found-h">What we found</h2><ol class="found">')
+    for f in findings:
+        statement = f.get("statement") or ""
+        out.append(f'<li><strong><a href="#finding-{_esc(f["id"])}">{statement_html(f.get("title", f["id"]))}</a></strong>'
+                   f"{statement_html(statement)}</li>")
+    out.append("</ol></section>")
+
+    # each finding: its figure, its links, its claims
+    out.append('<section id="findings"><h2>The findings</h2>')
+    for f in findings:
+        name = f.get("notebook", "")
+        mine = grouped.get(f["id"], [])
+        judge = _judging_claim(f, mine)
+        stem = f.get("figure")
+        has_figure = bool(stem) and (results / "figures" / f"{stem}.png").is_file()
+        links = []
+        if has_figure:
+            links.append(f'<a href="notebooks/{_esc(name)}.html#fig-{_esc(stem.replace("_", "-"))}">the figure in '
+                         f"its notebook</a>")
+        if judge is not None:
+            links.append(f'<a href="notebooks/{_esc(name)}.html#claim-{_esc(judge["id"])}">the cell that judges it</a>')
+        else:
+            links.append(f'<a href="notebooks/{_esc(name)}.html">notebook {_esc(name)}</a>')
+        links.append(_paper_link(f.get("section"), pages))
+        basis = {"test": f"decided by {_count(len(f.get('decided_by', [])), 'test')}",
+                 "proof": "an exact identity, checked symbolically", "measurement": "a reported measurement"}
+        verdict = ""
+        if any(not c.get("holds") for c in mine):
+            verdict = ' <span class="fails">(a claim FAILS)</span>'
+        text = [f'<div><h3>{statement_html(f.get("title", f["id"]))}{verdict}</h3>',
+                f'<p class="statement">{statement_html(f.get("statement") or "")}</p>',
+                f'<p class="links">See {", ".join(links[:-1])} and {links[-1]}. '
+                f'<span class="meta">Basis: {_esc(basis.get(f.get("basis"), f.get("basis", "")))}'
+                + (f'; <a href="#group-{_esc(f["id"])}">its {_count(len(mine), "claim")}</a>' if mine else "")
+                + ".</span></p></div>"]
+        figure = ""
+        if has_figure:
+            alt = alts.get(stem, f"The figure {stem}.")
+            from keybias.build.render_page import png_css_width
+
+            with open(results / "figures" / f"{stem}.png", "rb") as handle:
+                width = png_css_width(handle.read(4096))
+            size = f' width="{width}"' if width else ""
+            figure = (f'<figure><a href="figures/{_esc(stem)}.png"><img src="figures/{_esc(stem)}.png"{size} '
+                      f'alt="{_esc(alt)}" loading="lazy"></a><figcaption>Full size: <a href="figures/{_esc(stem)}.png">'
+                      f'PNG</a> &middot; <a href="figures/{_esc(stem)}.pdf">PDF</a></figcaption></figure>')
+        out.append(f'<article class="finding{" with-figure" if figure else ""}" id="finding-{_esc(f["id"])}">'
+                   + "".join(text) + figure + "</article>")
     out.append("</section>")
 
     # notebooks
-    out.append('<section id="notebooks"><h2>Notebooks</h2><ol class="notebooks">')
+    out.append('<section id="notebooks"><h2>Notebooks</h2><p>Each reads as a section of the paper; '
+               "its code is folded under each result.</p><ol class=\"notebooks\">")
     for step in steps:
         name = step["notebook"]
-        mine = [c for c in claims if c.get("notebook") == name]
-        kinds = {}
-        for c in mine:
-            kinds[c.get("kind") or "other"] = kinds.get(c.get("kind") or "other", 0) + 1
-        counts = ", ".join(_count(n, k) for k, n in sorted(kinds.items(), key=lambda kv: kv[0] != "test"))
-        out.append(
-            f'<li><a href="notebooks/{_esc(name)}.html">{_esc(name)}: {_esc(_notebook_title(results, name))}</a> '
-            f'(<a href="notebooks/{_esc(name)}.ipynb">ipynb</a>)'
-            + (f"; {_esc(counts)}" if counts else "") + "</li>")
+        out.append(f'<li><a href="notebooks/{_esc(name)}.html">{_esc(_notebook_title(results, name))}</a> '
+                   f'(<code>{_esc(name)}</code>; <a href="notebooks/{_esc(name)}.ipynb">the executed '
+                   "notebook</a>)</li>")
     out.append("</ol></section>")
 
-    # claims, by notebook, collapsed
-    verdict_line = (f"all {len(claims)} hold" if held == len(claims) else f"{held} of {len(claims)} hold")
-    out.append(f'<section id="claims"><h2>Claims ({verdict_line}; {_count(len(tests), "test")} among them)</h2>'
-               "<p>Each claim is computed by a notebook, with a bound fixed before the data; the link under each "
-               "goes to the cell that judges it.</p>")
-    for step in steps:
-        name = step["notebook"]
-        mine = [c for c in claims if c.get("notebook") == name]
-        if not mine:
-            continue
-        failing = [c for c in mine if not c.get("holds")]
-        state = "all hold" if not failing else f'<span class="fails">{len(failing)} FAIL</span>'
-        out.append(f'<details class="claims" id="claims-{_esc(name)}"><summary>{_esc(name)}: '
-                   f"{_esc(_notebook_title(results, name))} ({len(mine)}, {state})</summary>"
-                   "<table><thead><tr><th>statement</th><th>value</th><th>bound</th><th>kind</th>"
-                   "<th>holds</th></tr></thead><tbody>")
-        for c in mine:
-            holds = bool(c.get("holds"))
-            sign = SIGNS.get(c.get("comparison", "<="), _esc(c.get("comparison", "")))
-            out.append(
-                f'<tr id="claim-{_esc(c["id"])}"><td>{_esc(c.get("statement", ""))} '
-                f'<a href="notebooks/{_esc(name)}.html#claim-{_esc(c["id"])}"><code>{_esc(c["id"])}</code></a></td>'
-                f'<td class="num">{_number(c.get("value"))}</td>'
-                f'<td class="num">{sign} {_number(c.get("bound"))}</td><td class="kind">{_esc(c.get("kind") or "")}</td>'
-                + ('<td class="holds">yes</td>' if holds else '<td class="fails">NO</td>') + "</tr>")
-        out.append("</tbody></table></details>")
-    out.append("</section>")
-
-    # files
-    out.append('<section id="files"><h2>Figures, tables and data</h2><ul>')
-    for step in steps:
-        files = sorted(p for p in step.get("outputs", [])
-                       if p.startswith(("figures/", "tables/", "data/", "machine/", "equations/", "macros/")))
-        if files:
-            links = ", ".join(f'<a href="{_esc(p)}">{_esc(p)}</a>' for p in files)
-            out.append(f"<li>{_esc(step['notebook'])}: {links}</li>")
-    extra = [p for p in ("claims.json", "provenance.json", "tables/claims.tex") if (results / p).exists()]
-    if extra:
-        out.append("<li>build: " + ", ".join(f'<a href="{p}">{p}</a>' for p in extra) + "</li>")
-    out.append("</ul></section>")
+    # claims, grouped by finding, with a filter
+    kinds = sorted({c.get("kind") or "" for c in claims}, key=lambda k: KIND_ORDER.index(k) if k in KIND_ORDER else 9)
+    lead = (f"All {len(claims)} claims hold" if not failing else f"{len(failing)} of {len(claims)} claims FAIL")
+    out.append(
+        f'<section id="claims"><h2>Claims, by finding</h2><p>{lead}. {_count(len(tests), "test")} could have '
+        "refuted a finding; the other claims are proof checks, positive controls and cross-checks of the "
+        "bookkeeping. Each bound was fixed before the data; each claim links to the cell that judges it.</p>"
+        '<div class="filter" id="claim-tools" hidden><label>Filter <input type="search" id="claim-filter" '
+        'placeholder="words, an id"></label><label>Kind <select id="claim-kind"><option value="">any</option>'
+        + "".join(f'<option value="{_esc(k)}">{_esc(k)}</option>' for k in kinds)
+        + '</select></label><label><input type="checkbox" id="claim-failing"> failing only</label>'
+        '<span id="claim-count" class="meta" aria-live="polite"></span></div>')
+    titles = {f["id"]: f.get("title", f["id"]) for f in findings}
+    groups = [(fid, titles[fid], grouped[fid]) for fid in titles if grouped[fid]]
+    by_notebook: dict[str, list[dict]] = {}
+    for c in rest:
+        by_notebook.setdefault(c.get("notebook", ""), []).append(c)
+    groups += [(f"other-{nb}", f"Other checks in {_notebook_title(results, nb)}", cs) for nb, cs in by_notebook.items()]
+    for gid, gtitle, cs in groups:
+        n_tests = sum(c.get("kind") == "test" for c in cs)
+        bad = sum(not c.get("holds") for c in cs)
+        counts = f"{_count(n_tests, 'test')}, {len(cs) - n_tests} other" if n_tests else f"{len(cs)} checks"
+        state = "all hold" if not bad else f'<span class="fails">{bad} FAIL</span>'
+        out.append(f'<details class="group" id="group-{_esc(gid)}"{" open" if bad else ""}><summary>{_esc(gtitle)} '
+                   f'({counts}; {state})</summary><ul class="claims">'
+                   + "".join(_claim_item(c, gtitle) for c in cs) + "</ul></details>")
+    out.append(f"<script>{_FILTER_SCRIPT}</script></section>")
 
     # cite and bundle
-    out.append(f'<section id="cite"><h2>How to cite</h2>{_citation(root)}</section>')
+    out.append(f'<section id="cite"><h2>How to cite</h2>{_citation(root, title)}</section>')
     out.append(
         '<section id="bundle"><h2>The bundle</h2><p><code>make bundle</code> writes '
         f"<code>dist/keybias-artifact-{_esc(commit[:12])}.tar.gz</code>: the code, notebooks, parameters, these "
         "results and the paper at this commit, byte for byte reproducible. <code>make all</code> inside it "
-        "regenerates everything; <code>make verify</code> compares a rerun with these results by output class.</p>"
-        "</section>")
+        "regenerates everything; <code>make verify</code> compares a rerun with these results, findings first. "
+        'Every figure, table and data file is listed on <a href="files.html">its own page</a>.</p></section>')
     out.append("</body></html>")
     return "\n".join(out) + "\n"
+
+
+FILE_KINDS = (("figures/", "Figures"), ("tables/", "LaTeX tables"), ("data/", "Data (CSV)"),
+              ("macros/", "Numbers the paper prints (LaTeX macros)"), ("equations/", "Equations"),
+              ("machine/", "Machine-specific measurements"))
+
+
+def render_files(results: Path, steps: list[dict], provenance: dict, *, root: Path = ROOT) -> str:
+    """results/files.html: every output, by notebook and kind."""
+    front = paper_front(root, results)
+    title = front["title"] or "keybias: results"
+    commit = site_commit(provenance, steps)
+    out = _page_head(title, "Files: ")
+    out.append(f'<header><p class="meta"><a href="index.html">&uarr; {title}</a></p><h1 id="top">Every file '
+               f'the notebooks wrote</h1><p class="meta">At commit <code>{_esc(commit[:12])}</code>. '
+               "Each notebook writes only its own files.</p></header>")
+    for step in steps:
+        name = step["notebook"]
+        files = step.get("outputs", [])
+        out.append(f'<section id="files-{_esc(name)}"><h2><a href="notebooks/{_esc(name)}.html">'
+                   f"{_esc(_notebook_title(results, name))}</a></h2><ul class=\"files\">")
+        for prefix, words in FILE_KINDS:
+            mine = sorted(p for p in files if p.startswith(prefix))
+            if mine:
+                links = ", ".join(f'<a href="{_esc(p)}">{_esc(p.removeprefix(prefix))}</a>' for p in mine)
+                out.append(f"<li>{_esc(words)}: {links}</li>")
+        out.append("</ul></section>")
+    extra = [p for p in ("findings.json", "claims.json", "provenance.json", "tables/claims.tex")
+             if (Path(results) / p).exists()]
+    if extra:
+        out.append('<section id="files-build"><h2>The build</h2><ul class="files"><li>'
+                   + ", ".join(f'<a href="{p}">{p}</a>' for p in extra) + "</li></ul></section>")
+    out.append("</body></html>")
+    return "\n".join(out) + "\n"
+
 
 
 def load_steps(results: Path) -> list[dict]:

@@ -127,13 +127,16 @@ def render_notebook_html(
     claims: list[dict] | None = None,
     notebooks: list[str] | None = None,
     paper_figure_numbers: dict[str, dict] | None = None,
+    findings: list[dict] | None = None,
 ) -> str:
     """The offline HTML page of one executed notebook, given as nbformat JSON text.
 
     `figures_alt` is the step record's map from figure name to alt text; `claims` its claims
     (each gets an anchor `#claim-<id>` under the cell that judges it, and the page ends with
     them as "What we found"); `notebooks` the names in reading order, for previous/next links
-    (default: notebooks/*.ipynb of the project); `commit`/`dirty` default to the working
+    (default: notebooks/*.ipynb of the project); `findings` the records of results/findings.json
+    (the closing "What we found" states this notebook's findings, figure captions theirs);
+    `commit`/`dirty` default to the working
     tree's (the pipeline renders right after running the notebook). The page expects the
     shared MathJax copy and stylesheet that `publish_assets` writes next to it.
     """
@@ -206,7 +209,8 @@ def render_notebook_html(
         following=following,
     )
     return finish_page(page, header=header, name=name, claims=claims, judged=judged, equations=equations,
-                        kept=kept, table_csv=table_csv, figures=figures, previous=previous, following=following)
+                        kept=kept, table_csv=table_csv, figures=figures, previous=previous, following=following,
+                        findings=findings)
 
 
 _REMOTE = re.compile(r"^\s*(?:(?:https?|wss?|ftp):)?//", re.IGNORECASE)
@@ -306,11 +310,19 @@ def publish_assets(results: Path, source: Path = MATHJAX_SOURCE) -> list[Path]:
 def render_results(results: Path) -> list[Path]:
     """Re-render every executed notebook in `<results>/notebooks` and publish the assets.
 
-    Profile, device, commit and figure alt texts come from each notebook's step record, so a
-    re-render describes the run that produced the outputs, not the current checkout.
+    Profile, device and figure alt texts come from each notebook's step record, so a re-render
+    describes the run that produced the outputs, not the current checkout. Every page names one
+    commit, the results' own (provenance.json, as the entry page does); a notebook whose inputs did
+    not change since an earlier commit was not rerun, and its outputs are those of this commit.
     """
+    from keybias.build.index import load_findings, site_commit
+
     results = Path(results)
     publish_assets(results)
+    provenance = {}
+    if (results / "provenance.json").is_file():
+        provenance = json.loads((results / "provenance.json").read_text())
+    findings = load_findings(results)
     written = []
     names = sorted(p.stem for p in (results / "notebooks").glob("*.ipynb"))
     figures = paper_figures()
@@ -324,11 +336,12 @@ def render_results(results: Path) -> list[Path]:
             profile=step.get("profile", "unknown"),
             device=step.get("device", "unknown"),
             figures_alt=step.get("figures_alt"),
-            commit=prov.get("commit", "unknown"),
-            dirty=prov.get("dirty", False),
+            commit=site_commit(provenance) if provenance else prov.get("commit", "unknown"),
+            dirty=provenance.get("dirty", prov.get("dirty", False)),
             claims=step.get("claims"),
             notebooks=names,
             paper_figure_numbers=figures,
+            findings=findings,
         )
         atomic_write_text(path.with_suffix(".html"), page)
         written.append(path.with_suffix(".html"))

@@ -114,6 +114,48 @@ def _equation_tex(call: ast.Call, literals: dict[str, str]) -> str | None:
     return None
 
 
+PLUMBING_MODULES = ("os", "warnings")
+_CONFIG_REPR = re.compile(r"^\s*[A-Z]\w*(?:Config|Settings|Params|Parameters)\(", re.DOTALL)
+
+
+def _is_plumbing(stmt: ast.stmt, names: set[str]) -> bool:
+    """Statements a reader never needs: the recorder's construction and import, warnings filters,
+    `os.environ` settings, and the imports of modules only those use."""
+    if isinstance(stmt, ast.ImportFrom) and stmt.module == "keybias.build" and all(
+            a.name == "recorder" for a in stmt.names):
+        return True
+    if isinstance(stmt, ast.Assign) and isinstance(stmt.value, ast.Call):
+        func = stmt.value.func
+        if isinstance(func, ast.Attribute) and func.attr == "Recorder":
+            return True
+        if any(isinstance(t, ast.Subscript) and ast.unparse(t.value) == "os.environ" for t in stmt.targets):
+            return True
+    if isinstance(stmt, ast.Assign) and any(
+            isinstance(t, ast.Subscript) and ast.unparse(t.value) == "os.environ" for t in stmt.targets):
+        return True
+    if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call):
+        text = ast.unparse(stmt.value.func)
+        if text.startswith(("warnings.", "os.environ.")):
+            return True
+    return False
+
+
+def _config_names(tree: ast.Module) -> set[str]:
+    """Names bound to a configuration object (`cfg = measure.XConfig(...)`)."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
+            func = ast.unparse(node.value.func)
+            if re.search(r"(?:Config|Settings)(?:\.\w+)?$", func):
+                found |= {t.id for t in node.targets if isinstance(t, ast.Name)}
+    return found
+
+
+def is_config_repr(text: str) -> bool:
+    """A printed configuration object (`ConditionsConfig(embed_dim=32, ...)`)."""
+    return bool(_CONFIG_REPR.match(text or ""))
+
+
 def reader_cells(nb: dict) -> list[dict]:
     """How each cell is shown to a reader, one dict per cell (None for markdown).
 
@@ -127,6 +169,7 @@ def reader_cells(nb: dict) -> list[dict]:
     """
     names = _recorder_names(nb)
     helpers: set[str] = set()
+    config_names: set[str] = set()
     cells = nb.get("cells", [])
     plan: list[dict | None] = []
     parsed = []
@@ -160,7 +203,12 @@ def reader_cells(nb: dict) -> list[dict]:
                 if (isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute)
                         and value.func.attr in ("finish", "claims_from", "claim", "claims")):
                     recorded |= _bound(stmt)
-        if not removed:
+        config_names |= _config_names(tree)
+        configs = config_names
+        plumbing = [s for s in tree.body if s not in removed and (
+            _is_plumbing(s, names)
+            or (isinstance(s, ast.Expr) and isinstance(s.value, ast.Name) and s.value.id in configs))]
+        if not removed and not plumbing:
             continue
         kept = [s for s in tree.body if s not in removed]
         used_later = set().union(*(_loaded(s) for s in kept)) if kept else set()
@@ -168,6 +216,17 @@ def reader_cells(nb: dict) -> list[dict]:
             if later and later[1] is not None:
                 used_later |= _loaded(later[1])
         removed = [s for s in removed if not (_bound(s) - {"_"}) & used_later]
+        removed += [s for s in plumbing if s not in removed]
+        # imports of os / warnings that only plumbing used
+        rest = [s for s in tree.body if s not in removed]
+        loads = set().union(*(_loaded(s) for s in rest if not isinstance(s, ast.Import))) if rest else set()
+        for later in parsed[index + 1:]:
+            if later and later[1] is not None:
+                loads |= _loaded(later[1])
+        for stmt in rest:
+            if (isinstance(stmt, ast.Import) and all(a.name in PLUMBING_MODULES for a in stmt.names)
+                    and not {a.asname or a.name for a in stmt.names} & loads):
+                removed.append(stmt)
         # a TeX string only handed to rec.equation goes with it
         literals = {t.id: s.value.value for s in tree.body if isinstance(s, ast.Assign)
                     and isinstance(s.value, ast.Constant) and isinstance(s.value.value, str)
@@ -279,7 +338,7 @@ def reader_output(output: dict) -> dict | None:
             return None
         return output
     text = plain_text(output)
-    if text.startswith("Empty DataFrame"):
+    if text.startswith("Empty DataFrame") or is_config_repr(text):
         return None
     table = _series_table(text)
     if table is None:

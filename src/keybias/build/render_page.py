@@ -15,7 +15,6 @@ import html
 import re
 from pathlib import Path
 
-from keybias.build.render_cells import NUMBER
 from keybias.build.render_clean import PACKAGE_DIR, cell_source, code_cells, parse_code
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -76,6 +75,7 @@ def called_modules(nb: dict, package_dir: Path = PACKAGE_DIR.parent) -> list[str
                 parts = full.split(".")
                 if parts[0] == "keybias" and len(parts) >= 2:
                     found.add(".".join(parts[1:]))
+    found -= {"build.recorder", "build"}  # the recorder is plumbing: the page shows what it records
     return sorted(m for m in found if (package_dir / Path(*m.split("."))).with_suffix(".py").is_file())
 
 
@@ -172,50 +172,55 @@ def claim_line(claim: dict) -> str:
     return f"{number_text(claim.get('value'))} {sign} {number_text(claim.get('bound'))}"
 
 
-def claims_box(claims: list[dict]) -> str:
-    """The claims a cell judges, each with its anchor, statement, value, bound and kind."""
+def claims_box(claims: list[dict], findings: dict[str, dict] | None = None) -> str:
+    """The claims a cell judges, each with its anchor, statement, value, bound and kind, and
+    the finding it decides, linked to its card on the entry page."""
     e = html.escape
     items = []
+    findings = findings or {}
     for c in claims:
         verdict = "holds" if c.get("holds") else "FAILS"
+        finding = findings.get(c.get("finding") or "")
+        decides = (f' <a class="kb-claim-finding" href="{INDEX_HREF}#finding-{e(finding["id"])}">decides: '
+                   f'{e(finding.get("title", finding["id"]))}</a>' if finding else "")
         items.append(
             f'<li id="claim-{e(c["id"])}" class="kb-claim kb-{"holds" if c.get("holds") else "fails"}">'
             f'<span class="kb-claim-statement">{e(c.get("statement", ""))}</span> '
             f'<span class="kb-claim-check">{claim_line(c)}: {verdict}</span> '
             f'<span class="kb-claim-kind">{e(c.get("kind") or "")}</span> '
-            f'<a class="kb-claim-id" href="#claim-{e(c["id"])}"><code>{e(c["id"])}</code></a></li>')
+            f'<a class="kb-claim-id" href="#claim-{e(c["id"])}"><code>{e(c["id"])}</code></a>{decides}</li>')
     noun = "claim" if len(claims) == 1 else "claims"
     return (f'<aside class="kb-claims" aria-label="Claims judged here"><p class="kb-claims-title">'
             f"Judged here ({len(claims)} {noun})</p><ul>{''.join(items)}</ul></aside>")
 
 
-def findings_html(claims: list[dict]) -> str:
-    """The closing section: what this notebook found, in its claims' own sentences."""
+def findings_html(claims: list[dict], findings: list[dict] | None = None, name: str = "") -> str:
+    """The closing section: the findings this notebook measures, as the paper states them (with
+    their numbers, from the findings registry), and where its claims are judged; the claims
+    themselves stand at their cells, not repeated here."""
     e = html.escape
-    if not claims:
-        return ('<section class="kb-findings" id="what-we-found"><h2>What we found</h2>'
-                "<p>This notebook records no claims; its numbers feed the paper through macros.</p></section>")
-    tests = [c for c in claims if c.get("kind") == "test"]
-    others = [c for c in claims if c.get("kind") != "test"]
-    failing = [c for c in claims if not c.get("holds")]
-
-    def item(c):
-        return (f'<li><span class="kb-claim-statement">{e(c.get("statement", ""))}</span> '
-                f'<span class="kb-claim-check">({claim_line(c)}{"" if c.get("holds") else ": FAILS"})</span> '
-                f'<a href="#claim-{e(c["id"])}">where it is judged</a></li>')
-
+    mine = [f for f in (findings or []) if f.get("notebook") == name]
     parts = ['<section class="kb-findings" id="what-we-found"><h2>What we found</h2>']
-    if tests:
-        lead = ("Every test below could have failed on plausible data; each holds."
-                if not failing else f"{len(failing)} of the claims below FAIL.")
-        parts.append(f"<p>{lead}</p><ul>{''.join(item(c) for c in tests)}</ul>")
-    if others:
-        words = {"consistency": "cross-checks of the bookkeeping", "implied": "consequences of the tests above",
-                 "proof": "exact symbolic identities"}
-        kinds = sorted({c.get("kind") or "other" for c in others})
-        label = "; ".join(words.get(k, k) for k in kinds)
-        parts.append(f"<details><summary>{len(others)} more: {e(label)}</summary>"
-                     f"<ul>{''.join(item(c) for c in others)}</ul></details>")
+    for f in mine:
+        parts.append(f'<p><strong>{e(f.get("title", f["id"]))}.</strong> {e(f.get("statement") or "")} '
+                     f'<a href="{INDEX_HREF}#finding-{e(f["id"])}">This finding on the entry page</a>.</p>')
+    tests = [c for c in claims if c.get("kind") == "test"]
+    failing = [c for c in claims if not c.get("holds")]
+    if claims:
+        first = claims[0]["id"]
+        counts = (f"{len(tests)} {'test' if len(tests) == 1 else 'tests'} and {len(claims) - len(tests)} "
+                  f"{'other check' if len(claims) - len(tests) == 1 else 'other checks'}") if tests else (
+            f"{len(claims)} {'check' if len(claims) == 1 else 'checks'}")
+        if failing:
+            state = (f'<strong class="kb-fails">{len(failing)} FAIL</strong>: '
+                     + ", ".join(f'<a href="#claim-{e(c["id"])}">{e(c["id"])}</a>' for c in failing))
+        else:
+            state = "every one holds"
+        parts.append(f'<p>This page judges {counts}, each at the cell that computes it '
+                     f'(the first is <a href="#claim-{e(first)}">here</a>); {state}. '
+                     f'<a href="{INDEX_HREF}#claims">All claims, by finding</a>.</p>')
+    elif not mine:
+        parts.append("<p>This notebook records no claims; its numbers feed the paper through macros.</p>")
     parts.append("</section>")
     return "".join(parts)
 
@@ -248,7 +253,7 @@ def header_html(*, name, title, section, profile, device, commit, dirty, modules
     else:
         commit_html = f"<code>{e(short)}</code>"
     if dirty:
-        commit_html += " (with uncommitted changes)"
+        commit_html += " plus local changes"
     section_html = (f"the paper section <em>{e(section)}</em>" if section
                     else "no section of the paper named in its metadata")
     links = ", ".join(
@@ -258,7 +263,8 @@ def header_html(*, name, title, section, profile, device, commit, dirty, modules
     params_html = ""
     if shown:
         rows = "".join(f"<tr><th><code>{e(k)}</code></th><td><code>{e(v)}</code></td></tr>" for k, v in shown.items())
-        params_html = (f"<details><summary>{len(shown)} parameters of profile <code>{e(profile)}</code></summary>"
+        noun = "parameter" if len(shown) == 1 else "parameters"
+        params_html = (f"<details><summary>{len(shown)} {noun} of profile <code>{e(profile)}</code></summary>"
                        f'<table class="kb-params">{rows}</table></details>')
     return (
         f'<header class="kb-header">'
@@ -283,6 +289,37 @@ def _pager_html(previous: str | None, following: str | None, css: str) -> str:
     return f'<nav class="kb-pager {css}" aria-label="Notebooks">{" &middot; ".join(parts)}</nav>'
 
 
+def _png_css_width(src: str) -> int | None:
+    """The CSS width at which an embedded PNG prints at its drawn size: its pixel width times
+    96 / its dpi (a 150-dpi figure of 6.3 in shows 605 px wide, 1.56 pixels per CSS pixel)."""
+    import base64
+
+    if not src.startswith("data:image/png;base64,"):
+        return None
+    try:
+        data = base64.b64decode(src.split(",", 1)[1][:4096])
+    except ValueError:
+        return None
+    return png_css_width(data)
+
+
+def png_css_width(data: bytes) -> int | None:
+    """`_png_css_width` of a PNG's first bytes."""
+    import struct
+
+    if data[:8] != b"\x89PNG\r\n\x1a\n":
+        return None
+    width = struct.unpack(">I", data[16:20])[0]
+    at = data.find(b"pHYs")
+    if at < 0:
+        return None
+    per_metre, _, unit = struct.unpack(">IIB", data[at + 4:at + 13])
+    if unit != 1 or per_metre <= 0:
+        return None
+    dpi = per_metre * 0.0254
+    return round(width * 96 / dpi) if dpi > 96 else None
+
+
 def _display_math(tex: str) -> str:
     return tex if tex.lstrip().startswith("\\begin") else f"$${tex}$$"
 
@@ -294,9 +331,19 @@ def _heading_text(heading) -> str:
 
 def finish_page(page: str, *, header: str, name: str, claims: list[dict], judged: dict[str, int],
                  equations: dict[int, list[str]], kept: list[int], table_csv: dict[int, str],
-                 figures: dict[str, dict], previous: str | None, following: str | None) -> str:
-    """Everything nbconvert does not do: header, anchors, captions, claim boxes, tables, findings."""
+                 figures: dict[str, dict], previous: str | None, following: str | None,
+                 findings: list[dict] | None = None) -> str:
+    """Everything nbconvert does not do: header, anchors, captions, claim boxes, tables, findings,
+    code folded under a "Code" toggle."""
     from bs4 import BeautifulSoup
+
+    from keybias.studies.tables import tidy_table_html
+
+    findings = list(findings or [])
+    finding_by_id = {f["id"]: f for f in findings}
+    finding_by_figure = {f["figure"]: f for f in findings if f.get("figure")}
+    owner = {cid: f["id"] for f in findings for cid in f.get("decided_by", [])}
+    claims = [c if c.get("finding") or c["id"] not in owner else {**c, "finding": owner[c["id"]]} for c in claims]
 
     soup = BeautifulSoup(page, features="html.parser")
     main = soup.find("main") or soup.body
@@ -328,7 +375,7 @@ def finish_page(page: str, *, header: str, name: str, claims: list[dict], judged
         if claim["id"] in judged:
             by_cell.setdefault(judged[claim["id"]], []).append(claim)
     for index in sorted(by_cell, reverse=True):
-        after_cell(index, claims_box(by_cell[index]))
+        after_cell(index, claims_box(by_cell[index], finding_by_id))
 
     # headings: slugs without TeX, unique on the page
     used = {"what-we-found"}
@@ -359,22 +406,27 @@ def finish_page(page: str, *, header: str, name: str, claims: list[dict], judged
         if stem:
             extra.append(f'<a href="../figures/{e(stem)}.png">PNG</a>')
             extra.append(f'<a href="../figures/{e(stem)}.pdf">PDF</a>')
-        caption = (f'<figcaption><a class="kb-fig-number" href="#{anchor}">Figure {number}.</a> '
-                   f"{e(img.get('alt', '').removeprefix('Figure: '))}"
+        finding = finding_by_figure.get(stem)
+        # the caption says what to see: the finding's sentence, with the numbers the code computed;
+        # the picture itself is described by the alt text, which the caption does not repeat
+        if finding and finding.get("statement"):
+            said = (f'{e(finding.get("statement") or "")} <a href="{INDEX_HREF}#finding-{e(finding["id"])}">'
+                    f"The finding</a>.")
+        else:  # no finding shows this figure: the sentence its code wrote
+            said = e(img.get("alt", "").removeprefix("Figure: "))
+        caption = (f'<figcaption><a class="kb-fig-number" href="#{anchor}">Figure {number}.</a> {said}'
                    + (f' <span class="kb-fig-links">({" &middot; ".join(extra)})</span>' if extra else "")
                    + "</figcaption>")
+        width = _png_css_width(img.get("src", ""))
+        if width and not img.get("width"):
+            img["width"] = str(width)
         figure = soup.new_tag("figure", attrs={"class": "kb-figure", "id": anchor})
         img.wrap(figure)
         figure.append(fragment(caption))
 
     # tables: wrap, numbers formatted, long ones trimmed with a link to the CSV
     for table in soup.select(".jp-RenderedHTML table"):
-        for cell in table.select("td, th"):
-            text = cell.get_text().strip()
-            if cell.name == "td" and NUMBER.match(text):
-                cell["class"] = [*(cell.get("class") or []), "kb-num"]
-                if not _INT.match(text):
-                    cell.string = f"{float(text):.4g}"
+        tidy_table_html(table, soup)  # a show_table table is only labelled for phones
         holder = table.find_parent(class_="jp-OutputArea-output")
         index = None
         cell_div = table.find_parent("div", class_="jp-Cell")
@@ -428,7 +480,17 @@ def finish_page(page: str, *, header: str, name: str, claims: list[dict], judged
     first = soup.select_one(".jp-MarkdownCell h1")
     if first is not None and slugify(_heading_text(first)).endswith(slugify(header_node.h1.get_text())):
         first.decompose()
-    main.append(fragment(findings_html(claims)))
+    # code folded: each code cell's input under a "Code" toggle, its outputs in view
+    for cell in soup.select("div.jp-CodeCell"):
+        wrapper = cell.find("div", class_="jp-Cell-inputWrapper")
+        if wrapper is None:
+            continue
+        fold = soup.new_tag("details", attrs={"class": "kb-code"})
+        summary = soup.new_tag("summary")
+        summary.string = "Code"
+        wrapper.wrap(fold)
+        fold.insert(0, summary)
+    main.append(fragment(findings_html(claims, findings, name)))
     main.append(fragment(_pager_html(previous, following, "kb-pager-bottom")))
     return str(soup)
 

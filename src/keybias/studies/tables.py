@@ -1,0 +1,273 @@
+"""One table formatter for every page: notebooks call `show_table`, the renderer `tidy_table_html`.
+
+A table for a reader has no index column, headers in words (PyTorch keywords stay as code),
+numbers right-aligned with thousands separators and 3 significant figures, "—" for a missing
+value, and whole text: nothing is masked or cut. A long table shows its first rows and links
+to the CSV that holds every row.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+import re
+
+MISSING = "\u2014"
+COMPARISONS = {"<=": "\u2264", ">=": "\u2265", "!=": "\u2260", "==": "="}
+MAX_ROWS = 25
+WIDE_COLUMNS = 4  # a table with more columns reads as one card per row on a phone
+# column names that are PyTorch keywords (the sweep tables' axes): shown as code, not as words
+KEYWORDS = frozenset({
+    "embed_dim", "num_heads", "kdim", "vdim", "batch_first", "bias", "add_bias_kv", "add_zero_attn",
+    "dropout", "need_weights", "dtype", "device", "is_causal", "attn_mask", "key_padding_mask",
+    "model_type", "eps", "lr",
+})
+_SUPERSCRIPT = str.maketrans("0123456789-", "\u2070\u00b9\u00b2\u00b3\u2074\u2075\u2076\u2077\u2078\u2079\u207b")
+_NUMBER = re.compile(r"^[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)?(?:\.\d+)?(?:[eE][-+]?\d+)?$")
+_BIAS = re.compile(r"\bb_([kqvo])\b")
+
+
+def is_missing(value) -> bool:
+    if value is None:
+        return True
+    if isinstance(value, float) and math.isnan(value):
+        return True
+    if isinstance(value, str) and value.strip() in ("", "nan", "NaN", "None", "--", "<NA>", "NaT"):
+        return True
+    try:
+        import pandas as pd
+
+        return bool(pd.isna(value)) if not isinstance(value, list | tuple | dict) else False
+    except (ImportError, TypeError, ValueError):
+        return False
+
+
+def format_number(value, digits: int = 3) -> str:
+    """A number for reading: integers with thousands separators, others to `digits` significant
+    figures (scientific as 1.2×10⁻³ outside 10⁻³…10⁶), "—" when missing; anything else as text."""
+    if is_missing(value):
+        return MISSING
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return str(value)
+    if math.isinf(number):
+        return "\u221e" if number > 0 else "\u2212\u221e"
+    if number == int(number) and abs(number) < 1e15 and (isinstance(value, int) or abs(number) < 1e6):
+        text = f"{int(number):,}"
+    elif number != 0 and not 1e-3 <= abs(number) < 1e6:
+        mantissa, exponent = f"{number:.{digits - 1}e}".split("e")
+        mantissa = mantissa.rstrip("0").rstrip(".") if "." in mantissa else mantissa
+        text = f"{mantissa}\u00d710{str(int(exponent)).translate(_SUPERSCRIPT)}"
+    else:
+        places = max(0, digits - 1 - math.floor(math.log10(abs(number)))) if number else 0
+        text = f"{number:,.{places}f}"
+    return text.replace("-", "\u2212", 1) if text.startswith("-") else text
+
+
+def is_number(value) -> bool:
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, int | float):
+        return True
+    try:
+        import numpy as np
+
+        return isinstance(value, np.number) and not isinstance(value, np.bool_)
+    except ImportError:
+        return False
+
+
+def header_text(name) -> str:
+    """A column name for a reader: snake_case to words; PyTorch keywords and b_k stay as code."""
+    name = str(name)
+    if name in KEYWORDS:
+        return name
+    words = re.sub(r"(?<![A-Za-z])b_([kqvo])(?![A-Za-z])", r"b@\1", name).replace("_", " ").replace("b@", "b_")
+    words = " ".join(words.split())
+    words = re.sub(r"\bnum\b|^n\b", "number of", words)
+    words = re.sub(r"\bacc\b", "accuracy", words)
+    words = re.sub(r"\bmax\b", "largest", words)
+    words = re.sub(r"\brms\b", "RMS", words)
+    words = re.sub(r"\bgrad\b", "gradient", words)
+    words = re.sub(r"\b(?:B|b)([kqvo])\b", r"b_\1", re.sub(r"^b([kqvo])\b", r"b_\1", words))
+    words = re.sub(r"\bdim\b", "dimension", words)
+    if not words or re.match(r"b_[kqvo]\b", words):
+        return words
+    return words[:1].upper() + words[1:]
+
+
+def whole_clauses(text: str, cut_at: int | None = None) -> str:
+    """Text that was cut at about `cut_at` characters, back to its last whole clause (never
+    mid-word); shorter text unchanged."""
+    text = str(text)
+    if cut_at is None or len(text) < cut_at:
+        return text
+    ends = [text.rfind(mark) for mark in ("; ", ". ", ", ")]
+    end = max(ends)
+    if end > 20:
+        return text[:end].rstrip(",;.") + "."
+    return text.rsplit(" ", 1)[0] + " \u2026"
+
+
+def breakable(escaped: str) -> str:
+    """Escaped text with a line-break opportunity after each underscore, so that identifiers
+    (`not_redundant`, `add_bias_kv`) wrap on a phone instead of widening the table."""
+    return escaped.replace("_", "_<wbr>")
+
+
+def _frame(frame):
+    import pandas as pd
+
+    if not isinstance(frame, pd.DataFrame):
+        frame = pd.DataFrame(frame)
+    index = frame.index
+    if not (isinstance(index, pd.RangeIndex) and index.name is None) and not (
+            index.name is None and list(index) == list(range(len(index)))):
+        frame = frame.reset_index()
+    return frame
+
+
+def table_html(frame, *, csv: str | None = None, max_rows: int = MAX_ROWS, caption: str | None = None,
+               headers: dict | None = None) -> str:
+    """The HTML of a reader's table (see the module docstring); `csv` is a stem in results/data/."""
+    frame = _frame(frame)
+    headers = headers or {}
+    e = html.escape
+    columns = list(frame.columns)
+    numeric = {c: all(is_number(v) or is_missing(v) for v in frame[c]) and not all(is_missing(v) for v in frame[c])
+               for c in columns}
+    labels = {c: str(c) if str(c) in KEYWORDS and c not in headers else headers.get(c, header_text(c)) for c in columns}
+    head = "".join(
+        f'<th class="{"kb-num" if numeric[c] else "kb-text"}" scope="col">'
+        f'{"<code>" + e(labels[c]) + "</code>" if str(c) in KEYWORDS and c not in headers else e(labels[c])}'
+        "</th>" for c in columns)
+    shown = frame if len(frame) <= max_rows else frame.head(max_rows)
+    rows = []
+    for _, row in shown.iterrows():
+        cells = []
+        for c in columns:
+            value = row[c]
+            if numeric[c]:
+                cells.append(f'<td class="kb-num" data-label="{e(labels[c])}">{e(format_number(value))}</td>')
+            else:
+                text = MISSING if is_missing(value) else (format_number(value) if is_number(value) else str(value))
+                text = COMPARISONS.get(text, text)
+                cells.append(f'<td class="kb-text" data-label="{e(labels[c])}">{breakable(e(text))}</td>')
+        rows.append("<tr>" + "".join(cells) + "</tr>")
+    note = ""
+    if len(frame) > max_rows:
+        where = (f'; every row is in <a href="../data/{e(csv)}.csv">data/{e(csv)}.csv</a>' if csv
+                 else "")
+        note = f'<p class="kb-trimmed">The first {max_rows} of {len(frame):,} rows{where}.</p>'
+    elif csv:
+        note = f'<p class="kb-trimmed">As CSV: <a href="../data/{e(csv)}.csv">data/{e(csv)}.csv</a>.</p>'
+    cap = f"<caption>{e(caption)}</caption>" if caption else ""
+    wide = " kb-wide" if len(columns) > WIDE_COLUMNS else ""
+    return (f'<div class="kb-table"><table class="kb-tidy{wide}">{cap}<thead><tr>{head}</tr></thead>'
+            f'<tbody>{"".join(rows)}</tbody></table></div>{note}')
+
+
+class Table:
+    """What `show_table` returns: Jupyter shows its HTML; its text form is the same table, plain."""
+
+    def __init__(self, frame, **options):
+        self.frame = _frame(frame)
+        self.options = options
+
+    def _repr_html_(self) -> str:
+        return table_html(self.frame, **self.options)
+
+    def __repr__(self) -> str:
+        shown = self.frame.head(self.options.get("max_rows", MAX_ROWS))
+        return shown.map(lambda v: format_number(v) if is_number(v) or is_missing(v) else str(v)).to_string(index=False)
+
+
+def show_table(frame, *, csv: str | None = None, max_rows: int = MAX_ROWS, caption: str | None = None,
+               headers: dict | None = None) -> Table:
+    """A DataFrame as a reader's table: the last expression of a notebook cell.
+
+    `csv`: the stem of the CSV in results/data/ that holds every row (linked under the table);
+    `headers`: column names to show instead of the generated ones.
+    """
+    return Table(frame, csv=csv, max_rows=max_rows, caption=caption, headers=headers)
+
+
+def _label_cells(table) -> int:
+    """Give each body cell its column's header as `data-label` (a phone shows a wide table as one
+    card per row) and mark a table of more than WIDE_COLUMNS columns `kb-wide`; the column count."""
+    head = table.find("thead")
+    rows = head.find_all("tr", recursive=False) if head else []
+    labels = [th.get_text().strip() for th in rows[-1].find_all(["th", "td"], recursive=False)] if rows else []
+    body = table.find("tbody")
+    for row in (body.find_all("tr", recursive=False) if body else []):
+        cells = row.find_all(["td", "th"], recursive=False)
+        if labels and len(cells) == len(labels):
+            for cell, label in zip(cells, labels, strict=True):
+                cell["data-label"] = label
+    if len(labels) > WIDE_COLUMNS and "kb-wide" not in (table.get("class") or []):
+        table["class"] = [*(table.get("class") or []), "kb-wide"]
+    return len(labels)
+
+
+def tidy_table_html(table, soup) -> None:
+    """Rewrite a pandas-rendered `<table>` (a BeautifulSoup node) in place to the reader's form:
+    the index column dropped when it is a plain row number, headers in words, numbers formatted
+    and right-aligned, missing values as "—". Tables `table_html` made are left as they are."""
+    if "kb-tidy" in (table.get("class") or []):
+        _label_cells(table)
+        return
+    head = table.find("thead")
+    body = table.find("tbody")
+    rows = body.find_all("tr", recursive=False) if body else table.find_all("tr")
+    # a plain row-number index: every body row starts with a <th> holding an integer
+    first = [r.find(["th", "td"], recursive=False) for r in rows]
+    plain_index = bool(rows) and all(
+        c is not None and c.name == "th" and re.fullmatch(r"\d+", c.get_text().strip()) for c in first)
+    if plain_index:
+        for c in first:
+            c.decompose()
+        if head:
+            for hr in head.find_all("tr", recursive=False):
+                cells = hr.find_all(["th", "td"], recursive=False)
+                if cells:
+                    cells[0].decompose()
+    if head:
+        for hr in head.find_all("tr", recursive=False):
+            for th in hr.find_all(["th", "td"], recursive=False):
+                text = th.get_text().strip()
+                th.clear()
+                if text in KEYWORDS:
+                    code = soup.new_tag("code")
+                    code.string = text
+                    th.append(code)
+                else:
+                    th.string = header_text(text)
+    for row in rows:
+        for cell in row.find_all(["td", "th"], recursive=False):
+            text = cell.get_text().strip()
+            if is_missing(text):
+                cell.string = MISSING
+            elif _NUMBER.match(text) and re.search(r"\d", text):
+                raw = text.replace(",", "")
+                value = int(raw) if re.fullmatch(r"[-+]?\d+", raw) else float(raw)
+                cell.string = format_number(value)
+                cell["class"] = [*(cell.get("class") or []), "kb-num"]
+            elif text in ("True", "False"):
+                cell.string = "yes" if text == "True" else "no"
+            elif text in COMPARISONS:
+                cell.string = COMPARISONS[text]
+            elif "_" in text and cell.name == "td" and not cell.find(True):
+                cell.clear()
+                for i, part in enumerate(text.split("_")):
+                    if i:
+                        cell.append("_")
+                        cell.append(soup.new_tag("wbr"))
+                    cell.append(part)
+                cell["class"] = [*(cell.get("class") or []), "kb-text"]
+            elif cell.name == "td":
+                cell["class"] = [*(cell.get("class") or []), "kb-text"]
+    table["class"] = [*(table.get("class") or []), "kb-tidy"]
+    _label_cells(table)
