@@ -221,7 +221,7 @@ def test_every_data_float_links_its_notebook():
 
 def test_data_figures_are_full_width():
     for path in _section_files():
-        for env, body in floats(path):
+        for _env, body in floats(path):
             for opts, name in re.findall(r"\\includegraphics\[([^\]]*)\]\{([^}]*)\}", body):
                 if name.startswith("pretrained_bias_norms"):  # drawn at half width, in the appendix
                     continue

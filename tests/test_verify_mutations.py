@@ -97,7 +97,7 @@ def _column(rel, column, change, where=None):
         table = pd.read_csv(path, dtype=str, keep_default_na=False)
         rows = table.index if where is None else table.index[where(table)]
         values = pd.to_numeric(table.loc[rows, column], errors="coerce")
-        table.loc[rows, column] = [str(change(v)) if v == v else old for v, old in zip(values, table.loc[rows, column])]
+        table.loc[rows, column] = [str(change(v)) if v == v else old for v, old in zip(values, table.loc[rows, column], strict=True)]
         table.to_csv(path, index=False)
 
     return rel, plant

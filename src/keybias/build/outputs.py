@@ -358,6 +358,7 @@ FILES: list[tuple[str, FileClass]] = [
     ("notebooks/*", FileClass(MACHINE, "executed notebooks and their pages: outputs carry timings")),
     ("figures/*", FileClass(MACHINE, "drawn from the compared data columns; font rasterising is machine-specific")),
     ("index.html", FileClass(MACHINE, "entry page generated from claims and provenance")),
+    ("files.html", FileClass(MACHINE, "the list of every output, written with the entry page")),
     ("equations/*", FileClass(EXACT, "SymPy output: exact rational arithmetic")),
     ("claims.json", FileClass(EXACT, "compared claim by claim, see CLAIM_CLASSES")),
     ("findings.json", FileClass("findings", "compared through each finding's headline numbers (keybias.studies.findings)")),

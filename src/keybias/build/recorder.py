@@ -254,7 +254,7 @@ class Recorder:
         if alt is not None:
             self.figure_alt[name] = alt
         paths = []
-        for suffix, options in ((".pdf", {"metadata": {"CreationDate": None}}), (".png", {"dpi": 150})):
+        for suffix, options in ((".pdf", {"metadata": {"CreationDate": None}}), (".png", {"dpi": 200})):
             path = self._path("figures", name, suffix)
             path.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=suffix)
