@@ -252,7 +252,7 @@ def one_architecture(model_type: str, seed: int = 0) -> dict[str, Any]:
     except surgery.SurgeryRefused as exc:
         row["strip"] = "refused"
         row["status"] = "refused"
-        row["reason"] = exc.refusals[0]["reason"][:200]
+        row["reason"] = exc.refusals[0]["reason"]
         naive = True  # the refusal left the model unchanged: measure what zeroing b_k would do
     except Exception as exc:  # noqa: BLE001
         row["strip"] = "error"
