@@ -111,3 +111,54 @@ def quantization_claims(quant: pd.DataFrame) -> tuple[list[Claim], dict[str, Any
             macros[f"CkptQuant{w}{cw}StripMedian"] = finite_median(h["err_strip"], f"{name} err_strip")
             macros[f"CkptQuant{w}{cw}RatioMedian"] = finite_median(h["err_strip"] / h["err_keep"], f"{name} ratio")
     return claims, macros
+
+
+# Published fine-tuning settings, only where the checkpoint's own package documents them.
+OPTIMIZERS = {
+    "all-MiniLM-L6-v2": {
+        "lr": 2e-5, "eps": 1e-6, "steps": 100_000,
+        "source": "model card (README.md) and train_script.py of the model: transformers.AdamW(lr=2e-5, "
+                  "correct_bias=True), whose default eps is 1e-6; 100k steps at batch 1024 on a TPU v3-8",
+    },
+}
+
+
+def drift_macros(grads: pd.DataFrame, norms: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, Any]]:
+    """The paper's drift prediction under each checkpoint's published optimizer, where published.
+
+    No claim: the settings and the measured norms were both known before this was written. With
+    sigma the largest float32 RMS entry of b_k's gradient (rounding noise, `gradient_noise`), far below
+    eps, Adam moves b_k like SGD with step lr * g / eps (the paper's SGD-like regime). Over T steps the
+    norm of the change is at most sqrt(H) * lr * T * sigma / eps if every step points the same way, and
+    about sqrt(H) * lr * sqrt(T) * sigma / eps for a random walk. sigma comes from a proxy loss (the
+    sum of the normalized embeddings' projections on a random direction), whose b_q gradient is given
+    for scale."""
+    rows = []
+    macros: dict[str, Any] = {}
+    for name, g in grads.groupby("checkpoint", sort=False):
+        g32 = g[g["dtype"] == "float32"]
+        g64 = g[g["dtype"] == "float64"]
+        sigma = finite_max(g32["grad_bk_rms"], f"{name} float32 grad_bk_rms")
+        row = {"checkpoint": name, "family": g["family"].iloc[0], "sigma_float32": sigma,
+               "sigma_float64": finite_max(g64["grad_bk_rms"], f"{name} float64 grad_bk_rms"),
+               "grad_bq_rms_median": finite_median(g32["grad_bq_rms"], f"{name} grad_bq_rms"),
+               "bk_norm_max": finite_max(norms.loc[norms["checkpoint"] == name, "bk_norm"], name)}
+        hidden_sqrt = 384 ** 0.5  # every checkpoint here has H = 384
+        opt = OPTIMIZERS.get(name)
+        if opt:
+            step = opt["lr"] * sigma / opt["eps"]
+            row.update(lr=opt["lr"], eps=opt["eps"], steps=opt["steps"],
+                       drift_linear=hidden_sqrt * step * opt["steps"],
+                       drift_walk=hidden_sqrt * step * opt["steps"] ** 0.5)
+        else:
+            row.update(lr=float("nan"), eps=float("nan"), steps=float("nan"), drift_linear=float("nan"),
+                       drift_walk=float("nan"))
+        rows.append(row)
+        w = CHECKPOINT_WORD[name]
+        macros[f"Ckpt{w}GradNoise"] = sigma
+        macros[f"Ckpt{w}GradNoiseSixtyFour"] = row["sigma_float64"]
+        macros[f"Ckpt{w}GradBq"] = row["grad_bq_rms_median"]
+        if opt:
+            macros[f"Ckpt{w}DriftLinear"] = row["drift_linear"]
+            macros[f"Ckpt{w}DriftWalk"] = row["drift_walk"]
+    return pd.DataFrame(rows), macros

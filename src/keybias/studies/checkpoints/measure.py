@@ -50,14 +50,16 @@ def _gelu(x, kind):
     return torch.nn.functional.gelu(x, approximate="tanh" if kind == "tanh" else "none")
 
 
-@torch.no_grad()
-def encode(ck: loaders.Checkpoint, ids: list[int]) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """(last hidden states [T, H], the input x of every layer's attention [T, H]) for one sequence."""
+def encode_graph(ck: loaders.Checkpoint, ids: list[int]) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """(last hidden states [T, H], the input x of every layer's attention [T, H]) for one sequence.
+
+    The word embeddings stay float32 (a gathered row is cast by the first addition), so a float64
+    copy of the model need not copy the vocabulary."""
     if len(ids) > ck.max_positions:
         raise ValueError(f"{ck.name}: {len(ids)} tokens > {ck.max_positions} positions")
     T, nh = len(ids), ck.num_heads
     hd = ck.hidden // nh
-    x = ck.word[torch.tensor(ids)] + ck.pos[:T] + ck.type0
+    x = ck.word[torch.tensor(ids)].to(ck.pos.dtype) + ck.pos[:T] + ck.type0
     x = _ln(x, ck.emb_ln_w, ck.emb_ln_b, ck.eps)
     inputs = []
     for ly in ck.layers:
@@ -71,6 +73,9 @@ def encode(ck: loaders.Checkpoint, ids: list[int]) -> tuple[torch.Tensor, list[t
         h = _gelu(x @ ly.wi.T + ly.bi, ck.gelu) @ ly.wf.T + ly.bf
         x = _ln(h + x, ly.ln2_w, ly.ln2_b, ck.eps)
     return x, inputs
+
+
+encode = torch.no_grad()(encode_graph)
 
 
 def quantize(k: torch.Tensor, bits: int) -> torch.Tensor:
@@ -148,16 +153,55 @@ def checkpoint_info(ck: loaders.Checkpoint) -> dict:
 
 
 def run(cfg: CheckpointsConfig) -> dict[str, pd.DataFrame]:
-    """Every checkpoint of the config: {"norms", "quant", "info"} tables."""
+    """Every checkpoint of the config: {"norms", "quant", "grads", "info"} tables."""
     torch.set_num_threads(cfg.num_threads)
     texts = sentences(cfg.n_sentences)
-    norms, quant, info = [], [], []
+    norms, quant, grads, info = [], [], [], []
     for name in cfg.checkpoints:
         ck = loaders.load(name)
         n, q = measure_checkpoint(ck, texts, cfg.bits, cfg.control_seed)
         norms.append(n)
         quant.append(q)
+        grads.append(gradient_noise(ck, texts, cfg.control_seed))
         info.append(checkpoint_info(ck))
         del ck
     return {"norms": pd.concat(norms, ignore_index=True), "quant": pd.concat(quant, ignore_index=True),
-            "info": pd.DataFrame(info)}
+            "grads": pd.concat(grads, ignore_index=True), "info": pd.DataFrame(info)}
+
+
+def _to(ck: loaders.Checkpoint, dtype: torch.dtype) -> loaders.Checkpoint:
+    """A copy of the checkpoint's tensors in `dtype` (the tokenizer is shared)."""
+    import dataclasses
+
+    layers = [loaders.Layer(**{f.name: getattr(ly, f.name).to(dtype).clone()
+                               for f in dataclasses.fields(loaders.Layer)}) for ly in ck.layers]
+    tensors = {n: getattr(ck, n).to(dtype).clone() for n in ("pos", "type0", "emb_ln_w", "emb_ln_b")}
+    return dataclasses.replace(ck, layers=layers, **tensors)
+
+
+def gradient_noise(ck: loaders.Checkpoint, texts: list[str], seed: int,
+                   dtypes: tuple[str, ...] = ("float32", "float64")) -> pd.DataFrame:
+    """Per layer and dtype: the RMS entry of the gradient of b_k (zero in exact arithmetic, so rounding
+    noise) and of b_q (signal), for the proxy loss L = sum_s <e_s, r>: e_s the L2-normalized mean-pooled
+    embedding of sentence s, r a seeded random unit vector. One backward pass over all sentences."""
+    gen = torch.Generator().manual_seed(seed)
+    r = torch.randn(ck.hidden, generator=gen, dtype=torch.float64)
+    r = r / r.norm()
+    rows = []
+    for dtype in dtypes:
+        model = _to(ck, getattr(torch, dtype))
+        for ly in model.layers:
+            ly.bk.requires_grad_(True)
+            ly.bq.requires_grad_(True)
+        loss = 0.0
+        with torch.enable_grad():
+            for text in texts:
+                h, _ = encode_graph(model, ck.tokenize(text))
+                e = h.mean(0)
+                loss = loss + (e / e.norm()) @ r.to(e.dtype)
+            loss.backward()
+        for i, ly in enumerate(model.layers):
+            rows.append({"checkpoint": ck.name, "family": ck.family, "layer": i, "dtype": dtype,
+                         "grad_bk_rms": float(ly.bk.grad.double().pow(2).mean().sqrt()),
+                         "grad_bq_rms": float(ly.bq.grad.double().pow(2).mean().sqrt())})
+    return pd.DataFrame(rows)

@@ -23,6 +23,17 @@ TABLES: dict[str, dict[str, str]] = {
         f64="bk_over_bq_max bk_over_bq_median",
         f32="bk_over_key_max bk_over_key_median",
     ),
+    "data/checkpoint_gradient_noise.csv": cols(
+        exact="checkpoint family layer dtype",
+        noise="grad_bk_rms",
+        f32="grad_bq_rms",
+    ),
+    "data/checkpoint_drift_prediction.csv": cols(
+        exact="checkpoint family lr eps steps",
+        noise="sigma_float32 sigma_float64 drift_linear drift_walk",
+        f32="grad_bq_rms_median",
+        f64="bk_norm_max",
+    ),
     "data/checkpoint_packages.csv": cols(
         exact="checkpoint family package version format matrices layers hidden heads",
     ),
