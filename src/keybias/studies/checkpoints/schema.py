@@ -1,0 +1,40 @@
+"""Columns of the checkpoints study's data tables and the output class of each.
+
+`exact`, `machine`, or the name of a tolerance in `keybias.build.outputs.TOLERANCES`. The bias
+norms come from the stored float32 weights (float64 sums); the key norms from float32 forward
+passes over ~500-700 tokens; the quantization errors are root mean squares over thousands of
+rounding errors of the quantizer.
+"""
+
+from keybias.studies.columns import cols
+
+TABLES: dict[str, dict[str, str]] = {
+    "data/checkpoint_bias_norms.csv": cols(
+        exact="checkpoint family layer tokens",
+        f64="bq_norm bk_norm bv_norm bk_over_bq",
+        f32="key_rms bk_over_key offset_over_key",
+    ),
+    "data/checkpoint_quantization.csv": cols(
+        exact="checkpoint family layer bits",
+        rms_error="err_keep err_strip control_err_keep control_err_strip",
+    ),
+    "data/checkpoint_summary.csv": cols(
+        exact="checkpoint family layers",
+        f64="bk_over_bq_max bk_over_bq_median",
+        f32="bk_over_key_max bk_over_key_median",
+    ),
+    "data/checkpoint_gradient_noise.csv": cols(
+        exact="checkpoint family layer dtype",
+        noise="grad_bk_rms",
+        f32="grad_bq_rms",
+    ),
+    "data/checkpoint_drift_prediction.csv": cols(
+        exact="checkpoint family lr eps steps",
+        noise="sigma_float32 sigma_float64 drift_linear drift_walk",
+        f32="grad_bq_rms_median",
+        f64="bk_norm_max",
+    ),
+    "data/checkpoint_packages.csv": cols(
+        exact="checkpoint family package version format matrices layers hidden heads",
+    ),
+}

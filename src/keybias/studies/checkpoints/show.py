@@ -1,0 +1,57 @@
+"""Notebook 10, show layer: the figure and the LaTeX tables (no measuring, no judging)."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+
+def ratio_figure(norms: pd.DataFrame, quant: pd.DataFrame):
+    """Left: ||b_k||/||k|| per layer and checkpoint (log scale). Right: err_strip / err_keep per layer."""
+    import matplotlib.pyplot as plt
+
+    from keybias.studies import style
+
+    style.apply()
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(style.FULL_WIDTH, 2.4))
+    markers = ("o", "s", "^", "D")
+    for (name, g), colour, marker in zip(norms.groupby("checkpoint", sort=False), style.OKABE_ITO, markers,
+                                         strict=False):
+        ax.plot(g["layer"], g["bk_over_key"], marker=marker, color=colour, label=name)
+        for bits, ls in ((8, "-"), (4, ":")):
+            h = quant[(quant["checkpoint"] == name) & (quant["bits"] == bits)]
+            if not h.empty:
+                bx.plot(h["layer"], h["err_strip"] / h["err_keep"], marker=marker, ls=ls, color=colour,
+                        label=f"{name}, int{bits}")
+    ax.set_yscale("log")
+    ax.set_xlabel("layer")
+    ax.set_ylabel(r"$\|b_k\| / \|k\|$")
+    bx.axhline(1.0, color="0.5", lw=0.8)
+    bx.set_xlabel("layer")
+    bx.set_ylabel("error, stripped / kept")
+    style.legend_outside(bx)
+    return fig
+
+
+def summary_latex(summary: pd.DataFrame) -> str:
+    table = summary.rename(columns={
+        "bk_over_key_max": r"$\|b_k\|/\|k\|$ max", "bk_over_key_median": r"$\|b_k\|/\|k\|$ median",
+        "bk_over_bq_max": r"$\|b_k\|/\|b_q\|$ max", "bk_over_bq_median": r"$\|b_k\|/\|b_q\|$ median"})
+    return table.to_latex(index=False, escape=False, float_format="%.3g")
+
+
+def quant_summary(quant: pd.DataFrame) -> pd.DataFrame:
+    """Per checkpoint and bit width: median over layers of the errors kept and stripped."""
+    rows = []
+    for (name, bits), g in quant.groupby(["checkpoint", "bits"], sort=False):
+        rows.append({"checkpoint": name, "bits": int(bits), "err_keep_median": g["err_keep"].median(),
+                     "err_strip_median": g["err_strip"].median(),
+                     "ratio_median": (g["err_strip"] / g["err_keep"]).median(),
+                     "ratio_min": (g["err_strip"] / g["err_keep"]).min(),
+                     "ratio_max": (g["err_strip"] / g["err_keep"]).max()})
+    return pd.DataFrame(rows)
+
+
+def quant_latex(summary: pd.DataFrame) -> str:
+    return summary.rename(columns={"err_keep_median": "error kept", "err_strip_median": "error stripped",
+                                   "ratio_median": "ratio (median)", "ratio_min": "min", "ratio_max": "max"}
+                          ).to_latex(index=False, escape=True, float_format="%.3g")
