@@ -317,7 +317,8 @@ def tier_of(cls: str) -> str:
 
 # Printed numbers (macros, tables) carry the class of the data they print, plus half a unit in
 # the last printed digit of each number for the printing itself.
-STUDIES = ("symbolic", "invariance", "precision", "training", "pretrained", "cost", "conditions", "longrun", "gpu")
+STUDIES = ("symbolic", "invariance", "precision", "training", "pretrained", "cost", "conditions", "longrun", "gpu",
+           "checkpoints")
 
 
 def _data_columns() -> dict[str, dict[str, str]]:
@@ -419,6 +420,8 @@ CLAIM_CLASSES: list[tuple[str, str, str]] = [
     ("pretrained-families-refusals-needed", "f32", EXACT),
     # timings are machine outputs (macros/06_cost_machine.tex); the claim counts configurations
     ("cond-*", "effect", EXACT),
+    ("checkpoints-minilm-*", "f64", EXACT),
+    ("checkpoints-strip-*", "rms_error", EXACT),
     ("longrun-drift-exponent-decided", "exponent", EXACT),
     # symbolic identities, counts, consistency checks and float64 reductions: equal to float64
     # summation order (an integer or an exact zero stays exact under a relative tolerance)
@@ -464,6 +467,10 @@ MACRO_CLASSES: list[tuple[str, str, str]] = [
      r"|Pret(Bk|Bq|Bv|Key)Norm\w+|PretBkOver\w+", "f32"),
     ("macros/05_pretrained.tex", r"Pret\w+Tol(FloatSixtyFour|FloatThirtyTwo)", "rms_error"),
     ("macros/05_pretrained.tex", r"Pret\w+(CosGap|Diff|OverNoise)\w+|PretFamilies(CertifiedMax|HandledRatio)", "noise"),
+    ("macros/10_checkpoints.tex", r"CkptQuant\w+", "rms_error"),
+    ("macros/10_checkpoints.tex", r"Ckpt\w+GradNoise\w*|CkptMiniLMSixDrift\w+", "noise"),
+    ("macros/10_checkpoints.tex", r"Ckpt\w+BkOverKey\w+|Ckpt\w+GradBq", "f32"),
+    ("macros/10_checkpoints.tex", r"CkptHeldOutMiniLMMax|Ckpt\w+BkOverBq\w+|Ckpt\w+BkNormMax", "f64"),
     ("macros/08_longrun.tex", r"Long(DriftMeasuredEnd|NormBkEnd|OutputChangeEnd|DriftMaxFactor)", "walk_long"),
     ("macros/08_longrun.tex", r"LongExponent(|Low|High|Separation)|LongLawExponent", "exponent"),
     ("macros/08_longrun.tex", r"LongRate\w+|LongStepsToKey(?!NormMin)\w+|LongRatio\w+|LongBkOverKeyEnd", "walk"),
