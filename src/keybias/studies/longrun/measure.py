@@ -71,7 +71,7 @@ PARAMETERS: dict[str, Param] = {
     "log_every": Param(int, positive=True, help="steps between logged trajectory rows"),
     "probe_every": Param(int, positive=True, help="steps between key-norm / output-error probes"),
     "probe_batch": Param(int, positive=True, help="held-out sequences of each probe"),
-    "extrapolate_steps": Param(int, many=True, positive=True, help="step counts to extrapolate the drift to"),
+    "recorded": Param(str, help="folder (relative to the repository) holding the recorded full grid (make longrun-full)"),
 }
 
 
@@ -100,7 +100,7 @@ class LongRunConfig(StudyConfig):
     log_every: int = 10
     probe_every: int = 100
     probe_batch: int = 2
-    extrapolate_steps: tuple[int, ...] = (100000, 1000000)
+    recorded: str = "recorded/longrun-cpu"
 
     def check(self) -> None:
         try:

@@ -80,7 +80,13 @@ def one_run(run: dict) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, dict]:
     return traj, probes, entries, timing
 
 
-def machine_record(commit: str, workers: int, seconds: float, started: str) -> dict:
+def _dirty() -> bool:
+    """Whether tracked files differ from the commit (checked before the runs start)."""
+    return bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                               text=True, cwd=repository_root()).stdout.strip())
+
+
+def machine_record(commit: str, workers: int, seconds: float, started: str, dirty: bool) -> dict:
     """Commit, CPU, torch, threads and wall seconds of the recording (the run record)."""
     cpu = platform.processor() or ""
     try:
@@ -95,9 +101,7 @@ def machine_record(commit: str, workers: int, seconds: float, started: str) -> d
         isa = [f for f in ("avx512f", "avx512_bf16", "amx_bf16", "avx2") if f" {f}" in flags]
     except OSError:
         isa = []
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
-                           text=True).stdout.strip()
-    return {"commit": commit, "dirty": bool(dirty), "cpu": cpu, "cpu_flags": isa, "torch": torch.__version__,
+    return {"commit": commit, "dirty": dirty, "cpu": cpu, "cpu_flags": isa, "torch": torch.__version__,
             "python": sys.version.split()[0], "threads_per_run": 1, "workers": workers,
             "cores": os.cpu_count(), "wall_seconds": round(seconds, 1), "started_utc": started,
             "capability": torch.backends.cpu.get_cpu_capability(),
@@ -111,6 +115,7 @@ def record(out: Path, *, commit: str, workers: int = 2, quick: bool = False) -> 
     """Run the grid with `workers` parallel one-thread processes; write the CSV files and run.json."""
     out.mkdir(parents=True, exist_ok=True)
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    dirty = _dirty()
     begin = time.perf_counter()
     runs = grid(quick)
     results = []
@@ -128,10 +133,15 @@ def record(out: Path, *, commit: str, workers: int = 2, quick: bool = False) -> 
     times = pd.DataFrame([r[3] for r in results]).sort_values(key, kind="stable")
     for frame, name in zip([*frames, times], FILES, strict=True):
         frame.to_csv(out / name, index=False)
-    meta = machine_record(commit, workers, time.perf_counter() - begin, started)
+    meta = machine_record(commit, workers, time.perf_counter() - begin, started, dirty)
     meta["quick"] = quick
     (out / "run.json").write_text(json.dumps(meta, indent=1) + "\n")
     return meta
+
+
+def repository_root() -> Path:
+    """The checkout this module runs from (src/keybias/studies/longrun/ sits four levels below it)."""
+    return Path(__file__).resolve().parents[4]
 
 
 def load_recorded(folder: Path) -> dict:
