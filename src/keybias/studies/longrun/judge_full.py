@@ -159,6 +159,7 @@ def paired_ratio(table: pd.DataFrame, column: str, *, num: tuple[str, float], de
 EXPONENT_BOUND = 0.75  # halfway between a walk (1/2) and constant velocity (1)
 BIAS_SE_BOUND = 3.0  # standard errors of the gradient bias along the drift
 VELOCITY_LOG2_BOUND = 1.0  # a factor of 2
+OPPOSITE_SIGN_LOG2 = 10.0  # a measured velocity of the opposite sign: a factor of 2^10
 QUERY_COS_BOUND = 2.0  # cos(b_k, q-bar) sqrt(n): about standard normal for an isotropic direction
 ELASTICITY_BOUND = 0.5  # halfway between no growth and the candidate's proportional growth
 FULL_STEP_RATE = 0.5  # r = (sigma / (s + eps))^2 ~ 1 for full-size steps
@@ -225,8 +226,11 @@ def bias_claim(table: pd.DataFrame) -> Claim:
 
 def velocity_claim(table: pd.DataFrame) -> Claim:
     sel = _select(_float32(table), size=SMALL)
-    with np.errstate(invalid="ignore"):  # a negative ratio (opposite signs) gives NaN, and NaN fails
-        log2 = np.abs(np.log2(sel["velocity_measured"] / sel["velocity_predicted"]))
+    ratio = (sel["velocity_measured"] / sel["velocity_predicted"]).to_numpy(float)
+    # opposite signs (or a zero prediction) count as OPPOSITE_SIGN_LOG2, beyond any factor the bound allows
+    with np.errstate(invalid="ignore", divide="ignore"):
+        log2 = np.where(ratio > 0, np.abs(np.log2(np.where(ratio > 0, ratio, 1.0))), OPPOSITE_SIGN_LOG2)
+    log2 = np.where(np.isnan(ratio), np.nan, log2)
     return Claim(
         id="longrun-velocity-from-gradient-bias",
         statement=("In float32 (eps 1e-12 and 1e-8) the drift's velocity over every small-model run's last decade "

@@ -107,7 +107,8 @@ def plot_full_drift(traj: pd.DataFrame, intervals: pd.DataFrame):
     import matplotlib.pyplot as plt
 
     style.apply()
-    sizes = list(dict.fromkeys(traj["size"]))
+    order = {"small": 0, "medium": 1}
+    sizes = sorted(dict.fromkeys(traj["size"]), key=lambda s: order.get(s, 9))
     fig, axes = plt.subplots(1, len(sizes), figsize=(style.FULL_WIDTH, 2.5), sharey=True, squeeze=False)
     regimes = list(dict.fromkeys(zip(traj["dtype"], traj["eps"].astype(float), strict=True)))
     for ax, size in zip(axes[0], sizes, strict=True):
@@ -116,7 +117,7 @@ def plot_full_drift(traj: pd.DataFrame, intervals: pd.DataFrame):
             h = g[(g["dtype"] == dtype) & np.isclose(g["eps"], eps, rtol=1e-9, atol=0)]
             for j, (_, run) in enumerate(h.groupby(["seed", "layer"])):
                 ax.loglog(run["step"], run["drift_b_k"].clip(lower=1e-9), color=style.OKABE_ITO[i % 8], lw=0.8,
-                          alpha=0.9, label=_regime(dtype, eps) if j == 0 else None)
+                          alpha=0.9, label=_regime(dtype, eps) if j == 0 and size == sizes[0] else None)
         ref = g[(g["dtype"] == "float32") & np.isclose(g["eps"], 1e-12, rtol=1e-9, atol=0)]
         t_end = float(ref["step"].max())
         d_end = float(ref.loc[ref["step"] == t_end, "drift_b_k"].median())
@@ -219,3 +220,37 @@ def full_table_latex(units: pd.DataFrame) -> str:
         lines.append(" & ".join(cells) + r" \\")
     lines += [r"\bottomrule", r"\end{tabular}"]
     return "\n".join(lines)
+
+
+def exponent_list_markdown(units: pd.DataFrame, spans: pd.DataFrame) -> str:
+    """The exponent per size and regime (mean, interval across seeds, each seed's value) as a list."""
+    from keybias.studies.longrun import judge_full
+
+    lines = []
+    for _, r in spans[spans["column"] == "exponent"].iterrows():
+        sel = judge_full._select(units, dtype=r["dtype"], eps=r["eps"], size=r["size"])
+        seeds = judge_full.per_seed(sel, "exponent")
+        each = ", ".join(f"{int(s)}: {v:.2f}" for s, v in zip(seeds["seed"], seeds["exponent"], strict=True))
+        lines.append(f"- {r['size']}, {_regime(r['dtype'], r['eps'])}: **{r['mean']:.2f}** "
+                     f"[{r['low']:.2f}, {r['high']:.2f}] (seeds {each})")
+    return ("Growth exponent per size and regime (mean over seeds, 95% interval across seeds, then each seed):\n\n"
+            + "\n".join(lines))
+
+
+def rate_list_markdown(spans: pd.DataFrame) -> str:
+    """Adam's step rate per size and regime: mean over seeds and the seeds' range."""
+    return "\n".join(f"- {r['size']}, {_regime(r['dtype'], r['eps'])}: step rate r = {r['mean']:.3g} "
+                     f"(seeds {r['min']:.3g} to {r['max']:.3g}), a step of about {math.sqrt(max(r['mean'], 0)):.2g} "
+                     "of full size" for _, r in spans[spans["column"] == "step_rate"].iterrows())
+
+
+def build_run_markdown(build: dict, full: dict, *, seed: int, steps: int, bound: float) -> str:
+    """This build's own long run against the recorded grid, in words."""
+    same = ("the same way as" if (build["LongExponent"] > bound) == (full["LongFullExponentMedianSmall"] > bound)
+            else "differently from")
+    return (f"This build's run (seed {seed}, {steps:,} steps) grows with exponent {build['LongExponent']:.2f} "
+            f"(within-run interval {build['LongExponentLow']:.2f} to {build['LongExponentHigh']:.2f}): "
+            f"{build['LongDriftVerdict']}, pointing {same} the recorded grid. The walk law predicts a drift of "
+            f"{build['LongDriftPredictedEnd']:.3g} at the end; the run drifted {build['LongDriftMeasuredEnd']:.3g} "
+            f"(up to {build['LongDriftMaxFactor']:.1f} times the law beyond the grid's length). At its end "
+            f"||b_k|| / ||k|| = {build['LongBkOverKeyEnd']:.2f}; nothing is extrapolated beyond the measured steps.")
