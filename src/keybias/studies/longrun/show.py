@@ -163,11 +163,12 @@ def plot_explanation(traj: pd.DataFrame, units: pd.DataFrame):
             late = run[run["step"] >= run["step"].max() / 10]
             ax.loglog(late["norm_b_k"], late["grad_rms_b_k"], ".", ms=1.5, color=style.OKABE_ITO[i + 1],
                       label=_regime("float32", eps) if j == 0 else None)
-    x = np.geomspace(float(small["norm_b_k"][small["norm_b_k"] > 0].quantile(0.3)), float(small["norm_b_k"].max()), 5)
-    y0 = float(small["grad_rms_b_k"].median())
-    ax.loglog(x, y0 * x / x[0], color="0.3", lw=0.8, ls="--", label="slope 1")
+    late_all = small[small["step"] >= small.groupby(["eps", "seed"])["step"].transform("max") / 10]
+    x_mid, y_mid = float(late_all["norm_b_k"].median()), float(late_all["grad_rms_b_k"].median())
+    x = np.geomspace(x_mid / 3, x_mid * 3, 5)
+    ax.loglog(x, y_mid * x / x_mid, color="0.3", lw=0.8, ls="--", label="slope 1")
     ax.set(xlabel=r"$\|b_k\|$", ylabel=r"RMS of $b_k$'s gradient $\sigma$", title="last decade, small model")
-    ax.legend(fontsize=7, frameon=False, loc="lower right")
+    ax.legend(fontsize=7, frameon=False, loc="upper left")
     ax = axes[1]
     f32 = units[units["dtype"] == "float32"]
     markers = {"small": "o", "medium": "s"}
