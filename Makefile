@@ -24,7 +24,7 @@ ifeq ($(filter $(DEVICE),cpu cuda mps auto),)
 $(error DEVICE=$(DEVICE) is unknown; allowed: cpu cuda mps auto)
 endif
 
-.PHONY: install-check all notebooks paper test bench bundle verify verify-record arxiv bitwise clean help venv tex browser mutations manifest render gpu upstream
+.PHONY: install-check all notebooks paper test bench bundle verify verify-record arxiv bitwise clean help venv tex browser mutations manifest render gpu upstream longrun-full
 
 # The pipeline prints one line per step; cell logs go to results/.build/logs/.
 all: $(VENV_STAMP) ## regenerate results/, rendered notebooks and paper/main.pdf
@@ -49,6 +49,10 @@ bench: $(VENV_STAMP) ## the full timing sweep of the cost benchmark (long)
 # upstream/: the fix for torch's F.multi_head_attention_forward (is_causal with appended key slots, static_k).
 upstream: $(VENV_STAMP) ## the PyTorch fix in upstream/: its test fails on stock torch and passes patched (exit 0 only then)
 	@$(PY) upstream/check.py
+
+LONGRUN_OUT ?= recorded/longrun-cpu
+longrun-full: $(VENV_STAMP) ## notebook 08's full grid (3 seeds x 2 sizes x 3 Adam regimes, ~25 min) into $(LONGRUN_OUT); commit the code first
+	$(PY) -m keybias.studies.longrun.record --out $(LONGRUN_OUT) --commit $$(git rev-parse HEAD) --workers 2
 
 GPU_OUT ?= recorded/gpu-local
 gpu: $(VENV_STAMP) ## on a CUDA machine: the GPU profile into $(GPU_OUT), for notebook 09 to judge (recorded=...)

@@ -259,18 +259,6 @@ def test_exponent_is_read_over_the_last_decade_only():
     assert J.drift_exponent(early)["exponent"].iloc[0] == pytest.approx(ex["exponent"].iloc[0])
 
 
-def test_extrapolation_uses_the_measured_exponent():
-    long = _walk(LONG_STEPS, rate=2.0, seeds=(2,), role="long")
-    exps = pd.DataFrame({"layer": [0, 1], "exponent": [0.5, 0.5], "exponent_high": [0.6, 0.6]})
-    ext = J.extrapolate(long, _probes(LONG_STEPS, key_norm=5.0), exps, horizons=[100_000, 1_000_000])
-    norm_end = 1e-3 * math.sqrt(16 * 2.0 * 10_000)
-    assert ext["ratio_at_1000000"].iloc[0] == pytest.approx(norm_end * 100**0.5 / 5)
-    assert ext["ratio_high_at_1000000"].iloc[0] == pytest.approx(norm_end * 100**0.6 / 5)
-    assert ext["steps_to_key_norm"].iloc[0] == pytest.approx(10_000 * (5 / norm_end) ** 2)
-    big = J.extrapolate(long, _probes(LONG_STEPS, key_norm=0.1), exps, horizons=[1_000_000])
-    assert big["steps_to_key_norm"].iloc[0] == 10_000  # already there
-
-
 def test_empty_selection_fails_loudly():
     with pytest.raises(ValueError, match="empty"):
         J.drift_exponent(_entries(0.5).iloc[0:0])
@@ -281,24 +269,234 @@ def test_figures_tables_and_macros():
                       for r, d, e in ((2.0, "bfloat16", 1e-8), (0.01, "float32", 1e-8))], ignore_index=True)
     long = _walk(LONG_STEPS, rate=2.0, seeds=(2,), role="long")
     pred = J.predict_drift(grid, dtype="bfloat16", eps=1e-8, steps=LONG_STEPS, lr=1e-3, n_bias=16)
-    far = J.predict_drift(grid, dtype="bfloat16", eps=1e-8, steps=[10, 1000, 1_000_000], lr=1e-3, n_bias=16)
     comparison = J.compare_with_prediction(long, pred, lr=1e-3)
     probes = _probes(LONG_STEPS)
     exps = J.drift_exponent(_entries(0.5, layers=2, steps=10_000))
-    ext = J.extrapolate(long, probes, exps, horizons=[100_000, 1_000_000])
-    for fig in (S.plot_drift(grid, comparison, ext, probes, far), S.plot_output_error(probes)):
+    for fig in (S.plot_drift(grid, comparison, probes), S.plot_output_error(probes)):
         assert style.smallest_font_pt(fig) >= style.MIN_FONT_PT
         assert fig.get_figwidth() in (pytest.approx(style.FULL_WIDTH), pytest.approx(style.HALF_WIDTH))
     grid_probes = pd.concat([_probes([1000]).assign(dtype=d, eps=e) for d, e in (("bfloat16", 1e-8), ("float32", 1e-8))])
     summary = J.grid_summary(grid, grid_probes, lr=1e-3)
     assert list(summary["noise_rate"]) == pytest.approx([2.0, 0.01])
-    assert summary["steps_to_key_norm"].iloc[0] == pytest.approx(25 / (1e-6 * 16 * 2.0))
-    assert set(J.grid_macros(summary)) == {"LongRateBfloatSixteenEpsEight", "LongStepsToKeyBfloatSixteenEpsEight",
-                                           "LongRateFloatThirtyTwoEpsEight", "LongStepsToKeyFloatThirtyTwoEpsEight"}
+    assert set(J.grid_macros(summary)) == {"LongRateBfloatSixteenEpsEight", "LongRateFloatThirtyTwoEpsEight"}
     assert r"\toprule" in S.grid_table_latex(summary)
-    assert S.extrapolation_table_latex(ext, [100_000, 1_000_000]).count(r"\\") == 3  # header and two layers
-    macros = J.macros(comparison=comparison, extrap=ext, exponents=exps, long=long, probes=probes, grid=grid,
-                      horizons=[100_000, 1_000_000])
-    assert macros["LongGridSettings"] == 2 and "LongRatioAtTenSix" in macros and "LongExponentHigh" in macros
+    macros = J.macros(comparison=comparison, exponents=exps, long=long, probes=probes, grid=grid)
+    assert macros["LongGridSettings"] == 2 and "LongExponentHigh" in macros
+    assert not any(name.startswith(("LongRatio", "LongStepsToKey")) for name in macros)  # nothing extrapolated
     assert macros["LongDriftVerdict"] == "random walk" and macros["LongExponentSeparation"] > 0
     assert all(name.isalpha() for name in macros)
+
+
+# ----------------------------------------------------------------------------- the recorded full grid
+
+from keybias.studies.longrun import judge_full as F  # noqa: E402
+from keybias.studies.longrun import record as R  # noqa: E402
+
+FULL_SEEDS = (21, 22, 23)
+REGIMES = (("float32", 1e-12), ("float32", 1e-8), ("bfloat16", 1e-8))
+
+
+def _full_frames(*, alpha=1.0, sigma_power=0.0, along=0.2, cos=0.6, steps=20_000, short=5_000, lr=1e-3):
+    """Synthetic recorded files (`record.load_recorded`'s frames) for both sizes, three seeds and three
+    regimes: per entry a displacement d_i(t) = c t^alpha (entries equal), ||b_k|| = drift, sigma =
+    1e-9 ||b_k||^sigma_power, the bias along the drift `along` in every interval, and the noise sum's
+    rate 1 (eps 1e-12, bfloat16) or 0.01 (float32 eps 1e-8), whose drift is 0.1 of the small-eps one."""
+    traj, probes, entries = [], [], []
+    for size, n, layers in (("small", 32, 1), ("medium", 64, 2)):
+        for dtype, eps in REGIMES:
+            t_end = short if dtype == "bfloat16" else steps
+            rate = 0.01 if (dtype, eps) == ("float32", 1e-8) else 1.0
+            damp = 0.1 if rate < 1 else 1.0
+            keep = set(L.entry_steps(t_end, 100))
+            for seed in FULL_SEEDS:
+                for layer in range(layers):
+                    # velocity at the end of alpha * D / t must equal lr * along * sigma / (sigma + eps)
+                    for t in range(100, t_end + 1, 100):
+                        drift = damp * lr * along * steps * (t / steps) ** alpha / alpha
+                        sigma = 1e-9 * drift ** sigma_power
+                        traj.append({"size": size, "role": "full", "dtype": dtype, "eps": eps, "seed": seed,
+                                     "step": t, "layer": layer, "norm_b_k": drift, "drift_b_k": drift,
+                                     "grad_rms_b_k": sigma, "grad_mean_rms_b_k": sigma / 10,
+                                     "grad_along_drift": along * (1 + 0.01 * ((t // 100) % 3 - 1)),
+                                     "noise_sum": rate * t, "loss": 2.0, "lr": lr, "n_bias": n})
+                        if t in keep:
+                            entries += [{"size": size, "role": "full", "dtype": dtype, "eps": eps, "seed": seed,
+                                         "step": t, "layer": layer, "entry": j, "displacement": drift / math.sqrt(n)}
+                                        for j in range(n)]
+                    for t in (0, t_end):
+                        probes.append({"size": size, "role": "full", "dtype": dtype, "eps": eps, "seed": seed,
+                                       "step": t, "layer": layer, "key_norm": 8.0, "query_norm": 10.0,
+                                       "norm_b_k": 1.0, "cos_b_k_mean_query": cos if t else 0.0,
+                                       "output_change_rms": 1e-7, "predicted_change_rms": 1e-7,
+                                       "predicted_bias_rms": 1e-8})
+    return pd.DataFrame(traj), pd.DataFrame(probes), pd.DataFrame(entries)
+
+
+@pytest.fixture(scope="module")
+def full_units():
+    return F.units(*_full_frames())
+
+
+def _holds(claims):
+    return _held(claims)
+
+
+def test_full_grid_units_recover_the_planted_numbers(full_units):
+    u = full_units
+    assert len(u) == 3 * 3 * (1 + 2)
+    small = u[(u["size"] == "small") & (u["dtype"] == "float32") & (u["eps"] == 1e-12)]
+    assert small["exponent"].to_numpy() == pytest.approx(1.0, abs=1e-6)
+    assert small["step_rate"].to_numpy() == pytest.approx(1.0)
+    assert small["noise_elasticity"].to_numpy() == pytest.approx(0.0, abs=1e-9)
+    assert small["cos_mean_query_sqrt_n"].to_numpy() == pytest.approx(0.6 * math.sqrt(32))
+    assert (small["velocity_measured"] / small["velocity_predicted"]).to_numpy() == pytest.approx(1.0, rel=0.05)
+    spans = F.intervals(u)
+    row = spans[(spans["size"] == "small") & (spans["eps"] == 1e-12)].iloc[0]
+    assert row["seeds"] == 3 and row["low"] <= row["mean"] <= row["high"]
+    planted = F.units(*_full_frames(alpha=0.5, sigma_power=1.0))
+    s = planted[(planted["size"] == "small") & (planted["eps"] == 1e-12)]
+    assert s["exponent"].to_numpy() == pytest.approx(0.5, abs=1e-6)
+    assert s["noise_elasticity"].to_numpy() == pytest.approx(1.0, abs=1e-6)
+
+
+def test_full_grid_claims_hold_on_the_planted_good_case(full_units):
+    claims = F.claims(full_units)
+    assert all(_holds(claims).values()), _holds(claims)
+    ids = [c.id for c in claims]
+    assert len(ids) == len(set(ids)) == 10
+    tests = [c.id for c in claims if c.kind == "test"]
+    assert set(tests) == set(F.FINDING_OF)  # every test claim decides a named finding
+    assert set(F.FINDING_OF.values()) == {"long-run-drift", "adam-drift-regimes"}
+
+
+def test_intervals_spread_over_seeds_not_entries(full_units):
+    u = full_units.copy()
+    sel = (u["size"] == "small") & (u["eps"] == 1e-12) & (u["dtype"] == "float32")
+    u.loc[sel, "exponent"] = [0.9, 1.0, 1.1]
+    row = F.intervals(u).query("size == 'small' and eps == 1e-12 and dtype == 'float32'").iloc[0]
+    from scipy import stats
+
+    assert row["high"] - row["mean"] == pytest.approx(stats.t.ppf(0.975, 2) * 0.1 / math.sqrt(3))
+
+
+def test_full_grid_macros_and_text(full_units):
+    spans = pd.concat([F.intervals(full_units, c) for c in ("exponent", "step_rate", "noise_elasticity")])
+    run = {"wall_seconds": 1500.0, "commit": "0123456789", "cpu": "AMD EPYC", "torch": "2.13.0+cpu"}
+    m = F.macros(full_units, spans, run)
+    assert all(name.isalpha() for name in m)
+    assert m["LongFullRuns"] == 18 and m["LongFullSeeds"] == 3 and m["LongFullMinutes"] == 25
+    assert m["LongFullExponentSmallFloatEpsTwelve"] == pytest.approx(1.0, abs=1e-6)
+    assert m["LongFullDampingMax"] == pytest.approx(0.1)
+    text = F.findings_text(full_units, spans, m)
+    assert "faster than a random walk" in text and "does not grow" in text
+    slow = F.units(*_full_frames(alpha=0.5, sigma_power=1.0))
+    spans_slow = pd.concat([F.intervals(slow, c) for c in ("exponent",)])
+    assert "no faster than a walk" in F.findings_text(slow, spans_slow, F.macros(slow, spans_slow, run))
+
+
+def test_full_grid_figures_and_table(full_units):
+    traj, _, _ = _full_frames()
+    spans = F.intervals(full_units)
+    fig, caption = S.plot_full_drift(traj.assign(num_layers=1, embed_dim=32), spans)
+    assert style.smallest_font_pt(fig) >= style.MIN_FONT_PT and fig.get_figwidth() == pytest.approx(style.FULL_WIDTH)
+    assert "1.00 [" in caption
+    fig, caption = S.plot_explanation(traj, full_units)
+    assert style.smallest_font_pt(fig) >= style.MIN_FONT_PT and "hardly follows" in caption
+    assert S.full_table_latex(full_units).count(r"\\") == 1 + 18
+
+
+def test_load_recorded_names_missing_files(tmp_path):
+    with pytest.raises(FileNotFoundError, match="longrun_full_trajectory.csv"):
+        R.load_recorded(tmp_path)
+    assert len(R.grid()) == 18 and {r["seed"] for r in R.grid()} == set(R.SEEDS)
+    assert not set(R.SEEDS) & {0, 1, 2, 3, 5}  # fresh: not the seeds of the earlier analysis or its pilot
+
+
+def test_recorded_grid_is_committed_and_matches_the_grid():
+    from pathlib import Path
+
+    folder = Path(__file__).resolve().parents[1] / "recorded" / "longrun-cpu"
+    data = R.load_recorded(folder)
+    assert not data["run"]["dirty"] and not data["run"]["quick"]
+    runs = data["times"][["size", "dtype", "eps", "seed", "steps"]]
+    assert len(runs) == len(R.grid())
+    for run in R.grid():
+        row = runs[(runs["size"] == run["size"]) & (runs["dtype"] == run["dtype"])
+                   & np.isclose(runs["eps"], run["eps"], rtol=1e-9, atol=0) & (runs["seed"] == run["seed"])]
+        assert len(row) == 1 and int(row["steps"].iloc[0]) == run["steps"]
+
+
+def _mutated(full_units, column, value, *, size="small", dtype="float32", eps=1e-12, rows=None):
+    u = full_units.copy()
+    sel = (u["size"] == size) & (u["dtype"] == dtype) & np.isclose(u["eps"], eps, rtol=1e-9, atol=0)
+    idx = u.index[sel] if rows is None else u.index[sel][:rows]
+    u.loc[idx, column] = value
+    return u
+
+
+@pytest.mark.claim_mutation("longrun-exponent-small-model")
+def test_mutation_small_model_exponent_just_below_the_bound(full_units, record_mutation):
+    record_mutation(F.exponent_claim(_mutated(full_units, "exponent", 0.74)))
+
+
+@pytest.mark.claim_mutation("longrun-gradient-biased-along-drift")
+def test_mutation_one_run_with_a_bias_of_2_9_standard_errors(full_units, record_mutation):
+    u = _mutated(full_units, "grad_along_drift_se", 1.0, eps=1e-8, rows=1)
+    u = u.copy()
+    u.loc[u["grad_along_drift_se"] == 1.0, "grad_along_drift"] = 2.9
+    record_mutation(F.bias_claim(u))
+
+
+@pytest.mark.claim_mutation("longrun-velocity-from-gradient-bias")
+def test_mutation_one_run_moving_2_02_times_its_predicted_velocity(full_units, record_mutation):
+    u = full_units.copy()
+    i = u.index[(u["size"] == "small") & (u["dtype"] == "float32")][0]
+    u.loc[i, "velocity_measured"] = 2.02 * u.loc[i, "velocity_predicted"]
+    record_mutation(F.velocity_claim(u))
+    u.loc[i, "velocity_measured"] = -u.loc[i, "velocity_predicted"]  # opposite sign: fails
+    record_mutation(F.velocity_claim(u))
+
+
+@pytest.mark.claim_mutation("longrun-drift-along-mean-query")
+def test_mutation_direction_at_1_99_over_sqrt_n(full_units, record_mutation):
+    record_mutation(F.query_claim(_mutated(full_units, "cos_mean_query_sqrt_n", 1.99)))
+
+
+@pytest.mark.claim_mutation("longrun-noise-not-tracking-bias")
+def test_mutation_noise_elasticity_at_one_half(full_units, record_mutation):
+    u = _mutated(_mutated(full_units, "noise_elasticity", 0.5), "noise_elasticity", 0.5, eps=1e-8)
+    record_mutation(F.noise_claim(u))
+
+
+@pytest.mark.claim_mutation("adam-full-steps-float32-small-eps")
+def test_mutation_one_float32_small_eps_run_at_rate_0_49(full_units, record_mutation):
+    claims = F.step_rate_claims(_mutated(full_units, "step_rate", 0.49, size="medium", rows=1))
+    record_mutation(claims[0])
+
+
+@pytest.mark.claim_mutation("adam-full-steps-bfloat16-default-eps")
+def test_mutation_one_bfloat16_run_at_rate_0_49(full_units, record_mutation):
+    claims = F.step_rate_claims(_mutated(full_units, "step_rate", 0.49, dtype="bfloat16", eps=1e-8, rows=1))
+    record_mutation(claims[1])
+
+
+@pytest.mark.claim_mutation("adam-sgd-steps-float32-default-eps")
+def test_mutation_one_float32_default_eps_run_at_rate_0_26(full_units, record_mutation):
+    claims = F.step_rate_claims(_mutated(full_units, "step_rate", 0.26, eps=1e-8, rows=1))
+    record_mutation(claims[2])
+
+
+@pytest.mark.claim_mutation("adam-default-eps-damps-drift")
+def test_mutation_one_pair_damped_only_to_0_51(full_units, record_mutation):
+    u = full_units.copy()
+    big = u.index[(u["size"] == "medium") & (u["dtype"] == "float32") & (u["eps"] == 1e-12)][0]
+    key = u.loc[big, ["size", "seed", "layer"]]
+    small = u.index[(u["size"] == key["size"]) & (u["seed"] == key["seed"]) & (u["layer"] == key["layer"])
+                    & (u["dtype"] == "float32") & (u["eps"] == 1e-8)][0]
+    u.loc[small, "drift_end"] = 0.51 * u.loc[big, "drift_end"]
+    record_mutation(F.damping_claims(u)[0])
+
+
+def test_damping_control_fails_when_bfloat16_is_damped_too(full_units):
+    u = _mutated(full_units, "drift_at_short", 0.0, dtype="bfloat16", eps=1e-8, rows=1)
+    assert _holds(F.damping_claims(u)[1:]) == {"adam-drift-ratio-control-bfloat16": False}

@@ -24,9 +24,6 @@ from keybias.studies.training import judge as training_judge
 # The factor within which notebook 04 holds its noise law (ADAM_FACTOR_BOUND); here it is the
 # yardstick the long run's measured drift is reported against (a macro, not a claim).
 PREDICTION_FACTOR_BOUND = training_judge.ADAM_FACTOR_BOUND
-# The costly regime of notebook 03: ||b_k|| comparable to the typical key norm ||k||.
-COSTLY_RATIO = 1.0
-BERT_STEPS = 1_000_000  # BERT-base pretraining length (Devlin et al. 2019), the extrapolation horizon
 
 # The question the long run answers: does b_k's drift grow like a random walk (||drift|| ~ T^(1/2))
 # or like a systematic drift (~ T)? Under Adam in the noise-driven regime every step has size ~lr, so
@@ -106,42 +103,6 @@ def compare_with_prediction(long: pd.DataFrame, predicted: pd.DataFrame, *, lr: 
     return merged
 
 
-def extrapolate(long: pd.DataFrame, probes: pd.DataFrame, exponents: pd.DataFrame, *, horizons) -> pd.DataFrame:
-    """Per layer: when does ||b_k|| reach the typical key norm ||k||, if the measured drift goes on?
-
-    From the measured drift alone (no law): ||b_k(T')|| ~ ||b_k(T)|| (T'/T)^H, T the run's last step
-    and H the late-decade exponent of `drift_exponent` (1/2 for a walk); also with H at the upper end
-    of its interval (`_high`). b_k starts at zero, so ||b_k|| is the drift. ||k|| is the last probe's
-    key norm, held fixed. Returns ||b_k(T)||, ||k||, the step T* where the two meet (T itself if
-    already there) and ||b_k|| / ||k|| at each horizon."""
-    _require(long, "long", ["step", "layer", "norm_b_k"])
-    _require(probes, "probes", ["step", "layer", "key_norm"])
-    _require(exponents, "exponents", ["layer", "exponent", "exponent_high"])
-    last_probe = probes[probes["step"] == probes["step"].max()].set_index("layer")["key_norm"]
-    rate = exponents.set_index("layer")
-    rows = []
-    for layer, g in long.groupby("layer", sort=True):
-        g = g.sort_values("step")
-        t_end = float(g["step"].iloc[-1])
-        norm_end = float(g["norm_b_k"].iloc[-1])
-        key = float(last_probe.loc[layer])
-        h_mid, h_high = float(rate.loc[layer, "exponent"]), float(rate.loc[layer, "exponent_high"])
-        if norm_end >= COSTLY_RATIO * key:
-            t_star = t_end
-        elif norm_end > 0 and h_mid > 0:
-            t_star = t_end * (COSTLY_RATIO * key / norm_end) ** (1.0 / h_mid)
-        else:
-            t_star = math.inf
-        row = {"layer": int(layer), "steps": int(t_end), "norm_b_k": norm_end, "key_norm": key,
-               "exponent": h_mid, "exponent_high": h_high, "steps_to_key_norm": t_star}
-        for h in horizons:
-            scale = max(float(h), t_end) / t_end
-            row[f"ratio_at_{int(h)}"] = norm_end * scale**h_mid / key
-            row[f"ratio_high_at_{int(h)}"] = norm_end * scale**h_high / key
-        rows.append(row)
-    return pd.DataFrame(rows)
-
-
 def law_exponent(long: pd.DataFrame, *, window: int = EXPONENT_WINDOW) -> float:
     """The growth exponent of the drift that notebook 04's law computes from the run's own noise,
     lr sqrt(n S(t)), over the same last decade (max over layers): the walk's own exponent when the
@@ -168,23 +129,21 @@ def corpus_claim(sha256: str, expected: str) -> Claim:
 # ----------------------------------------------------------------------------- macros
 
 
-def macros(*, comparison: pd.DataFrame, extrap: pd.DataFrame, exponents: pd.DataFrame, long: pd.DataFrame,
-           probes: pd.DataFrame, grid: pd.DataFrame, horizons) -> dict[str, object]:
-    """Numbers the paper prints about the long run (letters-only names)."""
+def macros(*, comparison: pd.DataFrame, exponents: pd.DataFrame, long: pd.DataFrame, probes: pd.DataFrame,
+           grid: pd.DataFrame) -> dict[str, object]:
+    """Numbers the paper prints about this build's long run (letters-only names). Nothing is
+    extrapolated beyond the measured steps."""
     _require(comparison, "comparison", ["step", "layer", "drift_b_k", "predicted_drift"])
     end = comparison[comparison["step"] == comparison["step"].max()]
     beyond = comparison.loc[comparison["step"] > comparison["grid_steps"], "log2_vs_predicted"]
+    last = probes[probes["step"] == probes["step"].max()]
     out: dict[str, object] = {
         "LongDriftMeasuredEnd": finite_mean(end["drift_b_k"], "final drifts"),
         "LongDriftPredictedEnd": finite_mean(end["predicted_drift"], "final predictions"),
         "LongDriftMaxFactor": 2.0 ** finite_max(np.abs(beyond), "log2 ratios beyond the grid"),
-        "LongKeyNormEnd": finite_mean(extrap["key_norm"], "key norms"),
-        "LongKeyNormMin": finite_min(extrap["key_norm"], "key norms"),
-        "LongNormBkEnd": finite_mean(extrap["norm_b_k"], "final b_k norms"),
-        "LongStepsToKeyNormMin": finite_min(extrap["steps_to_key_norm"], "steps to ||k||",
-                                            exclude_nonfinite="layers whose b_k never reaches ||k||",
-                                            excluded=[])
-        if np.isfinite(extrap["steps_to_key_norm"]).any() else math.inf,
+        "LongKeyNormEnd": finite_mean(last["key_norm"], "key norms"),
+        "LongKeyNormMin": finite_min(last["key_norm"], "key norms"),
+        "LongNormBkEnd": finite_mean(last["norm_b_k"], "final b_k norms"),
         "LongPredictionFactorBound": PREDICTION_FACTOR_BOUND,
         "LongExponent": finite_max(exponents["exponent"], "late-decade exponents"),
         "LongExponentLow": finite_max(exponents["exponent_low"], "late-decade exponent intervals"),
@@ -195,13 +154,6 @@ def macros(*, comparison: pd.DataFrame, extrap: pd.DataFrame, exponents: pd.Data
         "LongExponentWindowStart": int(exponents["window_start"].min()),
         "LongLawExponent": law_exponent(long),
     }
-    words = {100_000: "TenFive", 1_000_000: "TenSix"}
-    for h in horizons:
-        if int(h) in words:
-            out[f"LongRatioAt{words[int(h)]}"] = finite_max(extrap[f"ratio_at_{int(h)}"], "extrapolated ratios")
-            out[f"LongRatioHighAt{words[int(h)]}"] = finite_max(extrap[f"ratio_high_at_{int(h)}"],
-                                                                "extrapolated ratios")
-    last = probes[probes["step"] == probes["step"].max()]
     out["LongBkOverKeyEnd"] = finite_max(last["norm_b_k"] / last["key_norm"], "final ||b_k|| / ||k||")
     out["LongOutputChangeEnd"] = finite_max(last["output_change_rms"], "output changes")
     out["LongOutputPredictedEnd"] = finite_max(last["predicted_change_rms"], "predicted output changes")
@@ -213,8 +165,7 @@ def macros(*, comparison: pd.DataFrame, extrap: pd.DataFrame, exponents: pd.Data
 def grid_summary(grid: pd.DataFrame, grid_probes: pd.DataFrame, *, lr: float) -> pd.DataFrame:
     """Per grid setting (dtype, eps), means over seeds and layers at the last step: drift, gradient RMS,
     the normalized step rate r = dS/dt of the second half (1 or more: Adam takes full-size random
-    steps; << 1: eps damps them), the typical key norm at the last probe, and the step count at
-    which a walk at that rate from zero reaches it, ||k||^2 / (lr^2 n r)."""
+    steps; << 1: eps damps them) and the typical key norm at the last probe."""
     _require(grid, "grid", ["dtype", "eps", "seed", "layer", "step", "drift_b_k", "grad_rms_b_k", "noise_sum",
                             "n_bias"])
     _require(grid_probes, "grid_probes", ["dtype", "eps", "step", "key_norm"])
@@ -227,11 +178,9 @@ def grid_summary(grid: pd.DataFrame, grid_probes: pd.DataFrame, *, lr: float) ->
         rate = (end["noise_sum"].mean() - half["noise_sum"].mean()) / (t_end - t_half)
         p = grid_probes[(grid_probes["dtype"] == dtype) & (grid_probes["eps"] == eps)]
         key = float(p.loc[p["step"] == p["step"].max(), "key_norm"].mean())
-        n = int(g["n_bias"].iloc[0])
         rows.append({"dtype": dtype, "eps": eps, "steps": int(t_end), "seeds": g["seed"].nunique(),
                      "drift_b_k": float(end["drift_b_k"].mean()), "grad_rms_b_k": float(g["grad_rms_b_k"].median()),
                      "noise_rate": float(rate), "key_norm": key,
-                     "steps_to_key_norm": key**2 / (lr**2 * n * rate) if rate > 0 else math.inf,
                      "loss": float(end["loss"].mean()) if "loss" in end else math.nan})
     return pd.DataFrame(rows)
 
@@ -241,13 +190,12 @@ _EXPONENT_WORD = {6: "Six", 7: "Seven", 8: "Eight", 9: "Nine", 10: "Ten", 12: "T
 
 
 def grid_macros(summary: pd.DataFrame) -> dict[str, object]:
-    """Per grid setting: the noise rate and the step count to ||k|| (e.g. LongRateBfloatSixteenEpsEight)."""
+    """Per grid setting: the noise rate (e.g. LongRateBfloatSixteenEpsEight)."""
     out: dict[str, object] = {}
     for _, r in summary.iterrows():
         exponent = -int(round(math.log10(r["eps"])))
         stem = f"{_DTYPE_WORD[r['dtype']]}Eps{_EXPONENT_WORD.get(exponent, 'Other')}"
         out[f"LongRate{stem}"] = float(r["noise_rate"])
-        out[f"LongStepsToKey{stem}"] = float(r["steps_to_key_norm"])
     return out
 
 

@@ -71,7 +71,7 @@ PARAMETERS: dict[str, Param] = {
     "log_every": Param(int, positive=True, help="steps between logged trajectory rows"),
     "probe_every": Param(int, positive=True, help="steps between key-norm / output-error probes"),
     "probe_batch": Param(int, positive=True, help="held-out sequences of each probe"),
-    "extrapolate_steps": Param(int, many=True, positive=True, help="step counts to extrapolate the drift to"),
+    "recorded": Param(str, help="folder (relative to the repository) holding the recorded full grid (make longrun-full)"),
 }
 
 
@@ -100,7 +100,7 @@ class LongRunConfig(StudyConfig):
     log_every: int = 10
     probe_every: int = 100
     probe_batch: int = 2
-    extrapolate_steps: tuple[int, ...] = (100000, 1000000)
+    recorded: str = "recorded/longrun-cpu"
 
     def check(self) -> None:
         try:
@@ -277,9 +277,12 @@ def probe_layers(model: ByteLM, tokens: torch.Tensor, dtype: str) -> pd.DataFram
         y_kept = numerics.attention(q_d, k_d + b_d, v_d, "explicit").double()
         y_zero = numerics.attention(q_d, k_d, v_d, "explicit").double()
         pred = numerics.predicted_change(q64, k64, v64, b64.expand_as(k64), dtype)
+        q_mean = q.reshape(-1, e).mean(dim=0)
+        cos_q = float(b_k @ q_mean / (b_k.norm() * q_mean.norm())) if b_k.norm() > 0 else 0.0
         rows.append({
             "layer": i, "key_norm": float(k.norm(dim=-1).pow(2).mean().sqrt()),
-            "norm_b_k": float(b_k.norm()),
+            "query_norm": float(q.norm(dim=-1).pow(2).mean().sqrt()),
+            "norm_b_k": float(b_k.norm()), "cos_b_k_mean_query": cos_q,
             "output_change_rms": float((y_kept - y_zero).pow(2).mean().sqrt()),
             "predicted_change_rms": pred["pred_rms"], "predicted_bias_rms": pred["pred_bias_rms"],
         })
@@ -334,10 +337,12 @@ def train_run(seed: int, *, dtype: str, eps: float, steps: int, num_layers: int,
     probe_starts = batch_starts(len(tokens["held_out"]), context, probe_batch, 1, 99_999)[0]
     probe_x, _ = windows(tokens["held_out"], probe_starts, context)
     b_k0 = [m.b_k.detach().clone() for m in mhas]
+    moved_before = [torch.zeros(m.embed_dim, dtype=torch.float64) for m in mhas]  # at the last logged step
     law = _NoiseLaw(len(mhas), eps)
     rows, probes, entries = [], [], []
     keep_entries = set(entry_steps(steps, log_every))
     grad_sq = np.zeros(len(mhas))
+    grad_sum = [torch.zeros(m.embed_dim, dtype=torch.float64) for m in mhas]
     loss_sum, since = 0.0, 0
 
     def probe(step):
@@ -356,6 +361,8 @@ def train_run(seed: int, *, dtype: str, eps: float, steps: int, num_layers: int,
         loss = F.cross_entropy(logits.float().reshape(-1, VOCAB), y.reshape(-1))
         loss.backward()
         sigma = np.array([float(m.b_k.grad.double().pow(2).mean().sqrt()) for m in mhas])
+        for i, m in enumerate(mhas):
+            grad_sum[i] += m.b_k.grad.double()
         opt.step()
         train_seconds += time.perf_counter() - begin
         law.update(sigma)
@@ -365,10 +372,23 @@ def train_run(seed: int, *, dtype: str, eps: float, steps: int, num_layers: int,
         if t % log_every == 0 or t == steps:
             for i, m in enumerate(mhas):
                 b_k = m.b_k.detach()
+                moved = (b_k - b_k0[i]).double()
+                g_mean = grad_sum[i] / since
+                rms = math.sqrt(grad_sq[i] / since)
+                # the interval's mean gradient along the direction b_k had moved before the interval began,
+                # in units of the gradient's RMS: > 0 when the gradient keeps pushing b_k further the way it
+                # has moved (descent is -g). The direction at the interval's start, not its end, so that the
+                # interval's own steps do not enter it: for zero-mean noise its expectation is 0.
+                before = moved_before[i]
+                along = (float(-(g_mean @ before) / (before.norm() * rms)) if before.norm() > 0 and rms > 0
+                         else math.nan)
+                moved_before[i] = moved.clone()
                 rows.append({"step": t, "layer": i, "norm_b_k": float(b_k.norm()),
-                             "drift_b_k": float((b_k - b_k0[i]).norm()),
-                             "grad_rms_b_k": math.sqrt(grad_sq[i] / since), "noise_sum": float(law.total[i]),
+                             "drift_b_k": float(moved.norm()),
+                             "grad_rms_b_k": rms, "grad_mean_rms_b_k": float(g_mean.pow(2).mean().sqrt()),
+                             "grad_along_drift": along, "noise_sum": float(law.total[i]),
                              "loss": loss_sum / since})
+                grad_sum[i].zero_()
             grad_sq[:] = 0.0
             loss_sum, since = 0.0, 0
             if t in keep_entries:

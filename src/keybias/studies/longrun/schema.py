@@ -3,6 +3,10 @@
 Every column of every `results/data/*.csv` this study writes is declared here once: `exact`,
 `machine`, or the name of a tolerance in `keybias.build.outputs.TOLERANCES`. `make verify` and
 the column test read these declarations; a column written but not declared fails a test.
+
+The `longrun_full_*` tables are computed from the recorded grid (`recorded/longrun-cpu/`), files
+every build reads unchanged: their numbers move between machines only by the last bits of a
+float64 fit (`f64`), whatever the runs' own chaos was when they were recorded.
 """
 
 from keybias.studies.columns import cols
@@ -11,23 +15,23 @@ from keybias.studies.columns import cols
 TABLES: dict[str, dict[str, str]] = {
     "data/longrun_trajectory.csv": cols(
         exact="role dtype eps seed step layer lr n_bias",
-        walk_long="norm_b_k drift_b_k grad_rms_b_k noise_sum",
+        walk_long="norm_b_k drift_b_k grad_rms_b_k noise_sum grad_mean_rms_b_k grad_along_drift",
         loss="loss",
     ),
     "data/longrun_grid.csv": cols(
         exact="role dtype eps seed step layer lr n_bias",
-        walk="norm_b_k drift_b_k grad_rms_b_k noise_sum",
+        walk="norm_b_k drift_b_k grad_rms_b_k noise_sum grad_mean_rms_b_k grad_along_drift",
         loss="loss",
     ),
     "data/longrun_probes.csv": cols(
         exact="role dtype eps seed step layer",
-        walk_long="norm_b_k output_change_rms predicted_bias_rms",
-        statistic="key_norm predicted_change_rms",
+        walk_long="norm_b_k output_change_rms predicted_bias_rms cos_b_k_mean_query",
+        statistic="key_norm predicted_change_rms query_norm",
     ),
     "data/longrun_grid_probes.csv": cols(
         exact="role dtype eps seed step layer",
-        walk="norm_b_k output_change_rms predicted_bias_rms",
-        statistic="key_norm predicted_change_rms",
+        walk="norm_b_k output_change_rms predicted_bias_rms cos_b_k_mean_query",
+        statistic="key_norm predicted_change_rms query_norm",
     ),
     "data/longrun_prediction.csv": cols(
         exact="layer step grid_steps",
@@ -41,10 +45,14 @@ TABLES: dict[str, dict[str, str]] = {
         exact="layer steps window_start window_points entries",
         exponent="exponent exponent_low exponent_high",
     ),
-    "data/longrun_extrapolation.csv": cols(
-        exact="layer steps",
-        exponent="exponent exponent_high",
-        walk="norm_b_k key_norm steps_to_key_norm",
-        walk_long="ratio_at_100000 ratio_at_1000000 ratio_high_at_100000 ratio_high_at_1000000",
+    "data/longrun_full_units.csv": cols(
+        exact="size dtype eps seed layer steps window_start window_points n_bias short_step",
+        f64=("exponent step_rate noise_elasticity grad_rms_late grad_along_drift grad_along_drift_se "
+             "velocity_measured velocity_predicted drift_end drift_at_short key_norm_end bk_over_key_end "
+             "cos_mean_query cos_mean_query_sqrt_n"),
+    ),
+    "data/longrun_full_intervals.csv": cols(
+        exact="size dtype eps seeds column",
+        f64="mean low high min max",
     ),
 }

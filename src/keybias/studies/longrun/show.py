@@ -15,12 +15,10 @@ def _eps_label(eps: float) -> str:
     return f"eps=1e{exponent}"
 
 
-def plot_drift(grid: pd.DataFrame, comparison: pd.DataFrame, extrap: pd.DataFrame, probes_long: pd.DataFrame,
-               predicted_far: pd.DataFrame):
+def plot_drift(grid: pd.DataFrame, comparison: pd.DataFrame, probes_long: pd.DataFrame):
     """Left: the grid's drift (mean over seeds and layers) per dtype and eps. Right: the long run, per
-    layer measured drift (solid) and the grid's prediction (dashed), continued to the extrapolation
-    horizon, with each layer's typical key norm ||k|| (dotted): where a dashed line would meet its
-    dotted line, b_k reaches the costly regime."""
+    layer measured drift (solid) and the grid's prediction from notebook 04's law (dashed), over the
+    measured steps only, with each layer's typical key norm ||k|| at the probes (dotted)."""
     import matplotlib.pyplot as plt
 
     style.apply()
@@ -34,22 +32,15 @@ def plot_drift(grid: pd.DataFrame, comparison: pd.DataFrame, extrap: pd.DataFram
     style.legend_outside(fig, ncol=2)
 
     ax = axes[1]
-    layers = sorted(comparison["layer"].unique())
-    for j, layer in enumerate(layers):
+    for j, layer in enumerate(sorted(comparison["layer"].unique())):
         color = style.OKABE_ITO[(j + 4) % 8]
         g = comparison[comparison["layer"] == layer]
         ax.loglog(g["step"], g["drift_b_k"].clip(lower=1e-12), color=color, lw=1.2, label=f"layer {layer}")
-        far = predicted_far[predicted_far["layer"] == layer]
-        ax.loglog(far["step"], far["predicted_drift"].clip(lower=1e-12), color=color, lw=0.9, ls="--")
-        row = extrap[extrap["layer"] == layer].iloc[0]
-        t_end = float(row["steps"])
-        ts = np.geomspace(t_end, float(far["step"].max()), 20)
-        ax.loglog(ts, float(row["norm_b_k"]) * (ts / t_end) ** float(row["exponent"]), color=color, lw=0.9,
-                  ls="-.")
-        ax.axhline(float(row["key_norm"]), color=color, lw=0.8, ls=":")
+        ax.loglog(g["step"], g["predicted_drift"].clip(lower=1e-12), color=color, lw=0.9, ls="--")
+        p = probes_long[(probes_long["layer"] == layer) & (probes_long["step"] > 0)]
+        ax.loglog(p["step"], p["key_norm"], color=color, lw=0.8, ls=":")
     ax.axvline(float(comparison["grid_steps"].iloc[0]), color="0.5", lw=0.6)
-    ax.set(xlabel="step", ylabel=r"$\|b_k\|$-drift; $\|k\|$ dotted",
-           title="long run: measured, extrapolated (dash-dot), predicted (dashed)")
+    ax.set(xlabel="step", ylabel=r"drift; $\|k\|$ dotted", title="long run: measured, and the law (dashed)")
     ax.legend(loc="upper left", fontsize=7.0, frameon=False)
     fig.tight_layout()
     return fig
@@ -84,30 +75,183 @@ def _fmt(value) -> str:
     return "$" + format_number(float(value), 2) + "$"
 
 
-def extrapolation_table_latex(extrap: pd.DataFrame, horizons) -> str:
-    """Per layer: ||b_k|| and ||k|| at the end of the long run, the step at which they would meet,
-    and ||b_k|| / ||k|| at each horizon."""
-    header = ["layer", r"$\|b_k\|$", r"$\|k\|$", "exponent", r"steps to $\|b_k\|=\|k\|$"]
-    header += [rf"$\|b_k\|/\|k\|$ at ${_fmt(h).strip('$')}$" for h in horizons]
-    lines = [r"\begin{tabular}{l" + "r" * (len(header) - 1) + "}", r"\toprule", " & ".join(header) + r" \\",
-             r"\midrule"]
-    for _, r in extrap.iterrows():
-        cells = [str(int(r["layer"])), _fmt(r["norm_b_k"]), _fmt(r["key_norm"]), _fmt(r["exponent"]),
-                 _fmt(r["steps_to_key_norm"])]
-        cells += [_fmt(r[f"ratio_at_{int(h)}"]) for h in horizons]
-        lines.append(" & ".join(cells) + r" \\")
-    lines += [r"\bottomrule", r"\end{tabular}"]
-    return "\n".join(lines)
-
-
 def grid_table_latex(summary: pd.DataFrame) -> str:
     """The grid summary (`judge.grid_summary`) as a booktabs tabular."""
-    header = ["dtype", "eps", "steps", "seeds", r"drift of $b_k$", r"median RMS $g_{b_k}$", r"rate $r$", r"$\|k\|$",
-              r"steps to $\|b_k\|=\|k\|$"]
-    lines = [r"\begin{tabular}{llrrrrrrr}", r"\toprule", " & ".join(header) + r" \\", r"\midrule"]
+    header = ["dtype", "eps", "steps", "seeds", r"drift of $b_k$", r"median RMS $g_{b_k}$", r"rate $r$", r"$\|k\|$"]
+    lines = [r"\begin{tabular}{llrrrrrr}", r"\toprule", " & ".join(header) + r" \\", r"\midrule"]
     for _, r in summary.iterrows():
         cells = [str(r["dtype"]), _fmt(r["eps"]), str(int(r["steps"])), str(int(r["seeds"])), _fmt(r["drift_b_k"]),
-                 _fmt(r["grad_rms_b_k"]), _fmt(r["noise_rate"]), _fmt(r["key_norm"]), _fmt(r["steps_to_key_norm"])]
+                 _fmt(r["grad_rms_b_k"]), _fmt(r["noise_rate"]), _fmt(r["key_norm"])]
         lines.append(" & ".join(cells) + r" \\")
     lines += [r"\bottomrule", r"\end{tabular}"]
     return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- the recorded full grid
+
+REGIME_LABEL = {("float32", 1e-12): "float32, eps 1e-12", ("float32", 1e-8): "float32, eps 1e-8",
+                ("bfloat16", 1e-8): "bfloat16, eps 1e-8"}
+
+
+def _regime(dtype, eps) -> str:
+    for (d, e), label in REGIME_LABEL.items():
+        if d == dtype and math.isclose(float(eps), e, rel_tol=1e-9):
+            return label
+    return f"{dtype}, {_eps_label(float(eps))}"
+
+
+def plot_full_drift(traj: pd.DataFrame, intervals: pd.DataFrame):
+    """Per size (panel): ||b_k(t) - b_k(0)|| of every recorded run and layer, colored by regime, with
+    reference slopes 1/2 (walk) and 1 (constant velocity) through the end of the float32 eps 1e-12 runs.
+    Returns (figure, caption); the caption's numbers are the exponent intervals the panels show."""
+    import matplotlib.pyplot as plt
+
+    style.apply()
+    order = {"small": 0, "medium": 1}
+    sizes = sorted(dict.fromkeys(traj["size"]), key=lambda s: order.get(s, 9))
+    fig, axes = plt.subplots(1, len(sizes), figsize=(style.FULL_WIDTH, 2.5), sharey=True, squeeze=False)
+    regimes = list(dict.fromkeys(zip(traj["dtype"], traj["eps"].astype(float), strict=True)))
+    for ax, size in zip(axes[0], sizes, strict=True):
+        g = traj[traj["size"] == size]
+        for i, (dtype, eps) in enumerate(regimes):
+            h = g[(g["dtype"] == dtype) & np.isclose(g["eps"], eps, rtol=1e-9, atol=0)]
+            for j, (_, run) in enumerate(h.groupby(["seed", "layer"])):
+                ax.loglog(run["step"], run["drift_b_k"].clip(lower=1e-9), color=style.OKABE_ITO[i % 8], lw=0.8,
+                          alpha=0.9, label=_regime(dtype, eps) if j == 0 and size == sizes[0] else None)
+        ref = g[(g["dtype"] == "float32") & np.isclose(g["eps"], 1e-12, rtol=1e-9, atol=0)]
+        t_end = float(ref["step"].max())
+        d_end = float(ref.loc[ref["step"] == t_end, "drift_b_k"].median())
+        ts = np.geomspace(t_end / 10, t_end, 10)
+        for power, ls in ((0.5, ":"), (1.0, "--")):
+            ax.loglog(ts, d_end * (ts / t_end) ** power / 1.6, color="0.3", lw=0.8, ls=ls,
+                      label=rf"$\propto t^{{{power:g}}}$" if size == sizes[0] else None)
+        layers, embed = int(g["num_layers"].iloc[0]), int(g["embed_dim"].iloc[0])
+        ax.set(xlabel="step", title=f"{size}: {layers} layer{'s' if layers > 1 else ''}, E = {embed}")
+    axes[0][0].set_ylabel(r"drift $\|b_k(t)-b_k(0)\|$")
+    style.legend_outside(fig, ncol=5)
+    fig.tight_layout()
+    caption = full_drift_caption(intervals)
+    return fig, caption
+
+
+def full_drift_caption(intervals: pd.DataFrame) -> str:
+    """One sentence per size: the exponent's mean over seeds and its 95% interval per regime."""
+    parts = []
+    for size, g in intervals[intervals["column"] == "exponent"].groupby("size", sort=False):
+        cells = [f"{_regime(r['dtype'], r['eps'])} {r['mean']:.2f} [{r['low']:.2f}, {r['high']:.2f}]"
+                 for _, r in g.iterrows()]
+        parts.append(f"{size} model: " + "; ".join(cells))
+    seeds = int(intervals["seeds"].max())
+    return ("Drift of the key bias in every recorded run (one line per seed and layer). Growth exponent over the "
+            f"last decade, mean over {seeds} seeds with its 95% interval across seeds: " + ". ".join(parts) + ". "
+            "Dotted: slope 1/2 (a walk); dashed: slope 1 (constant velocity).")
+
+
+def plot_explanation(traj: pd.DataFrame, units: pd.DataFrame):
+    """Left: sigma (RMS of b_k's gradient) against ||b_k|| along the float32 runs of the small model
+    (the candidate explanation predicts slope 1 once ||b_k|| ~ ||k||). Right: the drift velocity
+    measured over the last decade against the velocity Adam makes of the measured gradient bias.
+    Returns (figure, caption)."""
+    import matplotlib.pyplot as plt
+
+    style.apply()
+    fig, axes = plt.subplots(1, 2, figsize=(style.FULL_WIDTH, 2.5))
+    ax = axes[0]
+    small = traj[(traj["size"] == "small") & (traj["dtype"] == "float32")]
+    for i, (eps, g) in enumerate(small.groupby("eps", sort=True)):
+        for j, (_, run) in enumerate(g.groupby("seed")):
+            late = run[run["step"] >= run["step"].max() / 10]
+            ax.loglog(late["norm_b_k"], late["grad_rms_b_k"], ".", ms=1.5, color=style.OKABE_ITO[i + 1],
+                      label=_regime("float32", eps) if j == 0 else None)
+    late_all = small[small["step"] >= small.groupby(["eps", "seed"])["step"].transform("max") / 10]
+    x_mid, y_mid = float(late_all["norm_b_k"].median()), float(late_all["grad_rms_b_k"].median())
+    x = np.geomspace(x_mid / 3, x_mid * 3, 5)
+    ax.loglog(x, y_mid * x / x_mid, color="0.3", lw=0.8, ls="--", label="slope 1")
+    ax.set(xlabel=r"$\|b_k\|$", ylabel=r"RMS of $b_k$'s gradient $\sigma$", title="last decade, small model")
+    ax.legend(fontsize=7, frameon=False, loc="upper left")
+    ax = axes[1]
+    f32 = units[units["dtype"] == "float32"]
+    markers = {"small": "o", "medium": "s"}
+    for i, (eps, g) in enumerate(f32.groupby("eps", sort=True)):
+        for size, h in g.groupby("size", sort=False):
+            ax.loglog(h["velocity_predicted"].clip(lower=1e-4), h["velocity_measured"].clip(lower=1e-4),
+                      markers.get(size, "^"), ms=4, color=style.OKABE_ITO[i + 1], label=f"{size}, {_regime('float32', eps)}")
+    lo = float(np.nanmin(f32[["velocity_predicted", "velocity_measured"]].clip(lower=1e-4).to_numpy())) / 1.5
+    hi = float(np.nanmax(f32[["velocity_predicted", "velocity_measured"]].to_numpy())) * 1.5
+    ax.loglog([lo, hi], [lo, hi], color="0.3", lw=0.8, ls="--")
+    ax.set(xlabel=r"predicted: gradient bias $\times\,\sigma/(\sigma+\epsilon)$",
+           ylabel="measured velocity (lr per step)", title="drift velocity, last decade")
+    ax.legend(fontsize=7, frameon=False, loc="upper left")
+    fig.tight_layout()
+    return fig, explanation_caption(units)
+
+
+def explanation_caption(units: pd.DataFrame) -> str:
+    small = units[(units["size"] == "small") & (units["dtype"] == "float32")]
+    el = small["noise_elasticity"]
+    ratio = small["velocity_measured"] / small["velocity_predicted"]
+    median = float(el.median())
+    follows = ("hardly follows ||b_k||" if median < 0.25 else "follows ||b_k|| less than proportionally"
+               if median < 0.75 else "follows ||b_k|| about proportionally")
+    return (f"Left: along the small model's float32 runs sigma {follows} (log-log slope "
+            f"{el.min():.2f} to {el.max():.2f} over the last decade, median {median:.2f}; the candidate explanation "
+            "predicts about 1). "
+            f"Right: the measured drift velocity against the velocity Adam makes of the gradient's measured bias "
+            f"along the drift; in the small model their ratio lies between {ratio.min():.2f} and {ratio.max():.2f}.")
+
+
+def _num(x, digits=2) -> str:
+    from keybias.build.recorder import format_number
+
+    return "$" + format_number(float(x), digits) + "$" if math.isfinite(float(x)) else "--"
+
+
+def full_table_latex(units: pd.DataFrame) -> str:
+    """Per recorded run (seed) and size and regime, layers averaged: exponent, step rate, noise
+    elasticity, gradient bias along the drift, measured and predicted velocity, final drift."""
+    cols = ["exponent", "step_rate", "noise_elasticity", "grad_along_drift", "velocity_measured",
+            "velocity_predicted", "drift_end", "bk_over_key_end"]
+    g = units.groupby(["size", "dtype", "eps", "seed"], sort=False)[cols].mean().reset_index()
+    header = ["size", "regime", "seed", r"exponent $\alpha$", r"rate $r$", r"$d\log\sigma/d\log\|b_k\|$",
+              "bias along drift", "velocity", "predicted", "drift", r"$\|b_k\|/\|k\|$"]
+    lines = [r"\begin{tabular}{lllrrrrrrrr}", r"\toprule", " & ".join(header) + r" \\", r"\midrule"]
+    for _, r in g.iterrows():
+        cells = [str(r["size"]), _regime(r["dtype"], r["eps"]).replace("eps", r"$\epsilon$"), str(int(r["seed"]))]
+        cells += [_num(r[c]) for c in cols]
+        lines.append(" & ".join(cells) + r" \\")
+    lines += [r"\bottomrule", r"\end{tabular}"]
+    return "\n".join(lines)
+
+
+def exponent_list_markdown(units: pd.DataFrame, spans: pd.DataFrame) -> str:
+    """The exponent per size and regime (mean, interval across seeds, each seed's value) as a list."""
+    from keybias.studies.longrun import judge_full
+
+    lines = []
+    for _, r in spans[spans["column"] == "exponent"].iterrows():
+        sel = judge_full._select(units, dtype=r["dtype"], eps=r["eps"], size=r["size"])
+        seeds = judge_full.per_seed(sel, "exponent")
+        each = ", ".join(f"{int(s)}: {v:.2f}" for s, v in zip(seeds["seed"], seeds["exponent"], strict=True))
+        lines.append(f"- {r['size']}, {_regime(r['dtype'], r['eps'])}: **{r['mean']:.2f}** "
+                     f"[{r['low']:.2f}, {r['high']:.2f}] (seeds {each})")
+    return ("Growth exponent per size and regime (mean over seeds, 95% interval across seeds, then each seed):\n\n"
+            + "\n".join(lines))
+
+
+def rate_list_markdown(spans: pd.DataFrame) -> str:
+    """Adam's step rate per size and regime: mean over seeds and the seeds' range."""
+    return "\n".join(f"- {r['size']}, {_regime(r['dtype'], r['eps'])}: step rate r = {r['mean']:.3g} "
+                     f"(seeds {r['min']:.3g} to {r['max']:.3g}), a step of about {math.sqrt(max(r['mean'], 0)):.2g} "
+                     "of full size" for _, r in spans[spans["column"] == "step_rate"].iterrows())
+
+
+def build_run_markdown(build: dict, full: dict, *, seed: int, steps: int, bound: float) -> str:
+    """This build's own long run against the recorded grid, in words."""
+    same = ("the same way as" if (build["LongExponent"] > bound) == (full["LongFullExponentMedianSmall"] > bound)
+            else "differently from")
+    return (f"This build's run (seed {seed}, {steps:,} steps) grows with exponent {build['LongExponent']:.2f} "
+            f"(within-run interval {build['LongExponentLow']:.2f} to {build['LongExponentHigh']:.2f}): "
+            f"{build['LongDriftVerdict']}, pointing {same} the recorded grid. The walk law predicts a drift of "
+            f"{build['LongDriftPredictedEnd']:.3g} at the end; the run drifted {build['LongDriftMeasuredEnd']:.3g} "
+            f"(up to {build['LongDriftMaxFactor']:.1f} times the law beyond the grid's length). At its end "
+            f"||b_k|| / ||k|| = {build['LongBkOverKeyEnd']:.2f}; nothing is extrapolated beyond the measured steps.")

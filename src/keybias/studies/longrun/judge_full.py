@@ -1,0 +1,422 @@
+"""Judge the recorded full grid of notebook 08 (`keybias.studies.longrun.record`): seeds x sizes x
+Adam regimes. Pure functions of the recorded DataFrames, so tests hand them doctored data.
+
+The unit of every interval here is one run (a seed): the spread is run to run, never a resample
+of the entries of one run. Per run and layer (`units`):
+
+- the drift exponent alpha: half the least-squares slope of log ||b_k(t) - b_k(0)||^2 against
+  log t over the run's last decade (T/10..T), at the log-spaced steps of the recorded entries
+  (1/2: a random walk; 1: constant velocity);
+- the step rate r: the slope of notebook 04's noise sum S(t) = sum (sigma/(s + eps))^2 over the
+  run's second half. Adam's step on b_k is about lr sqrt(r) per entry: r ~ 1 means full-size steps
+  on the noise, r << 1 SGD-like steps lr g / eps;
+- the noise elasticity: the slope of log sigma (the RMS of b_k's gradient) against log ||b_k||
+  over the last decade. The candidate explanation "the rounding noise grows with ||b_k|| because
+  the scores carry q.b_k" predicts it near 1 once ||b_k|| is comparable to ||k||;
+- the gradient's bias along the drift: the mean, over the last decade's logged intervals, of the
+  interval's mean gradient projected on the direction b_k had moved before the interval, in units of
+  the gradient's RMS (`grad_along_drift`; 0 in expectation for zero-mean noise). Adam turns a bias
+  mu along the drift into a drift velocity lr mu / (sigma + eps) (per entry m / (sqrt(v) + eps) with
+  m ~ mu and sqrt(v) ~ sigma), which `velocity_predicted` gives and `velocity_measured` is compared with;
+- the direction: the cosine between b_k and the mean query q-bar of the held-out probe windows at
+  the last probe (isotropic chance: about 1/sqrt(n)).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+from keybias.build.recorder import Claim
+from keybias.studies.reduce import finite_max, finite_median, finite_min
+
+WINDOW = 10  # the last decade of a run
+SMALL_EPS, DEFAULT_EPS = 1e-12, 1e-8
+CONFIDENCE = 0.95
+UNIT = ["size", "dtype", "eps", "seed", "layer"]
+SETTING = ["size", "dtype", "eps"]
+
+# The finding each test claim of this module decides (the findings registry reads these ids).
+FINDING_OF = {}
+
+
+def _require(frame: pd.DataFrame, name: str, columns) -> None:
+    missing = [c for c in columns if c not in frame.columns]
+    if missing:
+        raise ValueError(f"{name} lacks columns {missing}")
+    if frame.empty:
+        raise ValueError(f"{name} is empty")
+
+
+def _slope(x, y) -> float:
+    x, y = np.asarray(x, float), np.asarray(y, float)
+    ok = np.isfinite(x) & np.isfinite(y) & (x > 0) & (y > 0)
+    if ok.sum() < 3:
+        return math.nan
+    return float(np.polyfit(np.log(x[ok]), np.log(y[ok]), 1)[0])
+
+
+def units(traj: pd.DataFrame, probes: pd.DataFrame, entries: pd.DataFrame, *, window: int = WINDOW) -> pd.DataFrame:
+    """One row per run and layer: the exponent, the step rate, the noise elasticity, the gradient's
+    bias along the drift with the velocities it predicts and the measured one, and the direction."""
+    _require(traj, "trajectory", UNIT + ["step", "drift_b_k", "norm_b_k", "grad_rms_b_k", "grad_along_drift",
+                                         "noise_sum", "lr", "n_bias"])
+    _require(probes, "probes", UNIT + ["step", "key_norm", "norm_b_k", "cos_b_k_mean_query"])
+    _require(entries, "entries", UNIT + ["step", "entry", "displacement"])
+    shortest = traj.groupby(UNIT)["step"].max().groupby(level="size").min()  # the bfloat16 runs' length
+    sq = (entries.assign(sq=entries["displacement"] ** 2)
+          .groupby(UNIT + ["step"], sort=True)["sq"].mean().reset_index())
+    rows = []
+    for key, g in traj.groupby(UNIT, sort=True):
+        g = g.sort_values("step")
+        t_end = float(g["step"].max())
+        late = g[g["step"] >= t_end / window]
+        e = sq[(sq[UNIT] == pd.Series(key, index=UNIT)).all(axis=1)]
+        e_late = e[e["step"] >= t_end / window]
+        alpha = 0.5 * _slope(e_late["step"], e_late["sq"])
+        half = g[g["step"] >= t_end / 2]
+        rate = float((half["noise_sum"].iloc[-1] - half["noise_sum"].iloc[0])
+                     / (half["step"].iloc[-1] - half["step"].iloc[0])) if len(half) > 1 else math.nan
+        elastic_rows = late[late["step"].isin(e_late["step"])]
+        elasticity = _slope(elastic_rows["norm_b_k"], elastic_rows["grad_rms_b_k"])
+        eps, lr = float(key[2]), float(g["lr"].iloc[0])
+        along = late["grad_along_drift"].to_numpy(float)
+        sigma = late["grad_rms_b_k"].to_numpy(float)
+        predicted = float(np.nanmean(along * sigma / (sigma + eps)))
+        d0, d1 = float(late["drift_b_k"].iloc[0]), float(late["drift_b_k"].iloc[-1])
+        measured = (d1 - d0) / (float(late["step"].iloc[-1]) - float(late["step"].iloc[0])) / lr
+        p = probes[(probes[UNIT] == pd.Series(key, index=UNIT)).all(axis=1)]
+        last = p[p["step"] == p["step"].max()].iloc[0]
+        n = int(g["n_bias"].iloc[0])
+        at = g[g["step"] <= int(shortest.loc[key[0]])]
+        rows.append({**dict(zip(UNIT, key, strict=True)), "steps": int(t_end),
+                     "window_start": int(e_late["step"].min()) if len(e_late) else 0,
+                     "window_points": len(e_late), "n_bias": n, "exponent": alpha, "step_rate": rate,
+                     "noise_elasticity": elasticity, "grad_rms_late": float(np.median(sigma)),
+                     "grad_along_drift": float(np.nanmean(along)),
+                     "grad_along_drift_se": float(np.nanstd(along, ddof=1) / math.sqrt(np.isfinite(along).sum())),
+                     "velocity_measured": measured, "velocity_predicted": predicted,
+                     "drift_end": d1, "drift_at_short": float(at["drift_b_k"].iloc[-1]),
+                     "short_step": int(at["step"].iloc[-1]),
+                     "key_norm_end": float(last["key_norm"]), "bk_over_key_end": float(last["norm_b_k"] / last["key_norm"]),
+                     "cos_mean_query": float(last["cos_b_k_mean_query"]),
+                     "cos_mean_query_sqrt_n": float(last["cos_b_k_mean_query"]) * math.sqrt(n)})
+    return pd.DataFrame(rows)
+
+
+def per_seed(table: pd.DataFrame, column: str) -> pd.DataFrame:
+    """`column` averaged over the layers of each run: one value per (size, dtype, eps, seed)."""
+    return table.groupby(SETTING + ["seed"], sort=False)[column].mean().reset_index()
+
+
+def intervals(table: pd.DataFrame, column: str = "exponent", *, confidence: float = CONFIDENCE) -> pd.DataFrame:
+    """Per setting (size, dtype, eps): the mean over seeds of `column` (each seed's layers averaged
+    first), its Student-t interval across seeds (df = seeds - 1) and the seeds' range. The spread is
+    run to run: nothing within a run is resampled."""
+    seeds = per_seed(table, column)
+    rows = []
+    for key, g in seeds.groupby(SETTING, sort=False):
+        v = g[column].to_numpy(float)
+        k = len(v)
+        mean = float(v.mean())
+        half = float(stats.t.ppf(0.5 + confidence / 2, k - 1) * v.std(ddof=1) / math.sqrt(k)) if k > 1 else math.inf
+        rows.append({**dict(zip(SETTING, key, strict=True)), "seeds": k, "column": column, "mean": mean,
+                     "low": mean - half, "high": mean + half, "min": float(v.min()), "max": float(v.max())})
+    return pd.DataFrame(rows)
+
+
+def _select(table, *, dtype=None, eps=None, size=None):
+    sel = table
+    if dtype is not None:
+        sel = sel[sel["dtype"] == dtype]
+    if eps is not None:
+        sel = sel[np.isclose(sel["eps"].astype(float), eps, rtol=1e-9, atol=0)]
+    if size is not None:
+        sel = sel[sel["size"] == size]
+    if sel.empty:
+        raise ValueError(f"no recorded run with dtype={dtype!r}, eps={eps!r}, size={size!r}")
+    return sel
+
+
+def paired_ratio(table: pd.DataFrame, column: str, *, num: tuple[str, float], den: tuple[str, float]) -> pd.DataFrame:
+    """Per (size, seed, layer): `column` of the run with (dtype, eps) = num over the same seed's and
+    size's run with (dtype, eps) = den (paired: same seed, same batches, same initial weights)."""
+    a = _select(table, dtype=num[0], eps=num[1]).set_index(["size", "seed", "layer"])[column]
+    b = _select(table, dtype=den[0], eps=den[1]).set_index(["size", "seed", "layer"])[column]
+    both = pd.concat({"num": a, "den": b}, axis=1, join="inner")
+    if both.empty:
+        raise ValueError("no paired runs")
+    return both.assign(ratio=both["num"] / both["den"]).reset_index()
+
+
+# ----------------------------------------------------------------------------- claims
+# Every bound below was fixed, with its origin, before the recorded grid ran (params/claims/rules.md,
+# "Notebook 08: the recorded full grid").
+
+EXPONENT_BOUND = 0.75  # halfway between a walk (1/2) and constant velocity (1)
+BIAS_SE_BOUND = 3.0  # standard errors of the gradient bias along the drift
+VELOCITY_LOG2_BOUND = 1.0  # a factor of 2
+OPPOSITE_SIGN_LOG2 = 10.0  # a measured velocity of the opposite sign: a factor of 2^10
+QUERY_COS_BOUND = 2.0  # cos(b_k, q-bar) sqrt(n): about standard normal for an isotropic direction
+ELASTICITY_BOUND = 0.5  # halfway between no growth and the candidate's proportional growth
+FULL_STEP_RATE = 0.5  # r = (sigma / (s + eps))^2 ~ 1 for full-size steps
+SGD_STEP_RATE = 0.25  # the step at most half of full size
+DAMPING_RATIO = 0.5  # sigma / (sigma + eps) < 1/2 when sigma < eps
+FLOAT32, BFLOAT16 = "float32", "bfloat16"
+SMALL = "small"
+
+FINDING_OF.update({
+    "longrun-exponent-small-model": "long-run-drift",
+    "longrun-gradient-biased-along-drift": "long-run-drift",
+    "longrun-velocity-from-gradient-bias": "long-run-drift",
+    "longrun-drift-along-mean-query": "long-run-drift",
+    "longrun-noise-not-tracking-bias": "long-run-drift",
+    "adam-full-steps-float32-small-eps": "adam-drift-regimes",
+    "adam-full-steps-bfloat16-default-eps": "adam-drift-regimes",
+    "adam-sgd-steps-float32-default-eps": "adam-drift-regimes",
+    "adam-default-eps-damps-drift": "adam-drift-regimes",
+})
+
+
+def _claim(**kw) -> Claim:
+    """A Claim; `protects` (a control's protected test) only where this checkout's Claim has it."""
+    import dataclasses
+
+    if "protects" in kw and "protects" not in {f.name for f in dataclasses.fields(Claim)}:
+        protects = kw.pop("protects")
+        kw["kind"] = "consistency" if kw.get("kind") == "control" else kw.get("kind")
+        kw["bound_origin"] = f"{kw.get('bound_origin', '')} (a positive control of {', '.join(protects)})"
+    return Claim(**kw)
+
+
+def _float32(table, eps=None):
+    sel = table[table["dtype"] == FLOAT32]
+    if eps is not None:
+        sel = sel[np.isclose(sel["eps"].astype(float), eps, rtol=1e-9, atol=0)]
+    if sel.empty:
+        raise ValueError(f"no float32 run with eps={eps!r}")
+    return sel
+
+
+def exponent_claim(table: pd.DataFrame) -> Claim:
+    seeds = per_seed(_select(table, dtype=FLOAT32, eps=SMALL_EPS, size=SMALL), "exponent")
+    return Claim(
+        id="longrun-exponent-small-model",
+        statement=("In float32 with eps = 1e-12 the small model's key bias drifts faster than a random walk: "
+                   "the growth exponent of ||b_k(t) - b_k(0)|| over each run's last decade, median over the fresh "
+                   f"seeds, lies above {EXPONENT_BOUND} (a walk gives 1/2, constant velocity 1)."),
+        value=finite_median(seeds["exponent"], "small-model exponents"), bound=EXPONENT_BOUND, comparison=">",
+        kind="test", bound_origin="halfway between a walk and constant velocity, fixed before the runs")
+
+
+def bias_claim(table: pd.DataFrame) -> Claim:
+    sel = _select(_float32(table), size=SMALL)
+    z = sel["grad_along_drift"] / sel["grad_along_drift_se"]
+    return Claim(
+        id="longrun-gradient-biased-along-drift",
+        statement=("In float32 (eps 1e-12 and 1e-8) the gradient of b_k is not zero-mean noise: over every small-model "
+                   "run's last decade its mean keeps pushing b_k the way it has already moved, by more than "
+                   f"{BIAS_SE_BOUND:g} standard errors (smallest over the runs)."),
+        value=finite_min(z, "bias over its standard error"), bound=BIAS_SE_BOUND, comparison=">", kind="test",
+        bound_origin="zero-mean noise gives 0; 3 standard errors, fixed before the runs")
+
+
+def velocity_claim(table: pd.DataFrame) -> Claim:
+    sel = _select(_float32(table), size=SMALL)
+    ratio = (sel["velocity_measured"] / sel["velocity_predicted"]).to_numpy(float)
+    # opposite signs (or a zero prediction) count as OPPOSITE_SIGN_LOG2, beyond any factor the bound allows
+    with np.errstate(invalid="ignore", divide="ignore"):
+        log2 = np.where(ratio > 0, np.abs(np.log2(np.where(ratio > 0, ratio, 1.0))), OPPOSITE_SIGN_LOG2)
+    log2 = np.where(np.isnan(ratio), np.nan, log2)
+    return Claim(
+        id="longrun-velocity-from-gradient-bias",
+        statement=("In float32 (eps 1e-12 and 1e-8) the drift's velocity over every small-model run's last decade "
+                   "is the velocity Adam makes of the gradient's bias, lr mu / (sigma + eps), within a factor of 2 "
+                   "(largest |log2 measured / predicted|)."),
+        value=finite_max(log2, "velocity log-ratios"), bound=VELOCITY_LOG2_BOUND, comparison="<=", kind="test",
+        bound_origin="Adam's update in the small-signal limit, a factor 2 for sqrt(v_i) ~ sigma; fixed before the runs")
+
+
+def query_claim(table: pd.DataFrame) -> Claim:
+    seeds = per_seed(_select(table, dtype=FLOAT32, eps=SMALL_EPS, size=SMALL), "cos_mean_query_sqrt_n")
+    return Claim(
+        id="longrun-drift-along-mean-query",
+        statement=("In float32 with eps = 1e-12 the small model's b_k ends pointing along the mean query of held-out "
+                   f"text: cos(b_k, mean q) sqrt(n), median over the seeds, exceeds {QUERY_COS_BOUND:g} (an isotropic "
+                   "direction gives about a standard normal)."),
+        value=finite_median(seeds["cos_mean_query_sqrt_n"], "query cosines"), bound=QUERY_COS_BOUND, comparison=">",
+        kind="test", bound_origin="isotropic chance: a median of three above 2 has probability about 0.002")
+
+
+def noise_claim(table: pd.DataFrame) -> Claim:
+    sel = _select(_float32(table), size=SMALL)
+    values = per_seed(sel, "noise_elasticity")["noise_elasticity"]
+    spread = intervals(sel, "noise_elasticity")
+    return Claim(
+        id="longrun-noise-not-tracking-bias",
+        statement=("The candidate explanation that the gradient's rounding noise grows with ||b_k|| (the scores carry "
+                   "q.b_k) does not hold: in float32 the small model's noise elasticity d log sigma / d log ||b_k|| "
+                   f"over the last decade, median over its runs, lies below {ELASTICITY_BOUND}."),
+        value=finite_median(values, "noise elasticities"), bound=ELASTICITY_BOUND, comparison="<", kind="test",
+        bound_origin="halfway between no growth and the proportional growth the candidate predicts; fixed before the runs",
+        min_detectable=finite_max(spread["high"], "elasticity intervals"))
+
+
+def step_rate_claims(table: pd.DataFrame) -> list[Claim]:
+    small = _float32(table, SMALL_EPS)["step_rate"]
+    default = _float32(table, DEFAULT_EPS)["step_rate"]
+    bf16 = _select(table, dtype=BFLOAT16, eps=DEFAULT_EPS)["step_rate"]
+    return [
+        Claim(id="adam-full-steps-float32-small-eps",
+              statement=("In float32 with eps = 1e-12 Adam takes full-size steps on b_k's rounding noise: the step rate "
+                         f"r = (sigma / (s + eps))^2 is at least {FULL_STEP_RATE} in every run (smallest)."),
+              value=finite_min(small, "step rates"), bound=FULL_STEP_RATE, comparison=">=", kind="test",
+              bound_origin="theory: r ~ 1 when eps is far below the noise"),
+        Claim(id="adam-full-steps-bfloat16-default-eps",
+              statement=("In bfloat16 autocast with the default eps = 1e-8 Adam also takes full-size steps on b_k: "
+                         f"r >= {FULL_STEP_RATE} in every run (smallest)."),
+              value=finite_min(bf16, "step rates"), bound=FULL_STEP_RATE, comparison=">=", kind="test",
+              bound_origin="theory: bfloat16's rounding noise is about 2^16 times float32's, far above 1e-8"),
+        Claim(id="adam-sgd-steps-float32-default-eps",
+              statement=("In float32 with the default eps = 1e-8 Adam's steps on b_k are SGD-like, lr g / eps: "
+                         f"r <= {SGD_STEP_RATE} in every run (largest)."),
+              value=finite_max(default, "step rates"), bound=SGD_STEP_RATE, comparison="<=", kind="test",
+              bound_origin="theory: float32 rounding noise of b_k's gradient below eps"),
+    ]
+
+
+def damping_claims(table: pd.DataFrame) -> list[Claim]:
+    pairs = paired_ratio(table, "drift_end", num=(FLOAT32, DEFAULT_EPS), den=(FLOAT32, SMALL_EPS))
+    control = paired_ratio(table, "drift_at_short", num=(BFLOAT16, DEFAULT_EPS), den=(FLOAT32, SMALL_EPS))
+    return [
+        Claim(id="adam-default-eps-damps-drift",
+              statement=("In float32 the default eps = 1e-8 at least halves the drift of b_k: at the run's end the drift "
+                         "with eps = 1e-8 over the drift with eps = 1e-12, same seed and size, is at most "
+                         f"{DAMPING_RATIO} in every pair (largest)."),
+              value=finite_max(pairs["ratio"], "paired drift ratios"), bound=DAMPING_RATIO, comparison="<=",
+              kind="test", bound_origin="theory: the step shrinks by sigma / (sigma + eps) < 1/2 when sigma < eps"),
+        _claim(id="adam-drift-ratio-control-bfloat16",
+               statement=("Positive control: the same paired ratio for bfloat16 with eps = 1e-8 against float32 with "
+                          f"eps = 1e-12, at the bfloat16 run's last step, is above {DAMPING_RATIO} in every pair "
+                          "(smallest): the ratio sees a regime of full-size steps."),
+               value=finite_min(control["ratio"], "paired drift ratios"), bound=DAMPING_RATIO, comparison=">",
+               kind="control", protects=("adam-default-eps-damps-drift",),
+               bound_origin="the bound of the claim it protects"),
+    ]
+
+
+def claims(table: pd.DataFrame) -> list[Claim]:
+    """Every claim on the recorded grid, in the order the notebook states them."""
+    return [exponent_claim(table), bias_claim(table), velocity_claim(table), query_claim(table),
+            noise_claim(table), *step_rate_claims(table), *damping_claims(table)]
+
+
+# ----------------------------------------------------------------------------- macros
+
+_SIZE_WORD = {"small": "Small", "medium": "Medium"}
+_REGIME_WORD = {(FLOAT32, SMALL_EPS): "FloatEpsTwelve", (FLOAT32, DEFAULT_EPS): "FloatEpsEight",
+                (BFLOAT16, DEFAULT_EPS): "BfloatEpsEight"}
+
+
+def _regime_word(dtype, eps) -> str:
+    for (d, e), word in _REGIME_WORD.items():
+        if d == dtype and math.isclose(float(eps), e, rel_tol=1e-9):
+            return word
+    raise ValueError(f"no macro word for dtype={dtype!r}, eps={eps!r}")
+
+
+def macros(table: pd.DataFrame, spans: pd.DataFrame, run: dict) -> dict[str, object]:
+    """The numbers the paper prints about the recorded grid (letters-only names)."""
+    out: dict[str, object] = {
+        "LongFullSeeds": int(table["seed"].nunique()),
+        "LongFullSizes": int(table["size"].nunique()),
+        "LongFullRuns": int(table.groupby(SETTING + ["seed"]).ngroups),
+        "LongFullMinutes": round(float(run["wall_seconds"]) / 60.0),
+        "LongFullCommit": str(run["commit"])[:7],
+        "LongFullCpu": str(run["cpu"]),
+        "LongFullTorch": str(run["torch"]),
+    }
+    for _, r in spans[spans["column"] == "exponent"].iterrows():
+        stem = f"LongFullExponent{_SIZE_WORD[r['size']]}{_regime_word(r['dtype'], r['eps'])}"
+        out[stem] = r["mean"]
+        out[stem + "Low"] = r["low"]
+        out[stem + "High"] = r["high"]
+    for size in table["size"].unique():
+        steps = int(table.loc[table["size"] == size, "steps"].max())
+        out[f"LongFullSteps{_SIZE_WORD[size]}"] = steps
+    out["LongFullStepsBfloat"] = int(_select(table, dtype=BFLOAT16).loc[:, "steps"].max())
+    small = _select(table, dtype=FLOAT32, eps=SMALL_EPS, size=SMALL)
+    f32_small = _select(_float32(table), size=SMALL)
+    out["LongFullExponentMedianSmall"] = finite_median(per_seed(small, "exponent")["exponent"], "exponents")
+    z = f32_small["grad_along_drift"] / f32_small["grad_along_drift_se"]
+    out["LongFullBiasMinSe"] = finite_min(z, "bias z")
+    out["LongFullBiasSmall"] = finite_median(small["grad_along_drift"], "bias")
+    ratio = f32_small["velocity_measured"] / f32_small["velocity_predicted"]
+    out["LongFullVelocityRatioMin"] = finite_min(ratio, "velocity ratios")
+    out["LongFullVelocityRatioMax"] = finite_max(ratio, "velocity ratios")
+    out["LongFullVelocitySmall"] = finite_median(small["velocity_measured"], "velocities")
+    out["LongFullQueryCos"] = finite_median(per_seed(small, "cos_mean_query")["cos_mean_query"], "cosines")
+    out["LongFullQueryCosSqrtN"] = finite_median(per_seed(small, "cos_mean_query_sqrt_n")["cos_mean_query_sqrt_n"],
+                                                 "cosines")
+    out["LongFullQueryCosMedium"] = finite_median(
+        per_seed(_select(table, dtype=FLOAT32, eps=SMALL_EPS, size="medium"), "cos_mean_query")["cos_mean_query"],
+        "cosines") if (table["size"] == "medium").any() else math.nan
+    out["LongFullNoiseElasticity"] = finite_median(per_seed(f32_small, "noise_elasticity")["noise_elasticity"],
+                                                   "elasticities")
+    out["LongFullNoiseElasticityHigh"] = finite_max(intervals(f32_small, "noise_elasticity")["high"], "intervals")
+    rates = {w: table[(table["dtype"] == d) & np.isclose(table["eps"].astype(float), e, rtol=1e-9, atol=0)]["step_rate"]
+             for (d, e), w in _REGIME_WORD.items()}
+    out["LongFullRateFloatEpsTwelveMin"] = finite_min(rates["FloatEpsTwelve"], "rates")
+    out["LongFullRateFloatEpsTwelveMedian"] = finite_median(rates["FloatEpsTwelve"], "rates")
+    out["LongFullRateFloatEpsEightMax"] = finite_max(rates["FloatEpsEight"], "rates")
+    out["LongFullRateFloatEpsEightMedian"] = finite_median(rates["FloatEpsEight"], "rates")
+    out["LongFullStepFloatEpsEight"] = math.sqrt(out["LongFullRateFloatEpsEightMedian"])
+    out["LongFullRateBfloatEpsEightMin"] = finite_min(rates["BfloatEpsEight"], "rates")
+    out["LongFullRateBfloatEpsEightMedian"] = finite_median(rates["BfloatEpsEight"], "rates")
+    damp = paired_ratio(table, "drift_end", num=(FLOAT32, DEFAULT_EPS), den=(FLOAT32, SMALL_EPS))
+    out["LongFullDampingMax"] = finite_max(damp["ratio"], "ratios")
+    out["LongFullDampingMedian"] = finite_median(damp["ratio"], "ratios")
+    control = paired_ratio(table, "drift_at_short", num=(BFLOAT16, DEFAULT_EPS), den=(FLOAT32, SMALL_EPS))
+    out["LongFullControlMin"] = finite_min(control["ratio"], "ratios")
+    out["LongFullControlMedian"] = finite_median(control["ratio"], "ratios")
+    out["LongFullBkOverKeyMax"] = finite_max(small["bk_over_key_end"], "ratios")
+    out["LongFullBkOverKeyMedian"] = finite_median(small["bk_over_key_end"], "ratios")
+    return out
+
+
+def findings_text(table: pd.DataFrame, spans: pd.DataFrame, m: dict) -> str:
+    """The section's findings in two sentences, from the macros (the notebook shows them first)."""
+    def span(size, word):
+        key = f"LongFullExponent{size}{word}"
+        return f"{m[key]:.2f} [{m[key + 'Low']:.2f}, {m[key + 'High']:.2f}]" if key in m else "not measured"
+
+    walk = "faster than a random walk" if m["LongFullExponentMedianSmall"] > EXPONENT_BOUND else "no faster than a walk"
+    low = m.get("LongFullExponentSmallFloatEpsTwelveLow", math.nan)
+    caveat = (f", whose lower end {low:.2f} does not exclude a walk with {m['LongFullSeeds']} seeds"
+              if low <= 0.5 else "")
+    lo, hi = m["LongFullVelocityRatioMin"], m["LongFullVelocityRatioMax"]
+    matched = lo >= 2.0 ** -VELOCITY_LOG2_BOUND and hi <= 2.0 ** VELOCITY_LOG2_BOUND
+    why = ("The drift's velocity is the velocity Adam makes of the gradient's bias along the drift (measured over "
+           f"predicted {lo:.2f} to {hi:.2f})" if matched else
+           "The gradient's bias along the drift does not account for the drift's velocity (measured over predicted "
+           f"{lo:.2f} to {hi:.2f})")
+    z = m["LongFullBiasMinSe"]
+    why += (f", and that bias exceeds {BIAS_SE_BOUND:g} standard errors in every small-model run"
+            if z > BIAS_SE_BOUND else
+            f", but in the weakest small-model run that bias is only {z:.1f} standard errors from zero")
+    noise = ("the rounding noise does not grow with ||b_k||" if m["LongFullNoiseElasticity"] < ELASTICITY_BOUND
+             else "the rounding noise does grow with ||b_k||")
+    return (f"Over {m['LongFullRuns']} recorded runs ({m['LongFullSeeds']} fresh seeds, {m['LongFullSizes']} sizes, "
+            f"3 Adam regimes), the small model's key bias drifts {walk} in float32 with eps = 1e-12: median growth "
+            f"exponent {m['LongFullExponentMedianSmall']:.2f} over the seeds, mean {span('Small', 'FloatEpsTwelve')} "
+            f"(95% interval across seeds){caveat}; the medium model's is {span('Medium', 'FloatEpsTwelve')} over its "
+            "shorter run. "
+            f"{why}; {noise} (elasticity {m['LongFullNoiseElasticity']:.2f}). "
+            f"Adam's steps on b_k have full size in float32 at eps = 1e-12 (step rate r >= "
+            f"{m['LongFullRateFloatEpsTwelveMin']:.2f}) and in bfloat16 at the default eps = 1e-8 (r >= "
+            f"{m['LongFullRateBfloatEpsEightMin']:.2f}); in float32 at the default eps they are SGD-like "
+            f"(r <= {m['LongFullRateFloatEpsEightMax']:.3f}, about {m['LongFullStepFloatEpsEight']:.2f} of full size), "
+            f"and the drift is at most {m['LongFullDampingMax']:.2f} of the small-eps drift of the same seed.")
