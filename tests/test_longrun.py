@@ -439,12 +439,16 @@ def test_mutation_small_model_exponent_just_below_the_bound(full_units, record_m
     record_mutation(F.exponent_claim(_mutated(full_units, "exponent", 0.74)))
 
 
-@pytest.mark.claim_mutation("longrun-gradient-biased-along-drift")
-def test_mutation_one_run_with_a_bias_of_2_9_standard_errors(full_units, record_mutation):
+def test_the_retired_bias_prediction_is_still_judged_and_reported(full_units):
+    """Retired after the recorded grid contradicted it: it is no claim, but every build still judges
+    it as it was registered, and a run with a bias of 2.9 standard errors fails it."""
+    assert "longrun-gradient-biased-along-drift" not in {c.id for c in F.claims(full_units)}
+    (reported,) = F.failed_predictions(full_units)
+    assert reported["id"] == "longrun-gradient-biased-along-drift" and reported["bound"] == F.BIAS_SE_BOUND
     u = _mutated(full_units, "grad_along_drift_se", 1.0, eps=1e-8, rows=1)
     u = u.copy()
     u.loc[u["grad_along_drift_se"] == 1.0, "grad_along_drift"] = 2.9
-    record_mutation(F.bias_claim(u))
+    assert not F.bias_claim(u).holds
 
 
 @pytest.mark.claim_mutation("longrun-velocity-from-gradient-bias")
