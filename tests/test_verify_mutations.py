@@ -123,8 +123,12 @@ def _headline(name, change):
 PLANTS = {
     # the findings tier: each headline moved by its smallest meaningful amount
     "finding precision-law: slope 1.00 -> 0.95": ("headline", _headline("PrecSlopeFloatThirtyTwo", lambda v: v - 0.05)),
-    "finding long-run-drift: exponent + 0.2": ("headline", _headline("LongExponent", lambda v: round(v + 0.2, 3))),
-    "finding long-run-drift: exponent - 0.2": ("headline", _headline("LongExponent", lambda v: round(v - 0.2, 3))),
+    "finding long-run-drift: exponent + 0.2": ("headline", _headline(
+        "LongFullExponentMedianSmall", lambda v: round(v + 0.2, 3))),
+    "finding long-run-drift: exponent - 0.2": ("headline", _headline(
+        "LongFullExponentMedianSmall", lambda v: round(v - 0.2, 3))),
+    "finding adam-drift-regimes: float32 default-eps step rate doubled": ("headline", _headline(
+        "LongFullRateFloatEpsEightMedian", lambda v: round(2 * v, 4))),
     "finding invariance-map: measured configurations + 1": ("headline", _headline("InvMeasured", lambda v: int(v) + 1)),
     "finding invariance-map: one more float32 contradiction": ("headline", _headline(
         "InvContradictionsFloatThirtyTwo", lambda v: int(v) + 1)),
@@ -195,8 +199,6 @@ PLANTS = {
         "data/invariance_magnitudes.csv", "tolerance_rel", lambda v: v * 100)),
     "null calibration ratios 20x larger (the null bound broken)": ("null_ratio", _column(
         "data/invariance_null_calibration.csv", "ratio", lambda v: v * 20)),
-    "long-run extrapolated ratios x5": ("walk_long", _column(
-        "data/longrun_extrapolation.csv", "ratio_at_100000", lambda v: v * 5)),
     "slope standard errors x5": ("fit_scatter", _column("data/precision_law.csv", "slope_se", lambda v: v * 5)),
     "b_k gradient directions systematic (mean cosine 0.5)": ("noise_stat", _column(
         "data/precision_gradient_summary.csv", "bk_mean_cos", lambda v: 0.5)),
