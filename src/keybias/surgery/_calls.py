@@ -227,18 +227,24 @@ def _snapshot(obj: Any) -> Any:
     return copy.deepcopy(obj) if _stateful(obj) else obj
 
 
-def unit_output(unit: nn.Module, call: Call) -> torch.Tensor:
-    """The unit's output on a captured call; stateful arguments are fresh copies each time."""
+def unit_output(unit: nn.Module, call: Call, first: bool = False) -> torch.Tensor:
+    """The unit's output on a captured call (its first element only if `first`); stateful
+    arguments are fresh copies each time."""
     args = tuple(_snapshot(a) for a in call[0])
     kwargs = {k: _snapshot(v) for k, v in call[1].items()}
     with torch.no_grad():
-        return flatten(unit(*args, **kwargs))
+        out = unit(*args, **kwargs)
+    if first and isinstance(out, (tuple, list)) and out:
+        out = out[0]
+    return flatten(out)
 
 
-def probe(unit: nn.Module, calls: list[Call], edit: Callable[[nn.Module], Any]) -> tuple[float, float]:
+def probe(unit: nn.Module, calls: list[Call], edit: Callable[[nn.Module], Any],
+          before: list[torch.Tensor] | None = None) -> tuple[float, float]:
     """Largest output change over the calls when `edit` is applied to (a state-restored) unit,
-    and the bound for it. `edit` must be undone by the caller (probes run on throwaway copies)."""
-    before = [unit_output(unit, c) for c in calls]
+    and the bound for it. `edit` must be undone by the caller (probes run on throwaway copies);
+    `before`, the unit's outputs on the calls, is computed here unless given."""
+    before = [unit_output(unit, c) for c in calls] if before is None else before
     edit(unit)
     after = [unit_output(unit, c) for c in calls]
     worst, limit = 0.0, math.inf
