@@ -136,6 +136,9 @@ def _drop(unit: nn.Module, slot: Slot, storage: str) -> int:
 
 
 def _strip_change(site: Site, storage: str) -> Callable[[nn.Module], int]:
+    if site.layout == "lens":
+        storage = "zeros"  # HookedTransformer's forward reads b_K directly: it stays, as exact zeros
+
     def change(unit: nn.Module) -> int:
         with torch.no_grad():
             if slot_removed(unit, site.key):
@@ -171,7 +174,7 @@ def _perturb(slot: Slot, partner: Slot | None, scale: float, seed: int) -> Calla
             sel = slot.select() if slot.packed else slice(None)
             n = param[sel].numel()
             delta = scale * torch.randn(n, generator=gen, dtype=torch.float64).to(param.dtype)
-            param[sel] += delta
+            param[sel] += delta.view(param[sel].shape)
             if partner is not None:
                 other = getattr(_owner(unit, partner), partner.name)
                 other += delta.view_as(other)
@@ -179,6 +182,15 @@ def _perturb(slot: Slot, partner: Slot | None, scale: float, seed: int) -> Calla
 
 
 def _fold_change(site: Site, storage: str) -> Callable[[nn.Module], int]:
+    if site.layout == "lens":  # TransformerLens: per-head b_V [h, d], W_O [h, d, m], b_O [m]
+        def lens(unit: nn.Module) -> int:
+            with torch.no_grad():
+                b_v = unit.b_V.detach().double()
+                unit.b_O.copy_((unit.b_O.double() + torch.einsum("hd,hdm->m", b_v, unit.W_O.double()))
+                               .to(unit.b_O.dtype))
+                return _drop(unit, site.value, "zeros")
+        return lens
+
     def change(unit: nn.Module) -> int:
         with torch.no_grad():
             b_v = slot_values(unit, site.value).clone()
@@ -362,9 +374,12 @@ def whole_model_bound(y: torch.Tensor, dtype: torch.dtype, changed: int) -> floa
     factor 8 covers the growth through the layers that follow. So the bound is
     8 sqrt(n_changed) u max|y| (for a float64 model, u is float32's: the float64 certificate's
     own bound). A change that is not a rounding effect (a wrong bias removed) moves the output
-    by the size of the bias's contribution, orders of magnitude above it."""
+    by the size of the bias's contribution, orders of magnitude above it. A float64 model uses
+    float32's u: some eager kernels (Hugging Face ViT's) take the softmax in float32 even there."""
+    if not y.numel():
+        return 0.0
     u = 2.0**-24 if dtype == torch.float64 else float(torch.finfo(dtype).eps) / 2
-    return 8.0 * math.sqrt(max(changed, 1)) * u * float(y.abs().max()) if y.numel() else 0.0
+    return 8.0 * math.sqrt(max(changed, 1)) * u * float(y.abs().max())
 
 
 class _Modes:
@@ -428,7 +443,7 @@ def run_surgery(model: nn.Module, operation: str, *, storage: str, certify_seed:
     # Tied or shared parameters: a key bias shared only as a whole key bias is removed once;
     # any other sharing of a written parameter is refused, naming every holder.
     names, written = _shared(model, planned, lambda s: [x for x in (
-        (s.key, s.key_partner) if strip else (s.value, s.value_partner, Slot(s.out, "bias"))) if x is not None])
+        (s.key, s.key_partner) if strip else (s.value, s.value_partner, Slot(s.out, s.out_bias))) if x is not None])
     blocked = set()
     for pid, uses in written.items():
         holders = names.get(pid, set())
@@ -515,7 +530,7 @@ def run_surgery(model: nn.Module, operation: str, *, storage: str, certify_seed:
             if partner is not None:
                 report["parameters_folded"].append(f"{removed} -> {partner.describe(site.unit_path)}")
             if not strip:
-                report["parameters_folded"].append(f"{removed} -> {Slot(site.out, 'bias').describe(site.unit_path)}")
+                report["parameters_folded"].append(f"{removed} -> {Slot(site.out, site.out_bias).describe(site.unit_path)}")
         # The whole model, as it is called, in its own dtype: every certified change at once,
         # judged against the rounding bound of that dtype; rolled back if it does not hold.
         if ran and certified:
