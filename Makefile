@@ -24,7 +24,7 @@ ifeq ($(filter $(DEVICE),cpu cuda mps auto),)
 $(error DEVICE=$(DEVICE) is unknown; allowed: cpu cuda mps auto)
 endif
 
-.PHONY: install-check all notebooks paper test bench bundle verify arxiv bitwise clean help venv tex browser mutations manifest render gpu
+.PHONY: install-check all notebooks paper test bench bench-surgery bundle verify arxiv bitwise clean help venv tex browser mutations manifest render gpu
 
 # The pipeline prints one line per step; cell logs go to results/.build/logs/.
 all: $(VENV_STAMP) ## regenerate results/, rendered notebooks and paper/main.pdf
@@ -45,6 +45,9 @@ install-check: $(VENV_STAMP) ## build the wheel, install it into a fresh venv wi
 
 bench: $(VENV_STAMP) ## the full timing sweep of the cost benchmark (long)
 	$(PY) -m keybias.build.bench --full --device $(DEVICE) --out results/machine
+
+bench-surgery: $(VENV_STAMP) ## time and peak memory of the surgery tool at 110M, 355M and 1.3B parameters (long; ~16 GB of scratch disk)
+	$(PY) scripts/bench_surgery.py --out results/machine
 
 GPU_OUT ?= recorded/gpu-local
 gpu: $(VENV_STAMP) ## on a CUDA machine: the GPU profile into $(GPU_OUT), for notebook 09 to judge (recorded=...)
