@@ -136,8 +136,17 @@ def _drop(unit: nn.Module, slot: Slot, storage: str) -> int:
 
 
 def _strip_change(site: Site, storage: str) -> Callable[[nn.Module], int]:
-    if site.layout == "lens":
-        storage = "zeros"  # HookedTransformer's forward reads b_K directly: it stays, as exact zeros
+    """The change that removes b_k from one site (a function of the unit, applied to a copy to
+    certify it and to the model to keep it).
+
+    Identity: softmax_j(q_i . (W_k x_j + b_k) s + m_ij) = softmax_j(q_i . W_k x_j s + m_ij),
+    since q_i . b_k s is the same for every key j of row i. With add_bias_kv the extra key moves
+    with it (bias_k' = bias_k - b_k), so its score shifts by the same row constant. Holds when
+    nothing acts on the key between b_k and the score (no rotary embedding, QK-norm, soft cap,
+    key-dependent position term) and every key slot carries b_k: the site's refusals name the
+    cases where it does not, and certification checks it on the model's calls."""
+    if site.zeros_only:
+        storage = "zeros"  # the forward reads the bias directly (HookedTransformer's b_K): exact zeros
 
     def change(unit: nn.Module) -> int:
         with torch.no_grad():
@@ -182,6 +191,14 @@ def _perturb(slot: Slot, partner: Slot | None, scale: float, seed: int) -> Calla
 
 
 def _fold_change(site: Site, storage: str) -> Callable[[nn.Module], int]:
+    """The change that folds b_v into the output bias of one site: b_o' = b_o + W_o b_v, b_v' = 0
+    (TransformerLens: b_O' = b_O + sum_h b_V[h] W_O[h]; BEiT/EVA: v_bias).
+
+    Identity: when each row of weights sums to one, sum_j p_ij (W_v x_j + b_v) = sum_j p_ij W_v
+    x_j + b_v, and W_o(y + b_v) + b_o = W_o y + (b_o + W_o b_v). Holds with any additive mask
+    or position bias on the scores; fails in training mode with dropout on the weights, with a
+    head mask, and for a fully masked row that gets zero weights (SDPA). Computed in float64
+    and rounded once to the model's dtype."""
     if site.layout == "lens":  # TransformerLens: per-head b_V [h, d], W_O [h, d, m], b_O [m]
         def lens(unit: nn.Module) -> int:
             with torch.no_grad():
@@ -190,6 +207,9 @@ def _fold_change(site: Site, storage: str) -> Callable[[nn.Module], int]:
                                .to(unit.b_O.dtype))
                 return _drop(unit, site.value, "zeros")
         return lens
+
+    if site.zeros_only:
+        storage = "zeros"  # BEiT/EVA concatenate q_bias, k_bias, v_bias in the forward: v_bias stays, as zeros
 
     def change(unit: nn.Module) -> int:
         with torch.no_grad():
@@ -315,6 +335,28 @@ def _unit_copy(unit: nn.Module, calls: list) -> nn.Module:
     return base
 
 
+def _fresh_copies(site: Site, base: nn.Module, change: Callable[[nn.Module], int], strip: bool):
+    """(fresh, change): fresh() returns `base` with its bias slots as they were, for the next
+    probe. The probes edit bias slots only, so those are saved once and written back, instead of
+    a deep copy of the unit per probe. The change is certified with storage='zeros', which gives
+    the same numbers as 'remove' (zeros in the removed entries). A unit whose biases are already
+    re-parameterized (an earlier storage='remove') gets deep copies and the change as given."""
+    slots = [x for x in (site.key, site.key_partner, site.value, site.value_partner, site.query,
+                         Slot(site.out, site.out_bias) if site.out is not None else None) if x is not None]
+    if any(parametrize.is_parametrized(_owner(base, x), x.name) for x in slots):
+        pristine = copy.deepcopy(base)
+        return (lambda: copy.deepcopy(pristine)), change
+    params = {id(p): p for p in (getattr(_owner(base, x), x.name, None) for x in slots) if p is not None}
+    saved = [(p, p.detach().clone()) for p in params.values()]
+
+    def fresh() -> nn.Module:
+        with torch.no_grad():
+            for p, value in saved:
+                p.copy_(value)
+        return base
+    return fresh, (_strip_change(site, "zeros") if strip else _fold_change(site, "zeros"))
+
+
 def _probe_site(site: Site, model: nn.Module, calls: list, change: Callable[[nn.Module], int], strip: bool,
                 seed: int) -> dict[str, Any]:
     """Certify one site on the unit's real calls (captured in the model's own dtype, replayed
@@ -328,22 +370,24 @@ def _probe_site(site: Site, model: nn.Module, calls: list, change: Callable[[nn.
     result = {"certified": False, "change": math.inf, "tolerance": 0.0, "reason": ""}
     try:
         base = _unit_copy(unit, calls)
-        before = [_calls.unit_output(base, c) for c in probes]
-        delta, limit = _calls.probe(copy.deepcopy(base), probes, change, before=before)
-        result.update(change=delta, tolerance=limit)
+        fresh, change = _fresh_copies(site, base, change, strip)
         slot = site.key if strip else site.value
-        scale = 1.0 + float(slot_values(base, slot).abs().max())
+        scale = 1.0 + float(slot_values(base, slot).abs().max())  # before any probe edits the slot
+        before = [_calls.unit_output(base, c) for c in probes]
+        delta, limit = _calls.probe(fresh(), probes, change, before=before)
+        result.update(change=delta, tolerance=limit)
         partner = site.key_partner if strip else site.value_partner
         if strip:
-            moved, _ = _calls.probe(copy.deepcopy(base), probes, _perturb(slot, partner, scale, seed + 1),
-                                    before=before)
+            moved, _ = _calls.probe(fresh(), probes, _perturb(slot, partner, scale, seed + 1), before=before)
         else:
-            moved_unit = copy.deepcopy(base)
+            moved_unit = fresh()
             _perturb(slot, partner, scale, seed + 1)(moved_unit)
             moved, _ = _calls.probe(moved_unit, probes, change)
         control = math.inf
         if strip and site.query is not None:
-            control, _ = _calls.probe(base, probes, _perturb(site.query, None, scale, seed + 1), before=before)
+            # the control needs only power, so the captured calls suffice
+            control, _ = _calls.probe(fresh(), probes[:len(calls)], _perturb(site.query, None, scale, seed + 1),
+                                      before=before[:len(calls)])
     except Exception as exc:  # noqa: BLE001  (a module that cannot be probed is refused, with why)
         result["reason"] = f"could not be certified on its captured calls: {type(exc).__name__}: {exc}"
         return result

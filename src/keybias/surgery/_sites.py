@@ -99,6 +99,7 @@ class Site:
     out: str | None = None  # output projection, relative to the unit
     out_transposed: bool = False  # Conv1D stores W_o as (in, out)
     out_bias: str = "bias"  # the output bias's name on `out` (TransformerLens: b_O on the unit)
+    zeros_only: bool = False  # the forward reads the bias slots directly: a removed slot stays, as zeros
     key_partner: Slot | None = None  # add_bias_kv's extra key slot
     value_partner: Slot | None = None
     projections: tuple[str, ...] = ()  # q, k, v modules relative to the unit (hooked to measure)
@@ -347,7 +348,18 @@ def _fused_site(model: nn.Module, path: str, module: nn.Module, name: str) -> Si
     if cross:  # GPT-2 cross-attention: q from q_attn, [k | v] from c_attn
         site.projections = (prefix + "q_attn", prefix + name)
     if getattr(proj, "bias", None) is None:
-        site.notes.append(f"{name} has no bias")
+        owner = prefix[:-1] if prefix else ""
+        holder = module
+        if isinstance(getattr(holder, "v_bias", None), nn.Parameter):
+            # BEiT / EVA (timm): qkv has no bias; the forward adds cat(q_bias, k_bias, v_bias), where
+            # k_bias is a zero buffer. There is no key bias to strip; v_bias can be folded.
+            site.value = Slot(owner, "v_bias")
+            site.zeros_only = True
+            if isinstance(getattr(holder, "q_bias", None), nn.Parameter):
+                site.query = Slot(owner, "q_bias")
+            site.notes.append(f"{name} has no bias; the key bias k_bias is a zero buffer")
+        else:
+            site.notes.append(f"{name} has no bias")
         return site
     heads = site.heads
     d, kv = _head_sizes(module, width_in, heads)
@@ -411,7 +423,7 @@ def _lens_site(path: str, module: nn.Module) -> Site:
     make it matter: those are refused."""
     cfg = getattr(module, "cfg", None)
     site = Site(path=path, unit_path=path, family="TransformerLens Attention", layout="lens", out="",
-                out_bias="b_O", heads=int(getattr(cfg, "n_heads", 1) or 1), module_type="Attention",
+                out_bias="b_O", zeros_only=True, heads=int(getattr(cfg, "n_heads", 1) or 1), module_type="Attention",
                 key=Slot("", "b_K"), value=Slot("", "b_V"), query=Slot("", "b_Q"))
     if getattr(cfg, "positional_embedding_type", "standard") == "rotary":
         site.refuse_strip = ROPE_REASON
