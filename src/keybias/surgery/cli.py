@@ -1,13 +1,19 @@
 """python -m keybias.surgery IN_DIR OUT_DIR [--fold-value] [--dtype ...]
 
 Loads a Hugging Face model directory offline from safetensors only (never a pickle), removes
-every key bias (and with --fold-value folds every value bias), certifies each change on the
-module's own function and the whole model on random inputs in float64, and writes a directory
+every key bias (and with --fold-value folds every value bias), certifies each change on a
+float64 copy of its module and the whole model in its own dtype against that dtype's rounding
+bound, and writes a directory
 that transformers' from_pretrained loads with the stock architecture: the removed biases are
 stored as explicit zeros (storage='zeros'), since a missing tensor would be re-initialized by
 from_pretrained. Every other file of IN_DIR (tokenizer, sentence-transformers modules) is
 copied. The output appears only when everything succeeded (written to a temporary folder
 next to OUT_DIR, then renamed); on any error nothing is left behind and the exit code is 2.
+
+Never a guess: a checkpoint with a tensor missing (transformers would initialise it at random),
+an unexpected tensor (it would be dropped) or a shape that differs from config.json is an
+error naming them, before any surgery. Once OUT_DIR is complete, the run has succeeded: an
+interrupt after that exits 0. The written tensors are read back and compared one at a time.
 """
 
 from __future__ import annotations
