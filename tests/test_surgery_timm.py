@@ -124,3 +124,70 @@ def test_map_pooling_head_reason_is_not_qk_norm():
     report = surgery.strip_key_bias(model)
     pool = [u for u in report["not_handled"] if u["module"] == "attn_pool"]
     assert pool and "QK-norm" not in pool[0]["reason"]
+
+
+def _timm_folder(directory: Path, drop: str | None = None) -> Path:
+    import json
+
+    from safetensors.torch import save_file
+
+    args = {"img_size": 32, "patch_size": 8, "depth": 2}
+    model = _build("vit_tiny_patch16_224", **args).float()
+    directory.mkdir()
+    (directory / "config.json").write_text(json.dumps({"architecture": "vit_tiny_patch16_224", "num_classes": 0,
+                                                       "model_args": args}))
+    state = {k: v.contiguous() for k, v in model.state_dict().items() if k != drop}
+    save_file(state, str(directory / "model.safetensors"), metadata={"format": "pt"})
+    return directory
+
+
+def test_cli_takes_timm_hf_folder_format(tmp_path):
+    from safetensors.torch import load_file
+
+    from keybias.surgery import cli
+
+    src, out = _timm_folder(tmp_path / "in"), tmp_path / "out"
+    assert cli.main([str(src), str(out), "--fold-value"]) == 0
+    written = load_file(str(out / "model.safetensors"))
+    dim = written["blocks.0.attn.qkv.bias"].numel() // 3
+    assert torch.count_nonzero(written["blocks.0.attn.qkv.bias"][dim:]) == 0  # b_k and b_v
+    assert torch.count_nonzero(written["blocks.0.attn.qkv.bias"][:dim]) > 0  # b_q stays
+    assert (out / "config.json").is_file() and (out / "keybias_surgery.json").is_file()
+
+
+def test_cli_timm_folder_missing_a_tensor_exits_2(tmp_path, capsys):
+    from keybias.surgery import cli
+
+    src, out = _timm_folder(tmp_path / "in", drop="blocks.1.attn.proj.bias"), tmp_path / "out"
+    assert cli.main([str(src), str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "blocks.1.attn.proj.bias" in err and "missing" in err
+    assert not out.exists()
+
+
+def test_cli_takes_open_clip_format(tmp_path):
+    import json
+
+    pytest.importorskip("open_clip")
+    from open_clip import model as oc_model
+    from safetensors.torch import load_file, save_file
+
+    from keybias.surgery import cli
+
+    cfg = {"embed_dim": 32, "vision_cfg": {"image_size": 32, "patch_size": 8, "width": 64, "layers": 1,
+                                           "head_width": 32},
+           "text_cfg": {"context_length": 8, "vocab_size": 100, "width": 64, "heads": 2, "layers": 1}}
+    torch.manual_seed(0)
+    model = oc_model.CLIP(**cfg)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("in_proj_bias"):
+                p.normal_()
+    src, out = tmp_path / "in", tmp_path / "out"
+    src.mkdir()
+    (src / "open_clip_config.json").write_text(json.dumps({"model_cfg": cfg}))
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(src / "open_clip_model.safetensors"))
+    assert cli.main([str(src), str(out), "--fold-value"]) == 0
+    written = load_file(str(out / "open_clip_model.safetensors"))
+    bias = written["transformer.resblocks.0.attn.in_proj_bias"]
+    assert torch.count_nonzero(bias[64:]) == 0 and torch.count_nonzero(bias[:64]) > 0

@@ -100,6 +100,26 @@ def _timm_inputs(model: nn.Module, seed: int, batch: int) -> torch.Tensor | None
     return torch.randn(batch, channels, height, width, generator=gen).to(dtype)
 
 
+def _open_clip_shape(model: nn.Module) -> tuple[int, int, int] | None:
+    """(image size, context length, vocabulary) of an open_clip CLIP, else None."""
+    size = getattr(getattr(model, "visual", None), "image_size", None)
+    size = size[0] if isinstance(size, (tuple, list)) else size
+    ctx, vocab = getattr(model, "context_length", None), getattr(model, "vocab_size", None)
+    if all(isinstance(v, int) and v > 0 for v in (size, ctx, vocab)):
+        return size, ctx, vocab
+    return None
+
+
+def _open_clip_inputs(model: nn.Module, seed: int, batch: int, length: int):
+    """An open_clip CLIP's forward(image, text): random images and token ids, both towers run."""
+    size, ctx, vocab = _open_clip_shape(model)
+    gen = torch.Generator().manual_seed(seed)
+    dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+    image = torch.randn(batch, 3, size, size, generator=gen).to(dtype)
+    text = torch.randint(1, vocab, (batch, ctx), generator=gen)
+    return (image, text), {}
+
+
 def _text_length(config, length: int) -> int:
     """The sequence length the model accepts: a model that fixes it in its config (Nystromformer's
     segment_means_seq_len) gets that length."""
@@ -121,6 +141,8 @@ def example_inputs(model: nn.Module, seed: int = 0, batch: int = 2, length: int 
         gen = torch.Generator().manual_seed(seed)
         n = min(length, getattr(lens, "n_ctx", length) or length)
         return torch.randint(0, lens.d_vocab, (batch, n), generator=gen)
+    if config is None and _open_clip_shape(model) is not None:
+        return _open_clip_inputs(model, seed, batch, length)
     if config is None or not hasattr(config, "to_dict"):
         return _timm_inputs(model, seed, batch)
     length = _text_length(config, length)

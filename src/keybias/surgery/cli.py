@@ -106,15 +106,7 @@ def check_input(in_dir: Path, out_dir: Path) -> None:
         raise CliError(f"input {in_dir} is not a directory")
     if out_dir.absolute().resolve().is_relative_to(in_dir.resolve()):
         raise CliError(f"output {out_dir} lies inside the input {in_dir}; choose a directory outside it")
-    config = in_dir / "config.json"
-    if not config.is_file():
-        raise CliError(f"{in_dir} has no config.json: not a Hugging Face model directory")
-    try:
-        parsed = json.loads(config.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CliError(f"{config} is not valid JSON ({exc})") from exc
-    if not isinstance(parsed, dict) or not isinstance(parsed.get("model_type"), str):
-        raise CliError(f"{config} has no model_type: not a transformers config")
+    fmt = _format(in_dir)
     safetensors = sorted(in_dir.glob("*.safetensors"))
     if not safetensors:
         pickles = sorted(p.name for p in in_dir.iterdir() if p.suffix in PICKLE_SUFFIXES)
@@ -124,6 +116,35 @@ def check_input(in_dir: Path, out_dir: Path) -> None:
         raise CliError(f"{in_dir} has no *.safetensors weights")
     for path in safetensors:
         _check_safetensors(path)
+    return fmt
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CliError(f"{path} is not valid JSON ({exc})") from exc
+
+
+def _format(in_dir: Path) -> str:
+    """'hf' (config.json with model_type), 'timm' (timm's Hugging Face folder: config.json with
+    architecture) or 'open_clip' (open_clip_config.json with model_cfg)."""
+    open_clip_config = in_dir / "open_clip_config.json"
+    if open_clip_config.is_file():
+        parsed = _read_json(open_clip_config)
+        if not isinstance(parsed, dict) or not isinstance(parsed.get("model_cfg"), dict):
+            raise CliError(f"{open_clip_config} has no model_cfg: not an open_clip config")
+        return "open_clip"
+    config = in_dir / "config.json"
+    if not config.is_file():
+        raise CliError(f"{in_dir} has no config.json: not a Hugging Face model directory "
+                       "(nor timm's, nor open_clip's open_clip_config.json)")
+    parsed = _read_json(config)
+    if isinstance(parsed, dict) and isinstance(parsed.get("architecture"), str) and "model_type" not in parsed:
+        return "timm"
+    if not isinstance(parsed, dict) or not isinstance(parsed.get("model_type"), str):
+        raise CliError(f"{config} has no model_type: not a transformers config")
+    return "hf"
 
 
 def _architecture(in_dir: Path):
@@ -162,6 +183,12 @@ def load_exactly(cls, in_dir: Path):
             from exc
     finally:
         transformers.utils.logging.set_verbosity(verbosity)
+    _refuse_mismatch(in_dir, cls.__name__, info)
+    return model.eval()
+
+
+def _refuse_mismatch(in_dir: Path, what: str, info: dict) -> None:
+    """One line naming every way the checkpoint's tensors differ from what the architecture needs."""
     problems = []
     if info.get("missing_keys"):
         keys = info["missing_keys"]
@@ -180,9 +207,64 @@ def load_exactly(cls, in_dir: Path):
     if info.get("error_msgs"):
         problems.append(" ".join(" ".join(info["error_msgs"]).split())[:200])
     if problems:
-        raise CliError(f"{in_dir} does not match its config.json as {cls.__name__}: {'; '.join(problems)}; "
+        raise CliError(f"{in_dir} does not match its config as {what}: {'; '.join(problems)}; "
                        "nothing written")
-    return model.eval()
+
+
+def _import_library(name: str, extra: str):
+    import importlib
+
+    try:
+        return importlib.import_module(name)
+    except ImportError as exc:
+        raise CliError(f"this folder needs the package {name}, which is not installed: pip install "
+                       f"'keybias[{extra}]'") from exc
+    except RuntimeError as exc:  # torchvision's compiled ops do not match the installed torch
+        raise CliError(f"{name} cannot be imported ({' '.join(str(exc).split())[:120]}): its torchvision does "
+                       "not match the installed torch build; install a torchvision built for it") from exc
+
+
+def load_library_folder(fmt: str, in_dir: Path):
+    """A timm or open_clip model built from the folder's config and loaded with exactly the
+    tensors of its safetensors files (missing, unexpected or mis-shaped ones are an error)."""
+    import torch
+    from safetensors.torch import load_file
+
+    if fmt == "timm":
+        timm = _import_library("timm", "timm")
+        cfg = _read_json(in_dir / "config.json")
+        kwargs = dict(cfg.get("model_args") or {})
+        if "num_classes" in cfg:
+            kwargs.setdefault("num_classes", cfg["num_classes"])
+        try:
+            model = timm.create_model(cfg["architecture"], pretrained=False, **kwargs)
+        except (RuntimeError, ValueError, TypeError, KeyError) as exc:
+            raise CliError(f"timm cannot build {cfg['architecture']!r}: {' '.join(str(exc).split())[:200]}") from exc
+        label = f"timm {cfg['architecture']}"
+    else:
+        _import_library("open_clip", "open_clip")
+        from open_clip import model as oc_model
+
+        model_cfg = dict(_read_json(in_dir / "open_clip_config.json")["model_cfg"])
+        custom = model_cfg.pop("custom_text", False) or "hf_model_name" in (model_cfg.get("text_cfg") or {})
+        try:
+            model = (oc_model.CustomTextCLIP if custom else oc_model.CLIP)(**model_cfg)
+        except (RuntimeError, ValueError, TypeError, KeyError) as exc:
+            raise CliError(f"open_clip cannot build the model of open_clip_config.json: "
+                           f"{' '.join(str(exc).split())[:200]}") from exc
+        label = "open_clip CLIP"
+    state: dict = {}
+    for path in sorted(in_dir.glob("*.safetensors")):
+        state.update(load_file(str(path)))
+    expected = model.state_dict()
+    info = {"missing_keys": set(expected) - set(state), "unexpected_keys": set(state) - set(expected),
+            "mismatched_keys": {(k, state[k].shape, expected[k].shape) for k in set(state) & set(expected)
+                                if state[k].shape != expected[k].shape}}
+    _refuse_mismatch(in_dir, label, info)
+    with torch.no_grad():
+        model.load_state_dict(state, strict=True)
+    del state
+    return model.eval(), label
 
 
 def require_transformers() -> None:
@@ -197,29 +279,36 @@ def require_transformers() -> None:
 def convert(in_dir: Path, out_dir: Path, *, fold_value: bool = False, dtype: str | None = None,
             log=print) -> dict[str, Any]:
     """The whole command: check, load, strip (and fold), certify, write atomically."""
-    check_input(in_dir, out_dir)
-    require_transformers()
+    fmt = check_input(in_dir, out_dir)
+    if dtype is not None and dtype not in DTYPES:
+        raise CliError(f"--dtype {dtype!r} unknown; allowed: {list(DTYPES)}")
+    if fmt == "hf":
+        require_transformers()
     clean_stale(out_dir, log)
     os.environ["HF_HUB_OFFLINE"] = "1"
     os.environ["TRANSFORMERS_OFFLINE"] = "1"
     import torch
-    import transformers
 
     from keybias import surgery
 
-    transformers.utils.logging.disable_progress_bar()
-    if dtype is not None and dtype not in DTYPES:
-        raise CliError(f"--dtype {dtype!r} unknown; allowed: {list(DTYPES)}")
-    config, cls = _architecture(in_dir)
-    model = load_exactly(cls, in_dir)
+    if fmt == "hf":
+        import transformers
+
+        transformers.utils.logging.disable_progress_bar()
+        config, cls = _architecture(in_dir)
+        model = load_exactly(cls, in_dir)
+        label = config.model_type
+    else:
+        model, label = load_library_folder(fmt, in_dir)
+        cls = None
     if dtype is not None:
         model = model.to(getattr(torch, dtype))
-    log(f"loaded {type(model).__name__} ({config.model_type}) from {in_dir}: "
+    log(f"loaded {type(model).__name__} ({label}) from {in_dir}: "
         f"{sum(p.numel() for p in model.parameters()):,} parameters, {next(model.parameters()).dtype}")
     from keybias.surgery import _calls
 
     if _calls.example_inputs(model) is None:
-        raise CliError(f"{type(model).__name__} ({config.model_type}): the tool builds inputs for models that take "
+        raise CliError(f"{type(model).__name__} ({label}): the tool builds inputs for models that take "
                        "token ids, pixel values, audio features or waveforms; this one takes "
                        f"{getattr(model, 'main_input_name', 'something else')!r}")
     reports = []
@@ -239,12 +328,12 @@ def convert(in_dir: Path, out_dir: Path, *, fold_value: bool = False, dtype: str
         raise CliError(f"{exc.report['operation']} refused, model unchanged: {first['module']} ({first['family']}): "
                        f"{first['reason']}{tail}") from exc
     if not any(r["modules_changed"] for r in reports) and reports[0]["unchanged"] and not reports[0]["not_handled"]:
-        raise CliError(f"architecture {config.model_type!r}: no key bias to remove ("
+        raise CliError(f"architecture {label!r}: no key bias to remove ("
                        f"{reports[0]['unchanged'][0]['reason']}); nothing written")
     if not any(r["modules_changed"] for r in reports):
         unknown = reports[0]["not_handled"]
         detail = "; ".join(f"{u['module']} ({u['type']}): {u['reason']}" for u in unknown[:3])
-        raise CliError(f"architecture {config.model_type!r}: no attention module this tool handles. {detail}")
+        raise CliError(f"architecture {label!r}: no attention module this tool handles. {detail}")
     for report in reports:
         log(format_report(report))
     checks = [r.get("whole_model") for r in reports if r["modules_changed"]]
@@ -261,11 +350,19 @@ def convert(in_dir: Path, out_dir: Path, *, fold_value: bool = False, dtype: str
     try:
         tmp.mkdir()
         for item in in_dir.iterdir():
-            if item.name == "config.json" or item.suffix in WEIGHT_SUFFIXES or item.name.endswith(".index.json"):
+            if ((fmt == "hf" and item.name == "config.json") or item.suffix in WEIGHT_SUFFIXES
+                    or item.name.endswith(".index.json")):
                 continue
             target = tmp / item.name
             shutil.copytree(item, target) if item.is_dir() else shutil.copy2(item, target)
-        model.save_pretrained(str(tmp), safe_serialization=True)
+        if fmt == "hf":
+            model.save_pretrained(str(tmp), safe_serialization=True)
+        else:
+            from safetensors.torch import save_file
+
+            name = "open_clip_model.safetensors" if fmt == "open_clip" else "model.safetensors"
+            save_file({k: v.detach().contiguous() for k, v in model.state_dict().items()}, str(tmp / name),
+                      metadata={"format": "pt"})
         summary = {"input": str(in_dir), "operations": [r["operation"] for r in reports],
                    "whole_model_check": check, "reports": reports}
         (tmp / "keybias_surgery.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
