@@ -104,3 +104,13 @@ def test_interrupt_before_the_output_is_complete_exits_2_and_leaves_nothing(tmp_
     assert cli.main([str(src), str(out)]) == 2
     assert "interrupted; nothing written" in capsys.readouterr().err
     assert sorted(os.listdir(tmp_path)) == ["in"]
+
+
+def test_read_back_check_catches_a_tensor_that_differs(tmp_path):
+    folder = _tiny(tmp_path / "in")
+    state = load_file(str(folder / "model.safetensors"))
+    cli.verify_written(folder, state)  # the file as written passes
+    name = _key(state, "attention.self.key.bias")
+    changed = dict(state, **{name: state[name] + 1})
+    with pytest.raises(cli.CliError, match="gave a different"):
+        cli.verify_written(folder, changed)
