@@ -385,9 +385,7 @@ def _probe_site(site: Site, model: nn.Module, calls: list, change: Callable[[nn.
             moved, _ = _calls.probe(moved_unit, probes, change)
         control = math.inf
         if strip and site.query is not None:
-            # the control needs only power, so the captured calls suffice
-            control, _ = _calls.probe(fresh(), probes[:len(calls)], _perturb(site.query, None, scale, seed + 1),
-                                      before=before[:len(calls)])
+            control, _ = _calls.probe(fresh(), probes, _perturb(site.query, None, scale, seed + 1), before=before)
     except Exception as exc:  # noqa: BLE001  (a module that cannot be probed is refused, with why)
         result["reason"] = f"could not be certified on its captured calls: {type(exc).__name__}: {exc}"
         return result
