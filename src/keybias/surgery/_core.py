@@ -233,7 +233,10 @@ class _Snapshot:
     class (parametrize swaps it), its parameter/buffer/child dicts, and every tensor's data
     (the same Parameter objects come back, so optimizers and tied references stay valid)."""
 
-    def __init__(self, modules: list[nn.Module]):
+    def __init__(self, modules: list[nn.Module], written: set[int] | None = None):
+        """`written`: ids of the tensors the tools may write in place beyond the 1-D ones (bias_k,
+        TransformerLens's b_K); with it, only those and the 1-D tensors are copied (weight
+        matrices are never written in place), so the snapshot costs the biases, not the model."""
         self.states = []
         self.data: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         seen = set()
@@ -244,6 +247,8 @@ class _Snapshot:
                 seen.add(id(m))
                 self.states.append((m, m.__class__, dict(m._parameters), dict(m._buffers), dict(m._modules)))
                 for t in list(m._parameters.values()) + list(m._buffers.values()):
+                    if written is not None and t is not None and t.ndim > 1 and id(t) not in written:
+                        continue
                     if t is not None and id(t) not in self.data:
                         self.data[id(t)] = (t, t.detach().clone())
 
@@ -554,7 +559,13 @@ def run_surgery(model: nn.Module, operation: str, *, storage: str, certify_seed:
         lines = [f"{r['module']} ({r['family']}): {r['reason']}" for r in refusals]
         raise SurgeryRefused(f"{operation} refused, model unchanged:\n  " + "\n  ".join(lines), refusals, report)
 
-    snapshot = _Snapshot([u for _, u, *_ in certified])
+    written_ids = set()
+    for site, unit, *_ in certified:
+        for x in (site.key, site.key_partner, site.value, site.value_partner,
+                  Slot(site.out, site.out_bias) if site.out is not None else None):
+            if x is not None:
+                written_ids.add(id(_stored(unit, x)[0]) if getattr(_owner(unit, x), x.name, None) is not None else 0)
+    snapshot = _Snapshot([u for _, u, *_ in certified], written_ids)
     try:
         for site, unit, change, result, ratio in certified:
             slot = site.key if strip else site.value
