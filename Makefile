@@ -24,7 +24,7 @@ ifeq ($(filter $(DEVICE),cpu cuda mps auto),)
 $(error DEVICE=$(DEVICE) is unknown; allowed: cpu cuda mps auto)
 endif
 
-.PHONY: install-check all notebooks paper test bench bundle verify verify-record arxiv bitwise clean help venv tex browser mutations manifest render gpu upstream longrun-full
+.PHONY: install-check all notebooks paper test bench bench-surgery bundle verify verify-record arxiv bitwise clean help venv tex browser mutations manifest render gpu upstream longrun-full
 
 # The pipeline prints one line per step; cell logs go to results/.build/logs/.
 all: $(VENV_STAMP) ## regenerate results/, rendered notebooks and paper/main.pdf
@@ -53,6 +53,9 @@ upstream: $(VENV_STAMP) ## the PyTorch fix in upstream/: its test fails on stock
 LONGRUN_OUT ?= recorded/longrun-cpu
 longrun-full: $(VENV_STAMP) ## notebook 08's full grid (3 seeds x 2 sizes x 3 Adam regimes, ~25 min) into $(LONGRUN_OUT); commit the code first
 	$(PY) -m keybias.studies.longrun.record --out $(LONGRUN_OUT) --commit $$(git rev-parse HEAD) --workers 2
+
+bench-surgery: $(VENV_STAMP) ## time and peak memory of the surgery tool at 110M, 355M and 1.3B parameters (long; ~16 GB of scratch disk)
+	$(PY) scripts/bench_surgery.py --out results/machine
 
 GPU_OUT ?= recorded/gpu-local
 gpu: $(VENV_STAMP) ## on a CUDA machine: the GPU profile into $(GPU_OUT), for notebook 09 to judge (recorded=...)
@@ -116,7 +119,7 @@ clean: ## remove build stamps and scratch files (keeps results/ and .venv)
 	rm -rf .build results/.build results/.staging paper/build
 
 help: ## list targets and parameters
-	@echo "targets:"; grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/^([a-z]+):.*## /  make \1\t/' | expand -t 20
+	@echo "targets:"; grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/^([a-z-]+):.*## /  make \1\t/' | expand -t 20
 	@echo "parameters:"
 	@echo "  PROFILE=paper|smoke   parameter profile in params/ (default paper)"
 	@echo "  DEVICE=cpu|cuda|mps|auto  device for device-dependent notebooks (default cpu)"

@@ -148,7 +148,7 @@ def test_stale_temporary_folder_of_a_killed_run_is_removed(tmp_path, capsys):
 
 def test_an_internal_error_is_one_line_naming_where(tmp_path, capsys, monkeypatch):
     src, out = _write_tiny(tmp_path / "in", "BERT"), tmp_path / "out"
-    monkeypatch.setattr(cli, "whole_model_check", lambda *a: 1 / 0)
+    monkeypatch.setattr(cli, "verify_written", lambda *a: 1 / 0)
     assert cli.main([str(src), str(out)]) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "ZeroDivisionError" in err and "cli.py" in err

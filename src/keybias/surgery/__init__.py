@@ -21,6 +21,17 @@ What the tools handle (each decision is tested, and each change is certified):
       GPT-2 (the key third of the packed Conv1D `c_attn` bias), and subclasses of these classes.
       A BERT-style class with position_embedding_type='relative_key' adds only q_i . r_(i-j),
       which does not involve the key, so b_k stays redundant and is removed.
+    * timm: ViT-style Attention (packed qkv; attn_drop is read, so the fold is refused under
+      attention dropout like Hugging Face's), BEiT/EVA (no key bias to strip: k_bias is a zero
+      buffer; the separate v_bias is folded and kept as zeros), ConViT's MHSA (packed qkv) and
+      GPSA (listed); AttentionRope and other rope classes refuse the strip with the RoPE reason.
+      Inputs come from the model's pretrained_cfg['input_size'] (or the size it was built for).
+    * TransformerLens HookedTransformer (3.x): b_K [heads, d_head] becomes exact zeros (the
+      Parameter stays, since its forward reads it), b_V is folded into b_O (the same result as
+      TransformerLens's fold_value_biases, in float64); rotary models, attn_scores_soft_cap and
+      QK-norm refuse the strip. TransformerLens 4.x's TransformerBridge wraps a Hugging Face
+      model: run the tools on that model (bridge.original_model, or before booting the bridge);
+      the bridge's own components are not changed by the tools.
     * Refused, naming the assumption that fails: rotary embeddings with a key bias (LLaMA with
       attention_bias, Qwen2), DeBERTa-v2 (position-to-content term), relative_key_query,
       add_zero_attn, dropout on the weights for the value fold (unless allow_dropout=True:
@@ -30,10 +41,15 @@ What the tools handle (each decision is tested, and each change is certified):
       report["not_handled"] with a reason, and never changed.
 
 All-or-nothing. Every module is planned, then every planned change is certified on a float64
-copy of the module's own function (random inputs with a padding mask; the output change judged
-with keybias.verdict.output_tolerance), and only then applied. Any refusal raises
-SurgeryRefused before anything changes; any error while applying restores the model bit-exactly
-(the same Parameter objects, the same values).
+copy of that module alone (never of the whole model): on the calls the model really makes,
+captured by one forward of the model in its own dtype on example inputs, and on random calls
+of the same structure; or, for verified classes without such calls, on random inputs with a
+padding mask (the output change judged with keybias.verdict.output_tolerance). Only then are the
+changes applied, and the whole model is run once more in its own dtype: its output must stay
+within that dtype's rounding bound (whole_model_bound), or everything is rolled back. Any
+refusal raises SurgeryRefused with the model unchanged; any error while applying restores the
+model bit-exactly (the same Parameter objects, the same values). Memory: the model plus one
+float64 unit and the activations of the example inputs.
 
 Storage. storage='remove' (default) frees the removed entries: an nn.Linear/Conv1D bias becomes
 None; a packed bias (in_proj_bias, c_attn.bias) is re-parameterized with
@@ -90,8 +106,8 @@ def strip_key_bias(model: nn.Module, *, storage: str = "remove", inputs: Any = N
     must be discarded.
 
     Equal in exact arithmetic; in floating point the outputs differ by rounding (the scores
-    change by q . b_k). Each change is certified on a float64 copy before it is kept; see the
-    package docstring for all-or-nothing, storage and the traps.
+    change by q . b_k). Each change is certified on a float64 copy of its module before it is
+    kept; see the package docstring for all-or-nothing, storage and the traps.
 
     Returns a report: per module (report["modules"]) the action, the parameters removed, the
     certified change and its tolerance (and their ratio), and the reason for anything left;

@@ -30,7 +30,8 @@ import torch
 from torch import nn
 
 RELATIVE_BOUND = 2.0**-24
-HIDDEN_NAMES = ("hidden_states", "encoder_hidden_states", "key_value_states", "query", "key", "value", "x")
+HIDDEN_NAMES = ("hidden_states", "encoder_hidden_states", "key_value_states", "query", "key", "value", "x",
+                "query_input", "key_input", "value_input")  # the last three: TransformerLens
 CALLS_PER_UNIT = 2
 
 
@@ -83,15 +84,68 @@ def _sub(config, *names):
     return config
 
 
-def example_inputs(model: nn.Module, seed: int = 0, batch: int = 2, length: int = 8) -> dict[str, Any] | None:
-    """Keyword inputs a Hugging Face model accepts, built from its config; None for other modules.
+def _timm_inputs(model: nn.Module, seed: int, batch: int) -> torch.Tensor | None:
+    """Images for a timm model: channels and size from pretrained_cfg['input_size'], the size
+    the model was built for where it says (patch_embed.img_size, set by create_model(img_size=))."""
+    cfg = getattr(model, "pretrained_cfg", None) or getattr(model, "default_cfg", None)
+    size = cfg.get("input_size") if isinstance(cfg, dict) else None
+    if not (isinstance(size, (tuple, list)) and len(size) == 3 and all(isinstance(v, int) for v in size)):
+        return None
+    channels, height, width = size
+    built = getattr(getattr(model, "patch_embed", None), "img_size", None)
+    if isinstance(built, (tuple, list)) and len(built) == 2 and all(isinstance(v, int) for v in built):
+        height, width = built
+    dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(batch, channels, height, width, generator=gen).to(dtype)
+
+
+def _open_clip_shape(model: nn.Module) -> tuple[int, int, int] | None:
+    """(image size, context length, vocabulary) of an open_clip CLIP, else None."""
+    size = getattr(getattr(model, "visual", None), "image_size", None)
+    size = size[0] if isinstance(size, (tuple, list)) else size
+    ctx, vocab = getattr(model, "context_length", None), getattr(model, "vocab_size", None)
+    if all(isinstance(v, int) and v > 0 for v in (size, ctx, vocab)):
+        return size, ctx, vocab
+    return None
+
+
+def _open_clip_inputs(model: nn.Module, seed: int, batch: int, length: int):
+    """An open_clip CLIP's forward(image, text): random images and token ids, both towers run."""
+    size, ctx, vocab = _open_clip_shape(model)
+    gen = torch.Generator().manual_seed(seed)
+    dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+    image = torch.randn(batch, 3, size, size, generator=gen).to(dtype)
+    text = torch.randint(1, vocab, (batch, ctx), generator=gen)
+    return (image, text), {}
+
+
+def _text_length(config, length: int) -> int:
+    """The sequence length the model accepts: a model that fixes it in its config (Nystromformer's
+    segment_means_seq_len) gets that length."""
+    fixed = getattr(config, "segment_means_seq_len", None)
+    return fixed if isinstance(fixed, int) and 0 < fixed <= 1024 else length
+
+
+def example_inputs(model: nn.Module, seed: int = 0, batch: int = 2, length: int = 8) -> Any:
+    """Inputs a model accepts: keyword inputs for a Hugging Face model, built from its config;
+    an image batch for a timm model (from its pretrained_cfg); None for other modules.
 
     Token ids (with the second example's last two positions padded, never a whole row), pixel
     values, audio features or waveforms, and decoder ids for encoder-decoders, as the forward's
     signature asks; use_cache=False so that no call fills a cache."""
     config = getattr(model, "config", None)
+    lens = getattr(model, "cfg", None)
+    if config is None and isinstance(getattr(lens, "d_vocab", None), int) and lens.d_vocab > 0:
+        # TransformerLens HookedTransformer: token ids, at most its context length
+        gen = torch.Generator().manual_seed(seed)
+        n = min(length, getattr(lens, "n_ctx", length) or length)
+        return torch.randint(0, lens.d_vocab, (batch, n), generator=gen)
+    if config is None and _open_clip_shape(model) is not None:
+        return _open_clip_inputs(model, seed, batch, length)
     if config is None or not hasattr(config, "to_dict"):
-        return None
+        return _timm_inputs(model, seed, batch)
+    length = _text_length(config, length)
     accepts = _accepts(model)
     gen = torch.Generator().manual_seed(seed)
     dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
@@ -227,18 +281,24 @@ def _snapshot(obj: Any) -> Any:
     return copy.deepcopy(obj) if _stateful(obj) else obj
 
 
-def unit_output(unit: nn.Module, call: Call) -> torch.Tensor:
-    """The unit's output on a captured call; stateful arguments are fresh copies each time."""
+def unit_output(unit: nn.Module, call: Call, first: bool = False) -> torch.Tensor:
+    """The unit's output on a captured call (its first element only if `first`); stateful
+    arguments are fresh copies each time."""
     args = tuple(_snapshot(a) for a in call[0])
     kwargs = {k: _snapshot(v) for k, v in call[1].items()}
     with torch.no_grad():
-        return flatten(unit(*args, **kwargs))
+        out = unit(*args, **kwargs)
+    if first and isinstance(out, (tuple, list)) and out:
+        out = out[0]
+    return flatten(out)
 
 
-def probe(unit: nn.Module, calls: list[Call], edit: Callable[[nn.Module], Any]) -> tuple[float, float]:
+def probe(unit: nn.Module, calls: list[Call], edit: Callable[[nn.Module], Any],
+          before: list[torch.Tensor] | None = None) -> tuple[float, float]:
     """Largest output change over the calls when `edit` is applied to (a state-restored) unit,
-    and the bound for it. `edit` must be undone by the caller (probes run on throwaway copies)."""
-    before = [unit_output(unit, c) for c in calls]
+    and the bound for it. `edit` must be undone by the caller (probes run on throwaway copies);
+    `before`, the unit's outputs on the calls, is computed here unless given."""
+    before = [unit_output(unit, c) for c in calls] if before is None else before
     edit(unit)
     after = [unit_output(unit, c) for c in calls]
     worst, limit = 0.0, math.inf

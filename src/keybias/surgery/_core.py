@@ -136,6 +136,18 @@ def _drop(unit: nn.Module, slot: Slot, storage: str) -> int:
 
 
 def _strip_change(site: Site, storage: str) -> Callable[[nn.Module], int]:
+    """The change that removes b_k from one site (a function of the unit, applied to a copy to
+    certify it and to the model to keep it).
+
+    Identity: softmax_j(q_i . (W_k x_j + b_k) s + m_ij) = softmax_j(q_i . W_k x_j s + m_ij),
+    since q_i . b_k s is the same for every key j of row i. With add_bias_kv the extra key moves
+    with it (bias_k' = bias_k - b_k), so its score shifts by the same row constant. Holds when
+    nothing acts on the key between b_k and the score (no rotary embedding, QK-norm, soft cap,
+    key-dependent position term) and every key slot carries b_k: the site's refusals name the
+    cases where it does not, and certification checks it on the model's calls."""
+    if site.zeros_only:
+        storage = "zeros"  # the forward reads the bias directly (HookedTransformer's b_K): exact zeros
+
     def change(unit: nn.Module) -> int:
         with torch.no_grad():
             if slot_removed(unit, site.key):
@@ -171,7 +183,7 @@ def _perturb(slot: Slot, partner: Slot | None, scale: float, seed: int) -> Calla
             sel = slot.select() if slot.packed else slice(None)
             n = param[sel].numel()
             delta = scale * torch.randn(n, generator=gen, dtype=torch.float64).to(param.dtype)
-            param[sel] += delta
+            param[sel] += delta.view(param[sel].shape)
             if partner is not None:
                 other = getattr(_owner(unit, partner), partner.name)
                 other += delta.view_as(other)
@@ -179,6 +191,26 @@ def _perturb(slot: Slot, partner: Slot | None, scale: float, seed: int) -> Calla
 
 
 def _fold_change(site: Site, storage: str) -> Callable[[nn.Module], int]:
+    """The change that folds b_v into the output bias of one site: b_o' = b_o + W_o b_v, b_v' = 0
+    (TransformerLens: b_O' = b_O + sum_h b_V[h] W_O[h]; BEiT/EVA: v_bias).
+
+    Identity: when each row of weights sums to one, sum_j p_ij (W_v x_j + b_v) = sum_j p_ij W_v
+    x_j + b_v, and W_o(y + b_v) + b_o = W_o y + (b_o + W_o b_v). Holds with any additive mask
+    or position bias on the scores; fails in training mode with dropout on the weights, with a
+    head mask, and for a fully masked row that gets zero weights (SDPA). Computed in float64
+    and rounded once to the model's dtype."""
+    if site.layout == "lens":  # TransformerLens: per-head b_V [h, d], W_O [h, d, m], b_O [m]
+        def lens(unit: nn.Module) -> int:
+            with torch.no_grad():
+                b_v = unit.b_V.detach().double()
+                unit.b_O.copy_((unit.b_O.double() + torch.einsum("hd,hdm->m", b_v, unit.W_O.double()))
+                               .to(unit.b_O.dtype))
+                return _drop(unit, site.value, "zeros")
+        return lens
+
+    if site.zeros_only:
+        storage = "zeros"  # BEiT/EVA concatenate q_bias, k_bias, v_bias in the forward: v_bias stays, as zeros
+
     def change(unit: nn.Module) -> int:
         with torch.no_grad():
             b_v = slot_values(unit, site.value).clone()
@@ -201,7 +233,10 @@ class _Snapshot:
     class (parametrize swaps it), its parameter/buffer/child dicts, and every tensor's data
     (the same Parameter objects come back, so optimizers and tied references stay valid)."""
 
-    def __init__(self, modules: list[nn.Module]):
+    def __init__(self, modules: list[nn.Module], written: set[int] | None = None):
+        """`written`: ids of the tensors the tools may write in place beyond the 1-D ones (bias_k,
+        TransformerLens's b_K); with it, only those and the 1-D tensors are copied (weight
+        matrices are never written in place), so the snapshot costs the biases, not the model."""
         self.states = []
         self.data: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         seen = set()
@@ -212,6 +247,8 @@ class _Snapshot:
                 seen.add(id(m))
                 self.states.append((m, m.__class__, dict(m._parameters), dict(m._buffers), dict(m._modules)))
                 for t in list(m._parameters.values()) + list(m._buffers.values()):
+                    if written is not None and t is not None and t.ndim > 1 and id(t) not in written:
+                        continue
                     if t is not None and id(t) not in self.data:
                         self.data[id(t)] = (t, t.detach().clone())
 
@@ -285,31 +322,75 @@ KERNEL_SWITCH_BOUND = 2.0**-12
 _NO_INPUTS = object()
 
 
-def _probe_site(site: Site, work: nn.Module, calls: list, change: Callable[[nn.Module], int], strip: bool,
+def _unit_copy(unit: nn.Module, calls: list) -> nn.Module:
+    """A float64 eval-mode copy of one unit (never of the whole model), on the kernel that
+    computes the unit's own function: PyTorch's SDPA where it agrees with the unit's eager
+    kernel (some eager kernels take the softmax in float32 even in float64), else the unit's own
+    (SDPA drops terms such as attention sinks)."""
+    base = copy.deepcopy(unit).double().eval()
+    switched = _float64_kernels(base)
+    if switched and calls:
+        own = copy.deepcopy(base)
+        _own_kernels([m.config for m in own.modules() if getattr(m, "config", None) is not None
+                      and getattr(m.config, "_attn_implementation", None) == "sdpa"])
+        # the first output only: eager kernels also return the attention weights, SDPA does not
+        y_sdpa, y_own = (_calls.unit_output(m, calls[0], first=True) for m in (base, own))
+        if not _calls.change(y_own, y_sdpa) <= KERNEL_SWITCH_BOUND * float(y_own.abs().max()):
+            return own
+    return base
+
+
+def _fresh_copies(site: Site, base: nn.Module, change: Callable[[nn.Module], int], strip: bool):
+    """(fresh, change): fresh() returns `base` with its bias slots as they were, for the next
+    probe. The probes edit bias slots only, so those are saved once and written back, instead of
+    a deep copy of the unit per probe. The change is certified with storage='zeros', which gives
+    the same numbers as 'remove' (zeros in the removed entries). A unit whose biases are already
+    re-parameterized (an earlier storage='remove') gets deep copies and the change as given."""
+    slots = [x for x in (site.key, site.key_partner, site.value, site.value_partner, site.query,
+                         Slot(site.out, site.out_bias) if site.out is not None else None) if x is not None]
+    if any(parametrize.is_parametrized(_owner(base, x), x.name) for x in slots):
+        pristine = copy.deepcopy(base)
+        return (lambda: copy.deepcopy(pristine)), change
+    params = {id(p): p for p in (getattr(_owner(base, x), x.name, None) for x in slots) if p is not None}
+    saved = [(p, p.detach().clone()) for p in params.values()]
+
+    def fresh() -> nn.Module:
+        with torch.no_grad():
+            for p, value in saved:
+                p.copy_(value)
+        return base
+    return fresh, (_strip_change(site, "zeros") if strip else _fold_change(site, "zeros"))
+
+
+def _probe_site(site: Site, model: nn.Module, calls: list, change: Callable[[nn.Module], int], strip: bool,
                 seed: int) -> dict[str, Any]:
-    """Certify one site on the unit's real calls in the float64 copy of the model, plus random
-    calls of the same structure: the change itself, the redundancy probe (b_k + a random
-    vector: the output must not move) and its control (b_q + the same vector: it must)."""
-    unit = work.get_submodule(site.unit_path) if site.unit_path else work
+    """Certify one site on the unit's real calls (captured in the model's own dtype, replayed
+    in float64 on a float64 copy of the unit alone), plus random calls of the same structure:
+    the change itself, the redundancy probe (b_k + a random vector: the output must not move)
+    and its control (b_q + the same vector: it must)."""
+    unit = model.get_submodule(site.unit_path) if site.unit_path else model
+    calls = [_calls.to_float64(c) for c in calls]
     gen = torch.Generator().manual_seed(seed)
     probes = list(calls) + [_calls.randomized(c, gen) for c in calls]
     result = {"certified": False, "change": math.inf, "tolerance": 0.0, "reason": ""}
     try:
-        delta, limit = _calls.probe(copy.deepcopy(unit), probes, change)
-        result.update(change=delta, tolerance=limit)
+        base = _unit_copy(unit, calls)
+        fresh, change = _fresh_copies(site, base, change, strip)
         slot = site.key if strip else site.value
-        scale = 1.0 + float(slot_values(unit, slot).abs().max())
+        scale = 1.0 + float(slot_values(base, slot).abs().max())  # before any probe edits the slot
+        before = [_calls.unit_output(base, c) for c in probes]
+        delta, limit = _calls.probe(fresh(), probes, change, before=before)
+        result.update(change=delta, tolerance=limit)
         partner = site.key_partner if strip else site.value_partner
         if strip:
-            moved, _ = _calls.probe(copy.deepcopy(unit), probes, _perturb(slot, partner, scale, seed + 1))
+            moved, _ = _calls.probe(fresh(), probes, _perturb(slot, partner, scale, seed + 1), before=before)
         else:
-            fold_ = _perturb(slot, partner, scale, seed + 1)
-            base = copy.deepcopy(unit)
-            fold_(base)
-            moved, _ = _calls.probe(base, probes, change)
+            moved_unit = fresh()
+            _perturb(slot, partner, scale, seed + 1)(moved_unit)
+            moved, _ = _calls.probe(moved_unit, probes, change)
         control = math.inf
         if strip and site.query is not None:
-            control, _ = _calls.probe(copy.deepcopy(unit), probes, _perturb(site.query, None, scale, seed + 1))
+            control, _ = _calls.probe(fresh(), probes, _perturb(site.query, None, scale, seed + 1), before=before)
     except Exception as exc:  # noqa: BLE001  (a module that cannot be probed is refused, with why)
         result["reason"] = f"could not be certified on its captured calls: {type(exc).__name__}: {exc}"
         return result
@@ -328,6 +409,39 @@ def _probe_site(site: Site, work: nn.Module, calls: list, change: Callable[[nn.M
         return result
     result["certified"] = True
     return result
+
+
+def whole_model_bound(y: torch.Tensor, dtype: torch.dtype, changed: int) -> float:
+    """The rounding bound for the whole model's output change, computed in its own dtype.
+
+    Each changed unit is certified in float64 to move its own output by at most float32's unit
+    roundoff (2^-24 relative): in exact arithmetic it does not move at all. In the model's dtype
+    the changed unit rounds differently, by a few units of that dtype's roundoff u, and those
+    independent rounding differences add up like a random walk over the changed units; a
+    factor 8 covers the growth through the layers that follow. So the bound is
+    8 sqrt(n_changed) u max|y| (for a float64 model, u is float32's: the float64 certificate's
+    own bound). A change that is not a rounding effect (a wrong bias removed) moves the output
+    by the size of the bias's contribution, orders of magnitude above it. A float64 model uses
+    float32's u: some eager kernels (Hugging Face ViT's) take the softmax in float32 even there."""
+    if not y.numel():
+        return 0.0
+    u = 2.0**-24 if dtype == torch.float64 else float(torch.finfo(dtype).eps) / 2
+    return 8.0 * math.sqrt(max(changed, 1)) * u * float(y.abs().max())
+
+
+class _Modes:
+    """The training flags of every module, restorable (the tools run the model in eval mode)."""
+
+    def __init__(self, model: nn.Module):
+        self.flags = [(m, m.training) for m in model.modules()]
+
+    def restore(self) -> None:
+        for m, flag in self.flags:
+            m.training = flag
+
+
+def _model_dtype(model: nn.Module) -> torch.dtype:
+    return next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
 
 
 def run_surgery(model: nn.Module, operation: str, *, storage: str, certify_seed: int = 0,
@@ -376,7 +490,7 @@ def run_surgery(model: nn.Module, operation: str, *, storage: str, certify_seed:
     # Tied or shared parameters: a key bias shared only as a whole key bias is removed once;
     # any other sharing of a written parameter is refused, naming every holder.
     names, written = _shared(model, planned, lambda s: [x for x in (
-        (s.key, s.key_partner) if strip else (s.value, s.value_partner, Slot(s.out, "bias"))) if x is not None])
+        (s.key, s.key_partner) if strip else (s.value, s.value_partner, Slot(s.out, s.out_bias))) if x is not None])
     blocked = set()
     for pid, uses in written.items():
         holders = names.get(pid, set())
@@ -392,44 +506,37 @@ def run_surgery(model: nn.Module, operation: str, *, storage: str, certify_seed:
                     "untie it first")))
     planned = [(s, u) for s, u in planned if s.name not in blocked]
 
-    # The model's own calls: a float64 copy runs once on inputs it accepts, hooks record each
-    # unit's arguments.
-    work, calls, y_before = None, {}, None
+    # The model's own calls: the model itself runs once in eval mode, in its own dtype, and
+    # hooks record each unit's arguments (no copy of the model: each unit is copied alone, to
+    # float64, when it is certified).
+    calls, y_before, ran, inputs_note = {}, None, False, ""
     if planned:
         if inputs is None:
             inputs = _calls.example_inputs(model)
         if inputs is not None:
-            work = copy.deepcopy(model).double().eval()
+            modes = _Modes(model)
+            model.eval()
             try:
-                with torch.no_grad():
-                    y_own = _calls.flatten(_calls.run_model(work, _calls.to_float64(inputs)))
-                switched = _float64_kernels(work)
-                y_before, calls = _calls.capture(work, _calls.to_float64(inputs), [s.unit_path for s, _ in planned])
-                # The certificate must be about the function the model computes: where the SDPA
-                # kernel gives a different output than the model's own (far beyond any float32
-                # softmax rounding: it drops a term such as attention sinks), certify on the own one.
-                if switched and not _calls.change(y_own, y_before) <= KERNEL_SWITCH_BOUND * float(y_own.abs().max()):
-                    _own_kernels(switched)
-                    y_before, calls = _calls.capture(work, _calls.to_float64(inputs),
-                                                     [s.unit_path for s, _ in planned])
-                    report["notes"].append("certified with the model's own attention kernel: SDPA computes a "
-                                           "different function for this model")
+                y_before, calls = _calls.capture(model, inputs, [s.unit_path for s, _ in planned])
+                ran = True
             except Exception as exc:  # noqa: BLE001
-                report["notes"].append(f"the whole-model forward on the example inputs failed "
-                                       f"({type(exc).__name__}: {exc}); only verified classes were certified")
-                work, calls = None, {}
+                inputs_note = f"the whole-model forward on the example inputs failed ({type(exc).__name__}: {exc})"
+                report["notes"].append(inputs_note + "; only verified classes were certified")
+                calls = {}
+            finally:
+                modes.restore()
 
     certified = []
     for site, unit in planned:
         change = _strip_change(site, storage) if strip else _fold_change(site, storage)
         if calls.get(site.unit_path):
-            result = _probe_site(site, work, calls[site.unit_path], change, strip, certify_seed)
+            result = _probe_site(site, model, calls[site.unit_path], change, strip, certify_seed)
         elif site.trusted or site.layout == "mha" or site.family == "torch.ao quantizable MHA":
             result = certify(unit, site, change, seed=certify_seed)
             result.setdefault("reason", "")
         else:
-            why = ("it was not called by the whole-model forward on the example inputs" if work is not None else
-                   "no inputs this model accepts were given or could be built (pass inputs=)")
+            why = ("it was not called by the whole-model forward on the example inputs" if ran else
+                   inputs_note or "no inputs this model accepts were given or could be built (pass inputs=)")
             report["not_handled"].append({"module": site.name, "type": site.module_type or site.family,
                                           "reason": f"not certified: {why}; its biases were left as they are"})
             continue
@@ -447,32 +554,18 @@ def run_surgery(model: nn.Module, operation: str, *, storage: str, certify_seed:
         else:
             certified.append((site, unit, change, result, ratio))
 
-    # The whole model, as it is called: every certified change at once on the float64 copy.
-    if work is not None and certified and not refusals:
-        try:
-            for site, *_ in certified:
-                (_strip_change(site, storage) if strip else _fold_change(site, storage))(
-                    work.get_submodule(site.unit_path) if site.unit_path else work)
-            with torch.no_grad():
-                y_after = _calls.flatten(_calls.run_model(work, _calls.to_float64(inputs)))
-            delta, limit = _calls.change(y_before, y_after), _calls.bound(y_before)
-        except Exception as exc:  # noqa: BLE001
-            delta, limit = math.inf, 0.0
-            report["notes"].append(f"whole-model check failed to run: {type(exc).__name__}: {exc}")
-        report["whole_model"] = {"change": delta, "bound": limit, "holds": delta <= limit}
-        if not delta <= limit:
-            for site, *_ in certified:
-                refusals.append(_entry(site, "refused", change=delta, tolerance=limit, reason=(
-                    f"the whole model's float64 output moved by {delta:.3g} (bound 2^-24 max|y| = {limit:.3g}) "
-                    "when every certified change was applied together")))
-    del work
-
     if refusals:
         report["refused"] = refusals
         lines = [f"{r['module']} ({r['family']}): {r['reason']}" for r in refusals]
         raise SurgeryRefused(f"{operation} refused, model unchanged:\n  " + "\n  ".join(lines), refusals, report)
 
-    snapshot = _Snapshot([u for _, u, *_ in certified])
+    written_ids = set()
+    for site, unit, *_ in certified:
+        for x in (site.key, site.key_partner, site.value, site.value_partner,
+                  Slot(site.out, site.out_bias) if site.out is not None else None):
+            if x is not None:
+                written_ids.add(id(_stored(unit, x)[0]) if getattr(_owner(unit, x), x.name, None) is not None else 0)
+    snapshot = _Snapshot([u for _, u, *_ in certified], written_ids)
     try:
         for site, unit, change, result, ratio in certified:
             slot = site.key if strip else site.value
@@ -490,7 +583,34 @@ def run_surgery(model: nn.Module, operation: str, *, storage: str, certify_seed:
             if partner is not None:
                 report["parameters_folded"].append(f"{removed} -> {partner.describe(site.unit_path)}")
             if not strip:
-                report["parameters_folded"].append(f"{removed} -> {Slot(site.out, 'bias').describe(site.unit_path)}")
+                report["parameters_folded"].append(f"{removed} -> {Slot(site.out, site.out_bias).describe(site.unit_path)}")
+        # The whole model, as it is called, in its own dtype: every certified change at once,
+        # judged against the rounding bound of that dtype; rolled back if it does not hold.
+        if ran and certified:
+            modes = _Modes(model)
+            model.eval()
+            try:
+                y_after = _calls.flatten(_calls.run_model(model, inputs))
+                delta = _calls.change(y_before, y_after)
+            except Exception as exc:  # noqa: BLE001
+                delta = math.inf
+                report["notes"].append(f"whole-model check failed to run: {type(exc).__name__}: {exc}")
+            finally:
+                modes.restore()
+            dtype = _model_dtype(model)
+            limit = whole_model_bound(y_before, dtype, len(certified))
+            report["whole_model"] = {"change": delta, "bound": limit, "holds": delta <= limit,
+                                     "dtype": str(dtype).removeprefix("torch.")}
+            if not delta <= limit:
+                refusals = [_entry(site, "refused", change=delta, tolerance=limit, reason=(
+                    f"the whole model's {report['whole_model']['dtype']} output moved by {delta:.3g} (rounding "
+                    f"bound {limit:.3g}) when every certified change was applied together")) for site, *_ in certified]
+                report["refused"] = refusals
+                report["modules"] = [m for m in report["modules"] if m["action"] == "unchanged"]
+                report["modules_changed"], report["parameters_removed"], report["parameters_folded"] = [], [], []
+                report["parameters_saved"] = 0
+                raise SurgeryRefused(f"{operation} refused, model unchanged:\n  " + "\n  ".join(
+                    f"{r['module']} ({r['family']}): {r['reason']}" for r in refusals), refusals, report)
     except BaseException:
         snapshot.restore()
         raise

@@ -44,7 +44,12 @@ VERIFIED = {
     "WhisperAttention": "Whisper",
     "GPT2Attention": "GPT-2",
 }
-_ATTENTION_NAME = re.compile(r"attention|attn", re.IGNORECASE)
+# Attention-like class names: ...Attention..., ...Attn..., and the short names some libraries use
+# (timm's ConViT MHSA and GPSA, MultiHead...).
+_ATTENTION_NAME = re.compile(r"attention|attn|mhsa|gpsa|multihead", re.IGNORECASE)
+# Keyword arguments that carry rotary position embeddings into an attention call (Hugging Face's
+# position_embeddings (cos, sin), timm's rope, Meta's freqs_cis, ...).
+ROPE_ARGUMENTS = ("position_embeddings", "rope", "freqs_cis", "rotary_pos_emb", "rotary_emb", "rope_cache", "sincos")
 
 
 @dataclass
@@ -93,6 +98,8 @@ class Site:
     query: Slot | None = None  # the control of the redundancy probe
     out: str | None = None  # output projection, relative to the unit
     out_transposed: bool = False  # Conv1D stores W_o as (in, out)
+    out_bias: str = "bias"  # the output bias's name on `out` (TransformerLens: b_O on the unit)
+    zeros_only: bool = False  # the forward reads the bias slots directly: a removed slot stays, as zeros
     key_partner: Slot | None = None  # add_bias_kv's extra key slot
     value_partner: Slot | None = None
     projections: tuple[str, ...] = ()  # q, k, v modules relative to the unit (hooked to measure)
@@ -156,16 +163,24 @@ def _heads(module: nn.Module, config) -> int:
     return 1
 
 
+ROPE_REASON = ("rotary position embeddings (RoPE) rotate each key by its position after b_k is added, "
+               "so the score term q_i . R_j b_k depends on the key position j and is not a row constant")
+
+
+def _is_rope_class(module: nn.Module) -> bool:
+    return any(re.search(r"rope|rotary", c.__name__, re.IGNORECASE) for c in type(module).__mro__)
+
+
 def _rotary_reason(module: nn.Module) -> str | None:
     names = {n for n, _ in module.named_children()}
-    if any("rotary" in n for n in names) or hasattr(module, "rotary_emb"):
-        return ("rotary position embeddings (RoPE) rotate each key by its position after b_k is added, "
-                "so the score term q_i . R_j b_k depends on the key position j and is not a row constant")
+    if any("rotary" in n for n in names) or hasattr(module, "rotary_emb") or _is_rope_class(module):
+        return ROPE_REASON
     return None
 
 
 def _qk_norm_reason(module: nn.Module) -> str | None:
-    names = {n for n, _ in module.named_children()}
+    # a norm slot filled with nn.Identity (timm's default qk_norm=False) normalizes nothing
+    names = {n for n, child in module.named_children() if not isinstance(child, nn.Identity)}
     if {"q_norm", "k_norm"} & names or {"q_layernorm", "k_layernorm"} & names:
         return ("QK-norm normalizes each key after b_k is added, so b_k does not shift the scores "
                 "by a row constant")
@@ -190,7 +205,8 @@ def _unknown_reason(module: nn.Module) -> str:
 
 
 def _dropout(module: nn.Module) -> float:
-    for attr in ("dropout", "attn_dropout", "attention_dropout"):
+    # Hugging Face: dropout / attention_dropout; timm: attn_drop (an nn.Dropout on the weights)
+    for attr in ("dropout", "attn_dropout", "attention_dropout", "attn_drop"):
         value = getattr(module, attr, None)
         if isinstance(value, nn.Dropout):
             return float(value.p)
@@ -326,11 +342,24 @@ def _fused_site(model: nn.Module, path: str, module: nn.Module, name: str) -> Si
     conv1d = type(proj).__name__.endswith("Conv1D")
     width_in, total = (proj.weight.shape if conv1d else proj.weight.shape[::-1])
     site.projections = (prefix + name,)
+    if _is_rope_class(module):  # keys are rotated after b_k; values are not, so the fold stays exact
+        site.refuse_strip = ROPE_REASON
     cross = bool(getattr(module, "is_cross_attention", False)) and _is_projection(getattr(module, "q_attn", None))
     if cross:  # GPT-2 cross-attention: q from q_attn, [k | v] from c_attn
         site.projections = (prefix + "q_attn", prefix + name)
     if getattr(proj, "bias", None) is None:
-        site.notes.append(f"{name} has no bias")
+        owner = prefix[:-1] if prefix else ""
+        holder = module
+        if isinstance(getattr(holder, "v_bias", None), nn.Parameter):
+            # BEiT / EVA (timm): qkv has no bias; the forward adds cat(q_bias, k_bias, v_bias), where
+            # k_bias is a zero buffer. There is no key bias to strip; v_bias can be folded.
+            site.value = Slot(owner, "v_bias")
+            site.zeros_only = True
+            if isinstance(getattr(holder, "q_bias", None), nn.Parameter):
+                site.query = Slot(owner, "q_bias")
+            site.notes.append(f"{name} has no bias; the key bias k_bias is a zero buffer")
+        else:
+            site.notes.append(f"{name} has no bias")
         return site
     heads = site.heads
     d, kv = _head_sizes(module, width_in, heads)
@@ -378,6 +407,35 @@ def _fused_name(module: nn.Module) -> str | None:
     return next((n for n in FUSED if _is_projection(getattr(module, n, None))), None)
 
 
+def _is_lens_attention(module: nn.Module) -> bool:
+    """TransformerLens's own multi-head attention (HookedTransformer's blocks[i].attn): per-head
+    W_Q/W_K/W_V [heads, d_model, d_head], b_Q/b_K/b_V [heads, d_head], W_O, b_O. Grouped-query
+    and other subclasses store their key bias differently and are left to the generic search."""
+    cls = type(module)
+    return (cls.__name__ == "Attention" and cls.__module__.startswith("transformer_lens")
+            and all(isinstance(getattr(module, n, None), nn.Parameter) for n in ("b_K", "b_V", "W_O", "b_O")))
+
+
+def _lens_site(path: str, module: nn.Module) -> Site:
+    """A HookedTransformer attention. Its score is q_i . k_j * scale (+ an additive mask, ALiBi,
+    or a shortformer position term on the inputs), so b_K shifts each row by a constant; rotary
+    embeddings, a soft cap on the scores (tanh) or QK-norm act between b_K and the score and
+    make it matter: those are refused."""
+    cfg = getattr(module, "cfg", None)
+    site = Site(path=path, unit_path=path, family="TransformerLens Attention", layout="lens", out="",
+                out_bias="b_O", zeros_only=True, heads=int(getattr(cfg, "n_heads", 1) or 1), module_type="Attention",
+                key=Slot("", "b_K"), value=Slot("", "b_V"), query=Slot("", "b_Q"))
+    if getattr(cfg, "positional_embedding_type", "standard") == "rotary":
+        site.refuse_strip = ROPE_REASON
+    elif float(getattr(cfg, "attn_scores_soft_cap", -1.0) or -1.0) > 0:
+        site.refuse_strip = ("attn_scores_soft_cap applies tanh to the scores, so the row constant q_i . b_K "
+                             "does not pass through unchanged")
+    elif getattr(cfg, "use_qk_norm", False):
+        site.refuse_strip = ("QK-norm normalizes each key after b_K is added, so b_K does not shift the scores "
+                             "by a row constant")
+    return site
+
+
 def discover(model: nn.Module) -> tuple[list[Site], list[dict[str, str]]]:
     """Attention sites found by structure (q/k/v projections, separate or fused, and an output
     projection), and other attention-like modules (listed with a reason, never changed).
@@ -391,6 +449,8 @@ def discover(model: nn.Module) -> tuple[list[Site], list[dict[str, str]]]:
         family = verified_family(module)
         if isinstance(module, nn.MultiheadAttention):
             sites.append(_mha_site(path, module))
+        elif _is_lens_attention(module):
+            sites.append(_lens_site(path, module))
         elif _triple(module):
             sites.append(_hf_site(model, path, module, family or type(module).__name__, _triple(module)))
         elif _fused_name(module) and (_ATTENTION_NAME.search(type(module).__name__) or family):
@@ -417,15 +477,16 @@ def explain_dependence(site: Site, module: nn.Module, calls) -> str:
     """Why b_k is not redundant in a module whose output the probe showed to depend on it,
     read from the structure of the module and of its real calls."""
     names = {n for n, _ in module.named_modules()}
-    rotary = hasattr(module, "rotary_emb") or any("rotary" in n for n in names)
+    rotary = hasattr(module, "rotary_emb") or any("rotary" in n for n in names) or _is_rope_class(module)
     for args, kwargs in calls:
+        if any(kwargs.get(k) is not None for k in ROPE_ARGUMENTS):
+            rotary = True
         for value in list(kwargs.values()) + list(args[1:]):
             if (isinstance(value, tuple) and len(value) == 2 and all(hasattr(t, "shape") for t in value)
                     and value[0].shape == value[1].shape):
                 rotary = True  # a (cos, sin) pair
     if rotary:
-        return ("rotary position embeddings (RoPE) rotate each key by its position after b_k is added, so the "
-                "score term q_i . R_j b_k depends on the key position j and is not a row constant")
+        return ROPE_REASON
     if _qk_norm_reason(module):
         return _qk_norm_reason(module)
     config = getattr(module, "config", None)

@@ -1,19 +1,24 @@
 """python -m keybias.surgery IN_DIR OUT_DIR [--fold-value] [--dtype ...]
 
 Loads a Hugging Face model directory offline from safetensors only (never a pickle), removes
-every key bias (and with --fold-value folds every value bias), certifies each change on the
-module's own function and the whole model on random inputs in float64, and writes a directory
+every key bias (and with --fold-value folds every value bias), certifies each change on a
+float64 copy of its module and the whole model in its own dtype against that dtype's rounding
+bound, and writes a directory
 that transformers' from_pretrained loads with the stock architecture: the removed biases are
 stored as explicit zeros (storage='zeros'), since a missing tensor would be re-initialized by
 from_pretrained. Every other file of IN_DIR (tokenizer, sentence-transformers modules) is
 copied. The output appears only when everything succeeded (written to a temporary folder
 next to OUT_DIR, then renamed); on any error nothing is left behind and the exit code is 2.
+
+Never a guess: a checkpoint with a tensor missing (transformers would initialise it at random),
+an unexpected tensor (it would be dropped) or a shape that differs from config.json is an
+error naming them, before any surgery. Once OUT_DIR is complete, the run has succeeded: an
+interrupt after that exits 0. The written tensors are read back and compared one at a time.
 """
 
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import os
 import shutil
@@ -89,6 +94,10 @@ def check_input(in_dir: Path, out_dir: Path) -> None:
         probe.rmdir()
     except OSError as exc:
         raise CliError(f"the parent of the output, {parent}, is not writable ({exc.strerror})") from exc
+    if out_dir.is_symlink():
+        target = os.readlink(out_dir)
+        state = "a dangling symbolic link" if not out_dir.exists() else "a symbolic link"
+        raise CliError(f"output {out_dir} is {state} (to {target}); choose a new directory")
     if out_dir.exists():
         raise CliError(f"output {out_dir} already exists; choose a new directory")
     if not in_dir.exists():
@@ -97,15 +106,7 @@ def check_input(in_dir: Path, out_dir: Path) -> None:
         raise CliError(f"input {in_dir} is not a directory")
     if out_dir.absolute().resolve().is_relative_to(in_dir.resolve()):
         raise CliError(f"output {out_dir} lies inside the input {in_dir}; choose a directory outside it")
-    config = in_dir / "config.json"
-    if not config.is_file():
-        raise CliError(f"{in_dir} has no config.json: not a Hugging Face model directory")
-    try:
-        parsed = json.loads(config.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CliError(f"{config} is not valid JSON ({exc})") from exc
-    if not isinstance(parsed, dict) or not isinstance(parsed.get("model_type"), str):
-        raise CliError(f"{config} has no model_type: not a transformers config")
+    fmt = _format(in_dir)
     safetensors = sorted(in_dir.glob("*.safetensors"))
     if not safetensors:
         pickles = sorted(p.name for p in in_dir.iterdir() if p.suffix in PICKLE_SUFFIXES)
@@ -115,6 +116,35 @@ def check_input(in_dir: Path, out_dir: Path) -> None:
         raise CliError(f"{in_dir} has no *.safetensors weights")
     for path in safetensors:
         _check_safetensors(path)
+    return fmt
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CliError(f"{path} is not valid JSON ({exc})") from exc
+
+
+def _format(in_dir: Path) -> str:
+    """'hf' (config.json with model_type), 'timm' (timm's Hugging Face folder: config.json with
+    architecture) or 'open_clip' (open_clip_config.json with model_cfg)."""
+    open_clip_config = in_dir / "open_clip_config.json"
+    if open_clip_config.is_file():
+        parsed = _read_json(open_clip_config)
+        if not isinstance(parsed, dict) or not isinstance(parsed.get("model_cfg"), dict):
+            raise CliError(f"{open_clip_config} has no model_cfg: not an open_clip config")
+        return "open_clip"
+    config = in_dir / "config.json"
+    if not config.is_file():
+        raise CliError(f"{in_dir} has no config.json: not a Hugging Face model directory "
+                       "(nor timm's, nor open_clip's open_clip_config.json)")
+    parsed = _read_json(config)
+    if isinstance(parsed, dict) and isinstance(parsed.get("architecture"), str) and "model_type" not in parsed:
+        return "timm"
+    if not isinstance(parsed, dict) or not isinstance(parsed.get("model_type"), str):
+        raise CliError(f"{config} has no model_type: not a transformers config")
+    return "hf"
 
 
 def _architecture(in_dir: Path):
@@ -131,24 +161,110 @@ def _architecture(in_dir: Path):
     return config, transformers.AutoModel
 
 
-def whole_model_check(before, after) -> dict[str, float]:
-    """Run float64 copies of the model before and after on inputs it accepts; the change must stay
-    below float32's unit roundoff times the output size (2^-24 max|y|): a float64 change
-    below it cannot be seen in float32 (bound from the float32 format, fixed in advance)."""
+def _names(keys, limit: int = 4) -> str:
+    keys = sorted(keys)
+    shown = ", ".join(keys[:limit])
+    return shown + (f" and {len(keys) - limit} more" if len(keys) > limit else "")
+
+
+def load_exactly(cls, in_dir: Path):
+    """The model exactly as stored, or a CliError: transformers fills a missing tensor with a
+    random initialisation and drops an unexpected one, only warning; here either is an error
+    that names them, and so is a tensor whose shape differs from the config's (one line)."""
+    import transformers
+
+    verbosity = transformers.utils.logging.get_verbosity()
+    transformers.utils.logging.set_verbosity_error()  # the loading report is ours to give, in one line
+    try:
+        model, info = cls.from_pretrained(str(in_dir), local_files_only=True, use_safetensors=True,
+                                          output_loading_info=True, ignore_mismatched_sizes=True)
+    except (OSError, ValueError, RuntimeError, KeyError) as exc:
+        raise CliError(f"transformers could not load {in_dir} as {cls.__name__}: {' '.join(str(exc).split())[:300]}") \
+            from exc
+    finally:
+        transformers.utils.logging.set_verbosity(verbosity)
+    _refuse_mismatch(in_dir, cls.__name__, info)
+    return model.eval()
+
+
+def _refuse_mismatch(in_dir: Path, what: str, info: dict) -> None:
+    """One line naming every way the checkpoint's tensors differ from what the architecture needs."""
+    problems = []
+    if info.get("missing_keys"):
+        keys = info["missing_keys"]
+        problems.append(f"{len(keys)} tensor{'s' if len(keys) > 1 else ''} missing from the checkpoint "
+                        f"({_names(keys)}; transformers would fill them with random values)")
+    if info.get("unexpected_keys"):
+        keys = info["unexpected_keys"]
+        problems.append(f"{len(keys)} unexpected tensor{'s' if len(keys) > 1 else ''} that the architecture "
+                        f"does not use ({_names(keys)}; they would be dropped from the output)")
+    if info.get("mismatched_keys"):
+        rows = sorted(info["mismatched_keys"], key=lambda r: r[0])
+        name, stored, wanted = rows[0]
+        more = f" and {len(rows) - 1} more" if len(rows) > 1 else ""
+        problems.append(f"shape mismatch: {name} is {tuple(stored)} in the checkpoint but {tuple(wanted)} in "
+                        f"config.json{more}")
+    if info.get("error_msgs"):
+        problems.append(" ".join(" ".join(info["error_msgs"]).split())[:200])
+    if problems:
+        raise CliError(f"{in_dir} does not match its config as {what}: {'; '.join(problems)}; "
+                       "nothing written")
+
+
+def _import_library(name: str, extra: str):
+    import importlib
+
+    try:
+        return importlib.import_module(name)
+    except ImportError as exc:
+        raise CliError(f"this folder needs the package {name}, which is not installed: pip install "
+                       f"'keybias[{extra}]'") from exc
+    except RuntimeError as exc:  # torchvision's compiled ops do not match the installed torch
+        raise CliError(f"{name} cannot be imported ({' '.join(str(exc).split())[:120]}): its torchvision does "
+                       "not match the installed torch build; install a torchvision built for it") from exc
+
+
+def load_library_folder(fmt: str, in_dir: Path):
+    """A timm or open_clip model built from the folder's config and loaded with exactly the
+    tensors of its safetensors files (missing, unexpected or mis-shaped ones are an error)."""
     import torch
+    from safetensors.torch import load_file
 
-    from keybias.surgery import _calls
+    if fmt == "timm":
+        timm = _import_library("timm", "timm")
+        cfg = _read_json(in_dir / "config.json")
+        kwargs = dict(cfg.get("model_args") or {})
+        if "num_classes" in cfg:
+            kwargs.setdefault("num_classes", cfg["num_classes"])
+        try:
+            model = timm.create_model(cfg["architecture"], pretrained=False, **kwargs)
+        except (RuntimeError, ValueError, TypeError, KeyError) as exc:
+            raise CliError(f"timm cannot build {cfg['architecture']!r}: {' '.join(str(exc).split())[:200]}") from exc
+        label = f"timm {cfg['architecture']}"
+    else:
+        _import_library("open_clip", "open_clip")
+        from open_clip import model as oc_model
 
-    a, b = copy.deepcopy(before).double().eval(), copy.deepcopy(after).double().eval()
-    inputs = _calls.example_inputs(a)
+        model_cfg = dict(_read_json(in_dir / "open_clip_config.json")["model_cfg"])
+        custom = model_cfg.pop("custom_text", False) or "hf_model_name" in (model_cfg.get("text_cfg") or {})
+        try:
+            model = (oc_model.CustomTextCLIP if custom else oc_model.CLIP)(**model_cfg)
+        except (RuntimeError, ValueError, TypeError, KeyError) as exc:
+            raise CliError(f"open_clip cannot build the model of open_clip_config.json: "
+                           f"{' '.join(str(exc).split())[:200]}") from exc
+        label = "open_clip CLIP"
+    state: dict = {}
+    for path in sorted(in_dir.glob("*.safetensors")):
+        state.update(load_file(str(path)))
+    expected = model.state_dict()
+    info = {"missing_keys": set(expected) - set(state), "unexpected_keys": set(state) - set(expected),
+            "mismatched_keys": {(k, state[k].shape, expected[k].shape) for k in set(state) & set(expected)
+                                if state[k].shape != expected[k].shape}}
+    _refuse_mismatch(in_dir, label, info)
     with torch.no_grad():
-        y0 = _calls.flatten(_calls.run_model(a, inputs))
-        y1 = _calls.flatten(_calls.run_model(b, inputs))
-    diff = (y1 - y0).abs()
-    finite = bool(torch.isfinite(diff).all())
-    change = float(diff.max()) if finite else float("inf")
-    bound = 2.0**-24 * float(y0.abs().max())
-    return {"change": change, "bound": bound, "holds": finite and change <= bound}
+        model.load_state_dict(state, strict=True)
+    del state
+    return model.eval(), label
 
 
 def require_transformers() -> None:
@@ -163,36 +279,38 @@ def require_transformers() -> None:
 def convert(in_dir: Path, out_dir: Path, *, fold_value: bool = False, dtype: str | None = None,
             log=print) -> dict[str, Any]:
     """The whole command: check, load, strip (and fold), certify, write atomically."""
-    check_input(in_dir, out_dir)
-    require_transformers()
+    fmt = check_input(in_dir, out_dir)
+    if dtype is not None and dtype not in DTYPES:
+        raise CliError(f"--dtype {dtype!r} unknown; allowed: {list(DTYPES)}")
+    if fmt == "hf":
+        require_transformers()
     clean_stale(out_dir, log)
     os.environ["HF_HUB_OFFLINE"] = "1"
     os.environ["TRANSFORMERS_OFFLINE"] = "1"
     import torch
-    import transformers
 
     from keybias import surgery
 
-    transformers.utils.logging.disable_progress_bar()
-    if dtype is not None and dtype not in DTYPES:
-        raise CliError(f"--dtype {dtype!r} unknown; allowed: {list(DTYPES)}")
-    config, cls = _architecture(in_dir)
-    try:
-        model = cls.from_pretrained(str(in_dir), local_files_only=True, use_safetensors=True).eval()
-    except (OSError, ValueError, RuntimeError, KeyError) as exc:
-        raise CliError(f"transformers could not load {in_dir} as {cls.__name__}: {' '.join(str(exc).split())[:300]}") \
-            from exc
+    if fmt == "hf":
+        import transformers
+
+        transformers.utils.logging.disable_progress_bar()
+        config, cls = _architecture(in_dir)
+        model = load_exactly(cls, in_dir)
+        label = config.model_type
+    else:
+        model, label = load_library_folder(fmt, in_dir)
+        cls = None
     if dtype is not None:
         model = model.to(getattr(torch, dtype))
-    log(f"loaded {type(model).__name__} ({config.model_type}) from {in_dir}: "
+    log(f"loaded {type(model).__name__} ({label}) from {in_dir}: "
         f"{sum(p.numel() for p in model.parameters()):,} parameters, {next(model.parameters()).dtype}")
     from keybias.surgery import _calls
 
     if _calls.example_inputs(model) is None:
-        raise CliError(f"{type(model).__name__} ({config.model_type}): the tool builds inputs for models that take "
+        raise CliError(f"{type(model).__name__} ({label}): the tool builds inputs for models that take "
                        "token ids, pixel values, audio features or waveforms; this one takes "
                        f"{getattr(model, 'main_input_name', 'something else')!r}")
-    original = copy.deepcopy(model)
     reports = []
     try:
         with warnings.catch_warnings():
@@ -210,17 +328,21 @@ def convert(in_dir: Path, out_dir: Path, *, fold_value: bool = False, dtype: str
         raise CliError(f"{exc.report['operation']} refused, model unchanged: {first['module']} ({first['family']}): "
                        f"{first['reason']}{tail}") from exc
     if not any(r["modules_changed"] for r in reports) and reports[0]["unchanged"] and not reports[0]["not_handled"]:
-        raise CliError(f"architecture {config.model_type!r}: no key bias to remove ("
+        raise CliError(f"architecture {label!r}: no key bias to remove ("
                        f"{reports[0]['unchanged'][0]['reason']}); nothing written")
     if not any(r["modules_changed"] for r in reports):
         unknown = reports[0]["not_handled"]
         detail = "; ".join(f"{u['module']} ({u['type']}): {u['reason']}" for u in unknown[:3])
-        raise CliError(f"architecture {config.model_type!r}: no attention module this tool handles. {detail}")
+        raise CliError(f"architecture {label!r}: no attention module this tool handles. {detail}")
     for report in reports:
         log(format_report(report))
-    check = whole_model_check(original, model)
-    log(f"whole model, float64, random tokens: max change {check['change']:.3g} "
-        f"(bound 2^-24 max|y| = {check['bound']:.3g}): {'ok' if check['holds'] else 'FAILED'}")
+    checks = [r.get("whole_model") for r in reports if r["modules_changed"]]
+    if not checks or any(c is None for c in checks):
+        raise CliError("the whole-model check could not run on the built inputs; nothing written")
+    check = {"change": max(c["change"] for c in checks), "bound": min(c["bound"] for c in checks),
+             "holds": all(c["holds"] for c in checks), "dtype": checks[0].get("dtype", ""), "per_operation": checks}
+    log(f"whole model, {check['dtype']}, random inputs: max change {check['change']:.3g} "
+        f"(rounding bound {check['bound']:.3g}): {'ok' if check['holds'] else 'FAILED'}")
     if not check["holds"]:
         raise CliError("the whole-model check failed; nothing written")
 
@@ -228,25 +350,97 @@ def convert(in_dir: Path, out_dir: Path, *, fold_value: bool = False, dtype: str
     try:
         tmp.mkdir()
         for item in in_dir.iterdir():
-            if item.name == "config.json" or item.suffix in WEIGHT_SUFFIXES or item.name.endswith(".index.json"):
+            if ((fmt == "hf" and item.name == "config.json") or item.suffix in WEIGHT_SUFFIXES
+                    or item.name.endswith(".index.json")):
                 continue
             target = tmp / item.name
             shutil.copytree(item, target) if item.is_dir() else shutil.copy2(item, target)
-        model.save_pretrained(str(tmp), safe_serialization=True)
+        if fmt == "hf":
+            model.save_pretrained(str(tmp), safe_serialization=True)
+        else:
+            from safetensors.torch import save_file
+
+            name = "open_clip_model.safetensors" if fmt == "open_clip" else "model.safetensors"
+            save_file({k: v.detach().contiguous() for k, v in model.state_dict().items()}, str(tmp / name),
+                      metadata={"format": "pt"})
         summary = {"input": str(in_dir), "operations": [r["operation"] for r in reports],
                    "whole_model_check": check, "reports": reports}
         (tmp / "keybias_surgery.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
-        reloaded = cls.from_pretrained(str(tmp), local_files_only=True, use_safetensors=True)
-        saved = model.state_dict()
-        for name, tensor in reloaded.state_dict().items():
-            if name in saved and not torch.equal(tensor, saved[name]):
-                raise CliError(f"reloading {tmp} gave a different {name}")
-        os.replace(tmp, out_dir)
+        verify_written(tmp, model.state_dict())
+        _commit(tmp, out_dir, log)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    log(f"wrote {out_dir}")
     return summary
+
+
+_SAFETENSORS_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "I64": "int64",
+                       "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool"}
+
+
+def _read_tensors(path: Path):
+    """(name, tensor) for every tensor of a safetensors file, read with plain reads one tensor
+    at a time: a memory map would count every page of the file in the process's memory."""
+    import torch
+
+    with path.open("rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(n))
+        for name, info in header.items():
+            if name == "__metadata__":
+                continue
+            start, stop = (int(x) for x in info["data_offsets"])
+            f.seek(8 + n + start)
+            data = bytearray(f.read(stop - start))
+            dtype = getattr(torch, _SAFETENSORS_DTYPES.get(info["dtype"], ""), None)
+            if dtype is None:
+                raise CliError(f"{path.name}: tensor {name} has dtype {info['dtype']}, which this check cannot read")
+            flat = torch.frombuffer(data, dtype=dtype) if data else torch.empty(0, dtype=dtype)
+            yield name, flat.reshape(info["shape"])
+
+
+def _fingerprint(t) -> tuple:
+    flat = t.reshape(-1)
+    head = tuple(flat[:4].double().tolist())
+    return (tuple(t.shape), str(t.dtype), float(flat.double().sum()) if flat.numel() else 0.0, head)
+
+
+def verify_written(folder: Path, state: dict) -> None:
+    """Every tensor written equals one of the model's, read back one tensor at a time (no
+    second copy of the model in memory). transformers may store a tensor under another name
+    than the module path (its checkpoint conversion), so a name that is not a module path is
+    matched by content: shape, dtype, sum and first entries, then compared exactly."""
+    import torch
+
+    by_print: dict[tuple, list] = {}
+    for tensor in state.values():
+        by_print.setdefault(_fingerprint(tensor), []).append(tensor)
+    seen = 0
+    for path in sorted(folder.glob("*.safetensors")):
+        for name, stored in _read_tensors(path):
+            seen += 1
+            if name in state and torch.equal(stored, state[name]):
+                continue
+            if not any(torch.equal(stored, t) for t in by_print.get(_fingerprint(stored), [])):
+                raise CliError(f"reading back {path.name} gave a different {name}")
+    if not seen:
+        raise CliError(f"nothing was written to {folder}")
+
+
+def _commit(tmp: Path, out_dir: Path, log) -> None:
+    """Rename the finished folder into place, then say so. SIGINT is held off from just before
+    the rename until the message is printed: once the output is complete, the run succeeded."""
+    import signal
+    import threading
+
+    held = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if held else None
+    try:
+        os.replace(tmp, out_dir)
+        log(f"wrote {out_dir}")
+    finally:
+        if held:
+            signal.signal(signal.SIGINT, previous)
 
 
 def format_report(report: dict[str, Any]) -> str:
@@ -261,6 +455,15 @@ def format_report(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _log(message: str) -> None:
+    print(message, flush=True)
+
+
+def _complete(out_dir: Path) -> bool:
+    """OUT_DIR holds a finished output (it appears only by the final rename)."""
+    return out_dir.is_dir() and not out_dir.is_symlink() and (out_dir / "keybias_surgery.json").is_file()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="keybias-surgery",
@@ -271,11 +474,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", choices=DTYPES, default=None, help="convert the weights to this dtype first")
     args = parser.parse_args(argv)
     try:
-        convert(args.in_dir, args.out_dir, fold_value=args.fold_value, dtype=args.dtype)
+        convert(args.in_dir, args.out_dir, fold_value=args.fold_value, dtype=args.dtype, log=_log)
     except CliError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
+        if _complete(args.out_dir):
+            return 0  # interrupted after the output was complete: the run succeeded
         print("error: interrupted; nothing written", file=sys.stderr)
         return 2
     except Exception as exc:  # noqa: BLE001  (one line for the user, the bug's place kept visible)

@@ -1,0 +1,116 @@
+"""The command line never writes a guess: a checkpoint that does not match its config, a
+dangling OUT_DIR and an interrupt after the output is complete, each with its exit code."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from keybias import families
+from keybias.surgery import cli
+
+
+def _tiny(directory: Path) -> Path:
+    families.build("BERT").float().save_pretrained(str(directory), safe_serialization=True)
+    return directory
+
+
+def _edit(directory: Path, edit) -> None:
+    path = directory / "model.safetensors"
+    tensors = load_file(str(path))
+    edit(tensors)
+    save_file(tensors, str(path), metadata={"format": "pt"})
+
+
+def _key(tensors: dict, part: str) -> str:
+    return sorted(n for n in tensors if part in n)[0]
+
+
+def _missing(t):
+    del t[_key(t, "attention.self.key.bias")]
+
+
+def _unexpected(t):
+    t["extra.projection.weight"] = torch.ones(3, 2)
+
+
+def _mismatch(t):
+    t[_key(t, "attention.self.query.weight")] = torch.zeros(4, 4)
+
+
+CASES = {  # edit -> words the one-line error must contain
+    "missing": (_missing, ["missing from the checkpoint", "attention.self.key.bias"]),
+    "unexpected": (_unexpected, ["unexpected tensor", "extra.projection.weight"]),
+    "mismatch": (_mismatch, ["shape mismatch", "attention.self.query.weight", "(4, 4)"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_checkpoint_that_does_not_match_its_config_exits_2_naming_it(tmp_path, case, capsys):
+    src, out = _tiny(tmp_path / "in"), tmp_path / "out"
+    edit, words = CASES[case]
+    _edit(src, edit)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    capsys.readouterr()
+    code = cli.main([str(src), str(out)])
+    captured = capsys.readouterr()
+    assert code == 2
+    err = captured.err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("error:"), captured.err
+    for word in words:
+        assert word in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == before and not out.exists()
+
+
+def test_the_matching_checkpoint_passes_the_same_check(tmp_path):
+    # the control of the cases above: an untouched checkpoint is accepted and written
+    src, out = _tiny(tmp_path / "in"), tmp_path / "out"
+    _edit(src, lambda t: None)
+    assert cli.main([str(src), str(out)]) == 0
+    assert (out / "keybias_surgery.json").is_file()
+
+
+def test_dangling_output_symlink_is_a_user_error(tmp_path, capsys):
+    src, out = _tiny(tmp_path / "in"), tmp_path / "out"
+    out.symlink_to(tmp_path / "nowhere")
+    capsys.readouterr()
+    assert cli.main([str(src), str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "dangling symbolic link" in err and "please report" not in err
+    assert out.is_symlink() and not (tmp_path / "nowhere").exists()
+
+
+def test_interrupt_after_the_output_is_complete_exits_0(tmp_path, monkeypatch, capsys):
+    src, out = _tiny(tmp_path / "in"), tmp_path / "out"
+
+    def log(message: str) -> None:
+        if message.startswith("wrote"):
+            raise KeyboardInterrupt  # Ctrl-C just as "wrote" is printed
+    monkeypatch.setattr(cli, "_log", log)
+    assert cli.main([str(src), str(out)]) == 0
+    assert (out / "keybias_surgery.json").is_file()
+
+
+def test_interrupt_before_the_output_is_complete_exits_2_and_leaves_nothing(tmp_path, monkeypatch, capsys):
+    src, out = _tiny(tmp_path / "in"), tmp_path / "out"
+
+    def stop(*_args):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(cli, "verify_written", stop)
+    assert cli.main([str(src), str(out)]) == 2
+    assert "interrupted; nothing written" in capsys.readouterr().err
+    assert sorted(os.listdir(tmp_path)) == ["in"]
+
+
+def test_read_back_check_catches_a_tensor_that_differs(tmp_path):
+    folder = _tiny(tmp_path / "in")
+    state = load_file(str(folder / "model.safetensors"))
+    cli.verify_written(folder, state)  # the file as written passes
+    name = _key(state, "attention.self.key.bias")
+    changed = dict(state, **{name: state[name] + 1})
+    with pytest.raises(cli.CliError, match="gave a different"):
+        cli.verify_written(folder, changed)
