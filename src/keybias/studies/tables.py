@@ -212,6 +212,15 @@ def _label_cells(table) -> int:
     return len(labels)
 
 
+def _as_number(text: str):
+    """The number a cell's text spells, or None (a name such as E5 that only looks like one)."""
+    raw = text.replace(",", "")
+    try:
+        return int(raw) if re.fullmatch(r"[-+]?\d+", raw) else float(raw)
+    except ValueError:
+        return None
+
+
 def tidy_table_html(table, soup) -> None:
     """Rewrite a pandas-rendered `<table>` (a BeautifulSoup node) in place to the reader's form:
     the index column dropped when it is a plain row number, headers in words, numbers formatted
@@ -250,10 +259,8 @@ def tidy_table_html(table, soup) -> None:
             text = cell.get_text().strip()
             if is_missing(text):
                 cell.string = MISSING
-            elif _NUMBER.match(text) and re.search(r"\d", text):
-                raw = text.replace(",", "")
-                value = int(raw) if re.fullmatch(r"[-+]?\d+", raw) else float(raw)
-                cell.string = format_number(value)
+            elif _NUMBER.match(text) and re.search(r"\d", text) and _as_number(text) is not None:
+                cell.string = format_number(_as_number(text))
                 cell["class"] = [*(cell.get("class") or []), "kb-num"]
             elif text in ("True", "False"):
                 cell.string = "yes" if text == "True" else "no"
