@@ -102,7 +102,7 @@ def time_saving_figure(model: pd.DataFrame, ratios: pd.DataFrame, *, device: str
         ax2.set_yticks(np.arange(len(keys))[::-1], [f"{b} {a}, S={s}" for b, a, s, _ in keys])
         ax2.set_xlabel("saving per training phase (% of that phase)")
         ax2.set_title("training step, by phase", loc="left")
-    ax.set_title(f"whole pass ({device}, {threads} thread(s); machine-specific)", loc="left")
+    ax.set_title("whole pass", loc="left")
     fig.tight_layout()
     handles, labels = [], []
     for a in fig.axes:
