@@ -170,7 +170,7 @@ def test_readme_blocks_are_generated_from_provenance_and_claims():
     assert "took 201 s in all" in new and (
         "The one test claim holds. Not counted as evidence: one consistency check and one implied claim; "
         "one of them fails.") in new
-    assert "| `01_a` | 12 s | 1 | 0 | 0 | 0 |" in new and "| `02_b` | 50 s | 0 | 0 | 1 | 1 |" in new
+    assert "| `01_a` | 12 s | 1 | 0 | 0 | 0 | 0 |" in new and "| `02_b` | 50 s | 0 | 0 | 0 | 1 | 1 |" in new
     assert readme.render(new, readme.blocks(provenance, claims)) == new
 
 

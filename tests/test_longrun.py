@@ -363,7 +363,7 @@ def test_full_grid_claims_hold_on_the_planted_good_case(full_units):
     claims = F.claims(full_units)
     assert all(_holds(claims).values()), _holds(claims)
     ids = [c.id for c in claims]
-    assert len(ids) == len(set(ids)) == 10
+    assert len(ids) == len(set(ids)) == 9
     tests = [c.id for c in claims if c.kind == "test"]
     assert set(tests) == set(F.FINDING_OF)  # every test claim decides a named finding
     assert set(F.FINDING_OF.values()) == {"long-run-drift", "adam-drift-regimes"}

@@ -12,7 +12,7 @@ from keybias.build import claims as C
 # Commands of LaTeX and its packages that start with a capital letter (results macros are
 # capitalised words, so only these need telling apart).
 LATEX_CAPITALISED = {
-    "LaTeX", "TeX", "Big", "Bigg", "Bigl", "Bigr", "Biggl", "Biggr", "Huge", "LARGE", "Large",
+    "LaTeX", "TeX", "AtBeginDocument", "Big", "Bigg", "Bigl", "Bigr", "Biggl", "Biggr", "Huge", "LARGE", "Large",
     "Delta", "Gamma", "Lambda", "Omega", "Phi", "Pi", "Psi", "Sigma", "Theta", "Upsilon", "Xi",
     "Pr", "Re", "Im", "Rightarrow", "Leftarrow", "Leftrightarrow", "Longrightarrow", "Vert",
     "DeclareRobustCommand", "DeclareMathOperator", "DeclareGraphicsExtensions",

@@ -268,7 +268,7 @@ def test_machine_speed_free_no_claim_outcome_is_a_machine_value():
     for claim in claims:
         for key in ("holds", "id", "kind", "comparison"):
             assert outputs.claim_class(claim["id"], key) == EXACT, (claim["id"], key)
-        if claim["kind"] == "proof" or claim["id"].startswith("symbolic-"):
+        if claim["id"].startswith("symbolic-"):  # SymPy's results are exact arithmetic
             assert outputs.claim_class(claim["id"], "value") in (EXACT, "f64"), claim["id"]
 
 
@@ -277,8 +277,26 @@ def test_machine_speed_free_no_claim_outcome_is_a_machine_value():
 XMACHINE = ROOT / "tests" / "data" / "xmachine"
 
 
+def _still_declared(folder):
+    """The files of an older results folder whose every column today's code still declares (tables
+    a study has since dropped or reshaped are not comparable)."""
+    keep = set()
+    for rel in outputs.result_files(folder):
+        cls = outputs.file_class(rel)
+        if cls is None:
+            continue
+        if cls.cls == "columns":
+            declared = outputs.DATA_COLUMNS.get(rel)
+            columns = list(pd.read_csv(folder / rel, nrows=0).columns)
+            if declared is None or not set(columns) <= set(declared):
+                continue
+        keep.add(rel)
+    return keep
+
+
 def test_a_second_cpu_whose_findings_agree_passes_all_three_tiers():
-    report = compare_folders(XMACHINE / "intel-xeon-avx512-ea77fed", XMACHINE / "amd-epyc-zen5-ea77fed")
+    report = compare_folders(XMACHINE / "intel-xeon-avx512-ea77fed", XMACHINE / "amd-epyc-zen5-ea77fed",
+                             only=_still_declared(XMACHINE / "intel-xeon-avx512-ea77fed"))
     assert report.ok, "\n".join(report.failures[:20])
     tiers = report.tier_table()
     assert [t.split(":")[0] for t in tiers] == [outputs.TIER_FINDINGS, outputs.TIER_EXACT, outputs.TIER_STATS]
@@ -294,5 +312,6 @@ def test_the_second_cpu_with_a_finding_moved_fails(tmp_path):
     shutil.copytree(XMACHINE / "amd-epyc-zen5-ea77fed", amd)
     path = amd / "macros" / "03_precision.tex"
     path.write_text(re.sub(r"(\\newcommand\{\\PrecSlopeFloatThirtyTwo\}\{)[^}]*", r"\g<1>0.9500", path.read_text()))
-    report = compare_folders(XMACHINE / "intel-xeon-avx512-ea77fed", amd)
+    report = compare_folders(XMACHINE / "intel-xeon-avx512-ea77fed", amd,
+                             only=_still_declared(XMACHINE / "intel-xeon-avx512-ea77fed"))
     assert not report.ok and report.by_class["headline"].failed == 1, report.failures

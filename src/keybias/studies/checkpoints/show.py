@@ -28,7 +28,8 @@ def ratio_figure(norms: pd.DataFrame, quant: pd.DataFrame):
     bx.axhline(1.0, color="0.5", lw=0.8)
     bx.set_xlabel("layer")
     bx.set_ylabel("error, stripped / kept")
-    style.legend_outside(bx)
+    fig.tight_layout()
+    style.legend_outside(fig)  # above the panels, so the figure keeps the printed width
     return fig
 
 
