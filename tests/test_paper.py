@@ -368,7 +368,7 @@ def test_cost_interval_is_the_simultaneous_one_and_says_so():
     assert _number(macros["CostLargestPointSavingHighPercent"]) == pytest.approx(
         100 * top.saving_ci_high_adjusted, abs=6e-3)
     text = " ".join(_uncommented(SECTIONS / "cost.tex").split())
-    assert "simultaneous interval $\\CostLargestPointSavingLowPercent$" in text
+    assert "a simultaneous $\\CostLevelPercent$\\% interval" in text
     # the appendix table prints the per-configuration interval, and its caption says which it is
     assert "for that configuration (the text quotes simultaneous intervals)" in " ".join(
         _uncommented(SECTIONS / "appendix_tables.tex").split())
