@@ -291,7 +291,7 @@ def test_invariance_claims_hold_on_measured_data(small):
     cfgs, df, mags = small
     claims, out = _claims(df, mags, S.expected_measurable(cfgs))
     assert all(c["holds"] for c in claims.values()), [c for c in claims.values() if not c["holds"]]
-    assert all(c["kind"] in ("test", "implied", "consistency") and c.get("bound_origin") for c in claims.values())
+    assert all(c["kind"] in ("test", "implied", "consistency", "control") and c.get("bound_origin") for c in claims.values())
     assert {f"invariance-independent-{d}" for d in ("float64", "float32", "bfloat16", "float16")} <= set(claims)
     assert claims["invariance-matches-theory"]["kind"] == "implied"
     assert "min_detectable" in claims["invariance-independent-bfloat16"]

@@ -94,8 +94,11 @@ def quantization_claims(quant: pd.DataFrame) -> tuple[list[Claim], dict[str, Any
         claims.append(Claim(
             id=cid, statement=f"Stripping b_k before per-token int{bits} key quantization lowers the attention output "
                               "error of the bundled checkpoints (median over checkpoints and layers).",
-            value=ratio, bound=1.0, comparison="<", kind="test",
-            bound_origin="direction fixed before the run (judge docstring): ratio one means no change"))
+            value=ratio, bound=1.0, comparison="<", kind="consistency",
+            # the pooled median is set by multilingual-e5-small, whose large b_k was seen before the
+            # rule, and absmax quantization then fixes the direction: a reported measurement
+            bound_origin="direction fixed before the run (judge docstring): ratio one means no change; "
+                         "decided by a checkpoint whose offset was known, so reported, not a test"))
         claims.append(Claim(
             id=f"checkpoints-strip-control-int{bits}",
             statement=f"With a random key offset as large as the keys, stripping it before int{bits} quantization "
