@@ -18,16 +18,22 @@ from keybias.studies.findings import finding_of_claims, list_findings
 _MACRO = re.compile(r"\\newcommand\{\\([A-Za-z]+)\}\{(.*)\}\s*$")
 
 
+def macro_definitions(text: str) -> dict[str, str]:
+    """{name: body} of every one-line `\\newcommand` in `text`."""
+    out = {}
+    for line in text.splitlines():
+        m = _MACRO.match(line.strip())
+        if m:
+            out[m.group(1)] = m.group(2)
+    return out
+
+
 def read_macros(results: Path, files: set[str] | None = None) -> dict[str, str]:
     """Every macro the notebooks defined, by name, from `results/macros/*.tex` (or those `files`)."""
     out: dict[str, str] = {}
     for path in sorted((Path(results) / "macros").glob("*.tex")):
-        if files is not None and path.name not in files:
-            continue
-        for line in path.read_text().splitlines():
-            m = _MACRO.match(line.strip())
-            if m:
-                out[m.group(1)] = m.group(2)
+        if files is None or path.name in files:
+            out.update(macro_definitions(path.read_text()))
     return out
 
 

@@ -894,16 +894,10 @@ def _compare_text(rel: str, ref: Path, new: Path, tolerance: str | None, report:
         report.rounding_identical += int(a == b)
 
 
-_MACRO = re.compile(r"\\newcommand\{\\([A-Za-z]+)\}\{(.*)\}\s*$")
-
-
 def _macros(text: str) -> dict[str, str]:
-    out = {}
-    for line in text.splitlines():
-        m = _MACRO.match(line.strip())
-        if m:
-            out[m.group(1)] = m.group(2)
-    return out
+    from keybias.build.findings_out import macro_definitions
+
+    return macro_definitions(text)
 
 
 def _compare_macros(rel: str, ref: Path, new: Path, report: Report, headlines: frozenset = frozenset()) -> None:

@@ -229,10 +229,9 @@ def saving_claims(model: pd.DataFrame, bounds: pd.DataFrame) -> tuple[list[Claim
 # times the largest distance of a simultaneous interval limit from the prediction in three earlier
 # paper-profile runs on 2-core CPUs that no claim judges again (Intel Xeon and AMD Zen 5 at ea77fed:
 # 1.53 and 1.28 points; Intel under a load average of 9 on branch prec: 1.99 points), rounded to
-# whole points. It is well under the counted kernel share (5.6%), the old bound. A saving more than
-# BYTE_MARGIN above or below the byte model's prediction P fails the claims whatever the noise: noise
-# only widens the intervals, which must fit inside [P - BYTE_MARGIN, P + BYTE_MARGIN] to pass, so a
-# machine too noisy to resolve the margin fails them (the design's trade-off: noise never helps).
+# whole points. It is well under the counted kernel share (5.6%), the old bound. The claims fail when
+# a simultaneous interval lies wholly beyond P +- BYTE_MARGIN; a wider interval contradicts nothing,
+# so noise cannot fail them, and each states its resolution instead (`byte_model_claims`).
 BYTE_MARGIN = 0.03
 
 
