@@ -1,5 +1,5 @@
 # keybias: `make all` regenerates every result and paper/main.pdf; `make test` runs the tests.
-# What reruns is decided by content hashes (src/keybias/build/pipeline.py), never by file times.
+# What reruns is decided by content hashes (src/keybias/pipeline/steps.py), never by file times.
 SHELL := /bin/bash
 .DELETE_ON_ERROR:
 .DEFAULT_GOAL := all
@@ -14,7 +14,7 @@ LOCK_HASH := $(shell sha256sum < requirements.lock | cut -c1-16)
 VENV_STAMP := $(VENV)/.installed-$(LOCK_HASH)
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
-PIPELINE := $(PY) -m keybias.build.pipeline --profile $(PROFILE) --device $(DEVICE)
+PIPELINE := $(PY) -m keybias.pipeline.steps --profile $(PROFILE) --device $(DEVICE)
 
 # Refuse unknown PROFILE/DEVICE at once, before the venv or anything else is built.
 ifeq ($(wildcard params/$(PROFILE).yaml),)
@@ -44,7 +44,7 @@ install-check: $(VENV_STAMP) ## build the wheel, install it into a fresh venv wi
 	$(PY) -m pytest -m install -s tests/test_install.py
 
 bench: $(VENV_STAMP) ## the full timing sweep of the cost benchmark (long)
-	$(PY) -m keybias.build.bench --full --device $(DEVICE) --out results/machine
+	$(PY) -m keybias.studies.cost.bench --full --device $(DEVICE) --out results/machine
 
 # upstream/: the fix for torch's F.multi_head_attention_forward (is_causal with appended key slots, static_k).
 upstream: $(VENV_STAMP) ## the PyTorch fix in upstream/: its test fails on stock torch and passes patched (exit 0 only then)
@@ -62,7 +62,7 @@ gpu: $(VENV_STAMP) ## on a CUDA machine: the GPU profile into $(GPU_OUT), for no
 	$(PY) -m keybias.studies.gpu.measure --out $(GPU_OUT) --commit $$(git rev-parse HEAD)
 
 bundle: $(VENV_STAMP) ## deterministic dist/keybias-artifact-<commit>.tar.gz of HEAD (refuses a dirty tree)
-	@$(PY) -m keybias.build.pipeline bundle
+	@$(PY) -m keybias.pipeline.steps bundle
 
 verify: $(VENV_STAMP) ## regenerate into a scratch folder; compare findings, exact data and rounding statistics with results/ (writes nothing here)
 	@$(PIPELINE) verify
@@ -74,17 +74,17 @@ arxiv: $(VENV_STAMP) ## dist/keybias-arxiv-<commit>.tar.gz, proven by compiling 
 	@TEX_PACKAGES="$(TEX_PACKAGES)" $(PIPELINE) arxiv
 
 bitwise: $(VENV_STAMP) ## measure whether results are byte-identical across CPU instruction sets
-	@$(PY) -m keybias.build.bitwise --threads 2 --out results/machine/bitwise.json
+	@$(PY) -m keybias.studies.bitwise --threads 2 --out results/machine/bitwise.json
 
 mutations: $(VENV_STAMP) ## run the mutation tests: every test claim, its mutations and their distance from the bound; fails if one has none
-	@$(PY) -m keybias.build.claims mutations --profile $(PROFILE)
+	@$(PY) -m keybias.pipeline.claims mutations --profile $(PROFILE)
 
 manifest: $(VENV_STAMP) ## rewrite params/claims/$(PROFILE)/ from the claims in results/ (after adding a claim)
-	@$(PY) -m keybias.build.claims manifest --profile $(PROFILE) --results results --write
+	@$(PY) -m keybias.pipeline.claims manifest --profile $(PROFILE) --results results --write
 
-# MathJax 3.2.2 (npm pack mathjax@3.2.2) is vendored in src/keybias/build/assets/mathjax; checksums in its SOURCE.md.
+# MathJax 3.2.2 (npm pack mathjax@3.2.2) is vendored in src/keybias/pipeline/assets/mathjax; checksums in its SOURCE.md.
 render: $(VENV_STAMP) ## re-render results/notebooks/*.html from the executed notebooks (no kernel)
-	@$(PY) -m keybias.build.render --results results render
+	@$(PY) -m keybias.pipeline.render --results results render
 
 venv: $(VENV_STAMP) ## build .venv from requirements.lock
 

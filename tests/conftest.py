@@ -23,14 +23,14 @@ def record_mutation(request):
     """`record_mutation(*claims)`: assert that each judged claim of a mutation fails, and log how
     far its value lies beyond the bound.
 
-    Each argument is a `Claim`, a claim dict or a record from `keybias.build.claims.evaluate`
+    Each argument is a `Claim`, a claim dict or a record from `keybias.pipeline.claims.evaluate`
     (a Recorder record). The claim's id must be one the test's `claim_mutation` marker names.
-    When `python -m keybias.build.claims mutations` runs the marked tests it names a file in
+    When `python -m keybias.pipeline.claims mutations` runs the marked tests it names a file in
     `KEYBIAS_MUTATION_LOG`; each call appends one JSON line per claim there, and the command
     prints the distance from the bound per test claim. Without that variable nothing is written.
     """
-    from keybias.build.claims import MUTATION_LOG_ENV
-    from keybias.build.recorder import Claim
+    from keybias.core.recorder import Claim
+    from keybias.pipeline.claims import MUTATION_LOG_ENV
 
     marked = {cid for mark in request.node.iter_markers("claim_mutation") for cid in mark.args}
 
@@ -53,7 +53,7 @@ def record_mutation(request):
 @pytest.fixture(scope="session")
 def smoke_results(tmp_path_factory):
     """Every notebook run once with the smoke profile into a scratch results folder."""
-    from keybias.build import pipeline
+    from keybias.pipeline import steps as pipeline
 
     results = tmp_path_factory.mktemp("smoke") / "results"
     os.environ["JUPYTER_PATH"] = str(Path(sys.prefix) / "share" / "jupyter")

@@ -1,6 +1,6 @@
 """The bitwise-stability measurement: its workload is deterministic, and a differing output is named."""
 
-from keybias.build import bitwise
+from keybias.studies import bitwise
 
 
 def test_workload_is_deterministic_in_one_process():

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from keybias.build import browser, index, render
+from keybias.pipeline import browser, index, render
 
 ROOT = Path(__file__).resolve().parents[1]
 

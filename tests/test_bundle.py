@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from conftest import ROOT
-from keybias.build import arxiv, bundle
+from keybias.pipeline import arxiv, bundle
 
 
 def git(cwd, *args):

@@ -10,8 +10,8 @@ import pandas as pd
 import pytest
 
 from conftest import ROOT
-from keybias.build import claims as C
-from keybias.build import pipeline
+from keybias.pipeline import claims as C
+from keybias.pipeline import steps as pipeline
 
 
 def claim(cid, notebook="01_x", kind="test", holds=True, **extra):
@@ -87,7 +87,7 @@ def test_claim_computes_holds_and_refuses_bad_fields():
 
 def test_recorder_writes_claims_and_dicts_alike(tmp_path):
     """Judges may return a Claim or (until converted) a dict keyed claim_id or id: one record."""
-    from keybias.build.recorder import Recorder
+    from keybias.core.recorder import Recorder
 
     rec = Recorder("99_x", tmp_path, profile="smoke", device="cpu")
     fields = dict(statement="s", value=0.5, bound=1.0, comparison="<=", kind="test", bound_origin="theory")
@@ -101,7 +101,7 @@ def test_recorder_writes_claims_and_dicts_alike(tmp_path):
 
 
 def test_nan_from_an_empty_selection_fails_the_claim(tmp_path):
-    from keybias.build.recorder import Recorder
+    from keybias.core.recorder import Recorder
 
     rec = Recorder("99_test", tmp_path, profile="smoke", device="cpu")
     empty = pd.Series([], dtype=float)
@@ -270,7 +270,7 @@ def test_mutation_register_collects_markers_without_running_tests(tmp_path):
 
 def test_every_test_claim_of_the_manifest_has_a_mutation_test():
     """The register over the committed paper manifest (fails until every notebook is converted)."""
-    result = subprocess.run([sys.executable, "-m", "keybias.build.claims", "mutations", "--profile", "paper",
+    result = subprocess.run([sys.executable, "-m", "keybias.pipeline.claims", "mutations", "--profile", "paper",
                              "--collect-only"], cwd=ROOT, capture_output=True, text=True)
     assert "mutation score:" in result.stdout, result.stdout + result.stderr
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
@@ -343,7 +343,7 @@ def test_mutation_distances_are_recorded_and_printed(tmp_path, capsys):
     shutil.copy(ROOT / "tests" / "conftest.py", tests / "conftest.py")
     (tests / "test_fake_distances.py").write_text(
         "import pytest\n"
-        "from keybias.build.recorder import Claim\n"
+        "from keybias.core.recorder import Claim\n"
         "@pytest.mark.claim_mutation('upper')\n"
         "def test_edge(record_mutation):\n"
         "    record_mutation(Claim('upper', 's', 1.05, 1.0, '<=', kind='test', bound_origin='t'))\n"
@@ -374,7 +374,7 @@ def test_record_mutation_refuses_a_mutation_that_still_holds(tmp_path):
     shutil.copy(ROOT / "tests" / "conftest.py", tests / "conftest.py")
     (tests / "test_fake_weak.py").write_text(
         "import pytest\n"
-        "from keybias.build.recorder import Claim\n"
+        "from keybias.core.recorder import Claim\n"
         "@pytest.mark.claim_mutation('upper')\n"
         "def test_weak(record_mutation):\n"
         "    record_mutation(Claim('upper', 's', 0.5, 1.0, '<=', kind='test', bound_origin='t'))\n"

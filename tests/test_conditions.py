@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 import torch
 
-from keybias.build import claims as C
+from keybias.pipeline import claims as C
 from keybias.studies import style
 from keybias.studies.conditions import measure as conditions
 from keybias.studies.conditions.measure import CASES, REDUNDANT, claim_id

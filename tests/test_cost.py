@@ -10,9 +10,9 @@ import pytest
 import torch
 from torch import nn
 
-from keybias.build import bench
-from keybias.build.recorder import Recorder
+from keybias.core.recorder import Recorder
 from keybias.studies import style
+from keybias.studies.cost import bench
 from keybias.studies.cost import config as cost
 from keybias.studies.cost import judge as cost_judge
 from keybias.studies.cost import measure as cost_measure
@@ -710,7 +710,7 @@ def test_notebook_passes_its_claims_with_every_core_busy(tmp_path):
     import subprocess
     import sys
 
-    from keybias.build import pipeline
+    from keybias.pipeline import steps as pipeline
 
     burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 1)]
     try:

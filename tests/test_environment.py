@@ -96,32 +96,46 @@ def test_core_dependencies_are_the_library_only():
     assert sorted(r.name for r in declared_requirements(None)) == ["safetensors", "torch"]
 
 
-def test_the_library_does_not_import_the_studies_or_the_build():
-    """The library (keybias/, keybias/surgery/) imports nothing from keybias.studies or
-    keybias.build; a study imports nothing from keybias.build but the recorder."""
+# What each wing may import of keybias. The library (keybias/*.py, keybias/surgery/) is what
+# users install; core is shared by the studies and the pipeline; the pipeline may use them all.
+ALLOWED_IMPORTS = {
+    "library": ("keybias.surgery", "keybias.verdict", "keybias"),
+    "core": ("keybias.core",),
+    "studies": ("keybias.core", "keybias.studies", "keybias.surgery", "keybias.verdict", "keybias"),
+    "pipeline": ("keybias",),
+}
+
+
+def _wing(rel: tuple[str, ...]) -> str:
+    return rel[0] if len(rel) > 1 and rel[0] in ("core", "studies", "pipeline") else "library"
+
+
+def test_each_wing_imports_only_what_it_may():
+    """The library imports nothing of the studies, the pipeline or the core; the core imports
+    nothing but itself; a study imports nothing of the pipeline."""
     import ast
 
     src = ROOT / "src" / "keybias"
     problems = []
     for path in sorted(src.rglob("*.py")):
-        rel = path.relative_to(src).parts
-        wing = rel[0] if len(rel) > 1 and rel[0] in ("studies", "build") else "library"
+        wing = _wing(path.relative_to(src).parts)
         for node in ast.walk(ast.parse(path.read_text())):
             names = []
             if isinstance(node, ast.Import):
                 names = [a.name for a in node.names]
             elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-                names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+                names = [f"{node.module}.{a.name}" for a in node.names]
             for name in names:
-                if wing == "library" and name.startswith(("keybias.studies", "keybias.build")):
-                    problems.append(f"{path.relative_to(ROOT)}:{node.lineno} imports {name}")
-                if wing == "studies" and name.startswith("keybias.build") and not name.startswith(
-                    "keybias.build.recorder"
-                ) and name != "keybias.build":
-                    problems.append(f"{path.relative_to(ROOT)}:{node.lineno} imports {name}")
-                if wing == "studies" and isinstance(node, ast.ImportFrom) and node.module == "keybias.build":
-                    if any(a.name != "recorder" for a in node.names):
-                        problems.append(f"{path.relative_to(ROOT)}:{node.lineno} imports from keybias.build")
+                if not name.startswith("keybias"):
+                    continue
+                allowed = ALLOWED_IMPORTS[wing]
+                ok = any(name == a or name.startswith(a + ".") for a in allowed if a != "keybias")
+                # `from keybias import surgery` and the lazy top-level names are the library's face
+                ok = ok or ("keybias" in allowed and name.count(".") == 1
+                            and not name.startswith(("keybias.core", "keybias.studies", "keybias.pipeline")))
+                ok = ok or (wing == "pipeline")
+                if not ok:
+                    problems.append(f"{path.relative_to(ROOT)}:{node.lineno} ({wing}) imports {name}")
     assert not problems, "import boundary crossed:\n" + "\n".join(problems)
 
 
@@ -131,6 +145,6 @@ def test_import_keybias_is_light():
     import sys
 
     code = ("import sys, keybias; heavy = [m for m in ('torch', 'pandas', 'transformers', "
-            "'keybias.studies', 'keybias.build') if m in sys.modules]; print(heavy)")
+            "'keybias.studies', 'keybias.pipeline') if m in sys.modules]; print(heavy)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout

@@ -3,7 +3,7 @@ import json
 import pandas as pd
 import pytest
 
-from keybias.build import recorder as export
+from keybias.core import recorder as export
 
 
 def test_claim_holds_is_computed_not_given(tmp_path):

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from keybias.build import findings_out as FO
+from keybias.pipeline import findings_out as FO
 from keybias.studies import findings as F
 
 ROOT = Path(__file__).resolve().parents[1]

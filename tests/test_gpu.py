@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from keybias.build.recorder import Claim
+from keybias.core.recorder import Claim
 from keybias.studies.gpu import judge, measure, show
 from keybias.studies.params import ParameterError
 

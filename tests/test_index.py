@@ -11,7 +11,7 @@ from html.parser import HTMLParser
 import pytest
 
 from conftest import ROOT
-from keybias.build import index, readme
+from keybias.pipeline import index, readme
 
 CHROMIUM = next((p for p in ("/usr/bin/chromium", shutil.which("chromium") or "",
                              shutil.which("chromium-browser") or "") if p and shutil.which(p)), None)

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 import torch
 
-from keybias.build.recorder import Recorder
+from keybias.core.recorder import Recorder
 from keybias.studies import style
 from keybias.studies.longrun import judge as J
 from keybias.studies.longrun import measure as L

@@ -7,7 +7,7 @@ import re
 import pytest
 
 from conftest import ROOT
-from keybias.build import claims as C
+from keybias.pipeline import claims as C
 
 # Commands of LaTeX and its packages that start with a capital letter (results macros are
 # capitalised words, so only these need telling apart).
@@ -64,7 +64,7 @@ def test_macro_index_names_the_notebook_and_refuses_duplicates(tmp_path):
     path = C.write_macro_index(tmp_path)
     index = json.loads(path.read_text())
     assert index["SymA"] == {"file": "macros/01_symbolic.tex", "source": "notebooks/01_symbolic.ipynb"}
-    assert index["ClaimsTest"]["source"] == "keybias.build.claims.headline_macros"
+    assert index["ClaimsTest"]["source"] == "keybias.pipeline.claims.headline_macros"
     (macros / "02_other.tex").write_text("\\newcommand{\\SymA}{4}\n")
     with pytest.raises(ValueError, match=r"SymA is defined in macros/01_symbolic.tex and in macros/02_other.tex"):
         C.macro_index(tmp_path)

@@ -6,7 +6,7 @@ import nbformat
 import pytest
 
 from conftest import ROOT
-from keybias.build import pipeline
+from keybias.pipeline import steps as pipeline
 
 NOTEBOOKS = pipeline.discover_notebooks()
 

@@ -14,7 +14,7 @@ import torch
 import yaml
 
 from keybias import verdict
-from keybias.build import claims as C
+from keybias.pipeline import claims as C
 from keybias.studies.precision import judge as nj
 from keybias.studies.precision import measure as nm
 from keybias.studies.precision import show as ns

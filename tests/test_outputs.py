@@ -6,8 +6,8 @@ import shutil
 
 import pytest
 
-from keybias.build import outputs
-from keybias.build.outputs import TOLERANCES, Tolerance, compare_folders
+from keybias.pipeline import outputs
+from keybias.pipeline.outputs import TOLERANCES, Tolerance, compare_folders
 
 
 def make_results(root, *, value="0.5", err="3.3e-15", count="12", holds=True, claim_value=1e-15,
@@ -90,7 +90,7 @@ def test_missing_and_undeclared_files_fail(tmp_path):
     (b / "mystery.txt").write_text("x")
     failures = compare_folders(a, b).failures
     assert "macros/03_precision.tex: not regenerated" in failures
-    assert "mystery.txt: undeclared file; add a pattern to keybias.build.outputs.FILES" in failures
+    assert "mystery.txt: undeclared file; add a pattern to keybias.pipeline.outputs.FILES" in failures
 
 
 def test_row_count_change_fails(tmp_path):
@@ -143,7 +143,7 @@ def test_smoke_run_compares_equal_with_itself(smoke_results, tmp_path):
 
 
 def test_tolerances_on_differences_seen_between_emulated_avx512_and_avx2_runs():
-    """Pairs observed between a native run and one capped at AVX2 (keybias.build.bitwise) pass;
+    """Pairs observed between a native run and one capped at AVX2 (keybias.studies.bitwise) pass;
     the same columns with a changed order of magnitude or sign fail."""
     noise, noise32, stat = (TOLERANCES[k] for k in ("noise", "noise32", "noise_stat"))
     assert noise.ratio(2.70573557e-07, 1.02310081e-07, "float32") <= 1  # invariance tolerance_rel
@@ -168,7 +168,7 @@ def test_control_scaled_tolerance_uses_the_reference_rows_control(tmp_path):
 
 
 def test_verify_prints_a_line_per_class_with_counts_and_largest_ratio(tmp_path, capsys):
-    from keybias.build.pipeline import verify
+    from keybias.pipeline.steps import verify
 
     a = make_results(tmp_path / "a", err="3.3e-15")
     b = make_results(tmp_path / "b", err="3.6e-15")
@@ -181,7 +181,7 @@ def test_verify_prints_a_line_per_class_with_counts_and_largest_ratio(tmp_path, 
 
 
 def test_printed_numbers_get_the_rounding_of_their_printing():
-    from keybias.build.outputs import printed_ratio
+    from keybias.pipeline.outputs import printed_ratio
 
     assert printed_ratio("slope", "0.9704", "0.970") == 0  # the same slope printed to fewer digits
     assert printed_ratio("slope", "0.9704", "0.8704") > 1

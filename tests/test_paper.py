@@ -301,7 +301,7 @@ def test_references_of_the_review_are_in_the_bibliography():
 
 
 def _macros() -> dict[str, str]:
-    from keybias.build.findings_out import read_macros
+    from keybias.pipeline.findings_out import read_macros
 
     if not (RESULTS / "macros").is_dir():
         pytest.skip("no results/macros")

@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from conftest import ROOT
-from keybias.build import pipeline
+from keybias.pipeline import steps as pipeline
 from keybias.studies import params as P
 
 NOTEBOOKS = pipeline.discover_notebooks()
@@ -67,7 +67,7 @@ def test_unknown_profile_and_device():
 @pytest.mark.skipif(P.devices_present()["cuda"], reason="this machine has CUDA")
 def test_absent_device_is_an_error_before_work():
     result = subprocess.run(
-        [sys.executable, "-m", "keybias.build.pipeline", "--device", "cuda", "--results", "/nonexistent/x", "check", "--only", "01_symbolic"],
+        [sys.executable, "-m", "keybias.pipeline.steps", "--device", "cuda", "--results", "/nonexistent/x", "check", "--only", "01_symbolic"],
         capture_output=True, text=True, cwd=ROOT,
     )
     assert result.returncode == 2
@@ -83,3 +83,23 @@ def test_make_refuses_unknown_profile_or_device_at_once(args, message):
     result = subprocess.run(["make", "-C", str(ROOT), "all", *args], capture_output=True, text=True, timeout=30)
     assert result.returncode != 0
     assert message in result.stderr
+
+
+def _parameters_cell_values(name: str) -> dict:
+    import nbformat
+
+    nb = nbformat.read(ROOT / "notebooks" / f"{name}.ipynb", as_version=4)
+    (cell,) = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
+    namespace: dict = {}
+    exec(compile(cell.source, f"{name}:parameters", "exec"), {}, namespace)
+    return {k: v for k, v in namespace.items() if k not in P.INJECTED and not k.startswith("_")}
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_notebook_defaults_are_the_smoke_profile(name):
+    """A notebook opened by hand runs in seconds, exactly as `make test` runs it: its parameters
+    cell holds the smoke profile's values, so no default disagrees with a declared setting."""
+    profile = P.load_profile("smoke", ROOT / "params", [name])[name]
+    defaults = _parameters_cell_values(name)
+    differ = {k: (defaults.get(k), v) for k, v in profile.items() if defaults.get(k) != v}
+    assert not differ, f"notebooks/{name}.ipynb parameters cell (default, smoke profile): {differ}"

@@ -7,7 +7,8 @@ import nbformat
 import pytest
 
 from conftest import ROOT
-from keybias.build import kernel, paper, pipeline
+from keybias.pipeline import kernel, paper
+from keybias.pipeline import steps as pipeline
 
 
 def make_root(tmp_path, failing=False):
@@ -27,9 +28,9 @@ def make_root(tmp_path, failing=False):
 def test_module_closure_follows_imports():
     src = ROOT / "src"
     files = {str(p.relative_to(src)) for p in pipeline.module_closure(ROOT / "notebooks" / "01_symbolic.ipynb")}
-    assert {"keybias/__init__.py", "keybias/studies/symbolic/derive.py", "keybias/build/recorder.py",
+    assert {"keybias/__init__.py", "keybias/studies/symbolic/derive.py", "keybias/core/recorder.py",
             "keybias/studies/params.py"} <= files
-    assert "keybias/build/pipeline.py" not in files
+    assert "keybias/pipeline/steps.py" not in files
 
 
 def test_step_key_tracks_inputs(tmp_path):
@@ -37,7 +38,7 @@ def test_step_key_tracks_inputs(tmp_path):
     build = pipeline.Build("smoke", "cpu", tmp_path / "results", root=root)
     build.check()
     key = build.step_key("01_symbolic")
-    (root / "src" / "keybias" / "build" / "pipeline.py").write_text("# unrelated change\n")
+    (root / "src" / "keybias" / "pipeline" / "steps.py").write_text("# unrelated change\n")
     assert build.step_key("01_symbolic") == key, "a module the notebook does not import changed the key"
     symbolic = root / "src" / "keybias" / "studies" / "symbolic" / "derive.py"
     symbolic.write_text(symbolic.read_text() + "\n# changed\n")
@@ -175,7 +176,7 @@ def without_machine_columns(rel: str, data: bytes) -> bytes:
     import csv
     import io
 
-    from keybias.build.outputs import DATA_COLUMNS
+    from keybias.pipeline.outputs import DATA_COLUMNS
 
     machine = {c for c, cls in DATA_COLUMNS.get(rel, {}).items() if cls == "machine"}
     if not machine:
@@ -188,7 +189,7 @@ def without_machine_columns(rel: str, data: bytes) -> bytes:
 def test_two_forced_rebuilds_are_byte_identical(tmp_path):
     import fnmatch
 
-    from keybias.build.outputs import file_class_is_machine
+    from keybias.pipeline.outputs import file_class_is_machine
 
     root = make_root(tmp_path)
     digests = []

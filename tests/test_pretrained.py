@@ -270,7 +270,7 @@ def test_family_table_and_claims_hold(small_table):
 
 @pytest.mark.claim_mutation("pretrained-families-handled-unchanged-float64")
 def test_family_claim_fails_for_a_fold_that_forgets_w_o_b_v(monkeypatch, small_table, record_mutation):
-    from keybias import families
+    from keybias.studies.fixtures import families
 
     def forgetful(model, **kw):  # drops b_v without adding W_o b_v to b_o
         with torch.no_grad():
@@ -299,7 +299,7 @@ def test_family_control_claim_fails_without_power(small_table, record_mutation):
 @pytest.mark.claim_mutation("pretrained-families-refusals-needed")
 def test_refusal_claim_fails_when_a_refused_family_was_redundant(monkeypatch, small_table, record_mutation):
     """A tool that wrongly refuses BERT relative_key: zeroing its b_k by hand changes nothing."""
-    from keybias import families
+    from keybias.studies.fixtures import families
 
     def refuse(model, **kw):
         raise pretrained.surgery.SurgeryRefused("wrong", [{"reason": "wrongly refused"}], {})

@@ -9,7 +9,7 @@ import nbformat
 import pytest
 from bs4 import BeautifulSoup
 
-from keybias.build import render
+from keybias.pipeline import render
 
 ROOT = Path(__file__).resolve().parents[1]
 MB = 1_000_000
@@ -151,7 +151,7 @@ def _reader_notebook() -> dict:
         nbformat.v4.new_code_cell('profile = "paper"\noutput_dir = "../results/.staging/09"',
                                   metadata={"tags": ["injected-parameters"]}),
         nbformat.v4.new_code_cell('rec = recorder.Recorder("09", output_dir, profile=profile, device=device)'),
-        nbformat.v4.new_code_cell('import os\nimport warnings\n\nfrom keybias.build import recorder\n\n'
+        nbformat.v4.new_code_cell('import os\nimport warnings\n\nfrom keybias.core import recorder\n\n'
                                   'os.environ["HF_HUB_OFFLINE"] = "1"\nwarnings.filterwarnings("ignore")\n'
                                   "cfg = measure.DemoConfig(size=2)\ncfg",
                                   outputs=[result("DemoConfig(size=2, seeds=[0, 1])")]),
@@ -407,11 +407,11 @@ def test_smoke_run_pages_are_offline_and_navigable(smoke_results):
 
 
 def test_smoke_run_publishes_the_shared_renderer(smoke_results):
-    """The pipeline calls render.publish_assets (see src/keybias/build/render.py) after rendering."""
+    """The pipeline calls render.publish_assets (see src/keybias/pipeline/render.py) after rendering."""
     js = smoke_results / "notebooks" / render.MATHJAX_SRC
     assert js.is_file(), (
         f"{js} missing: pipeline.Build.run_notebooks must call "
-        "keybias.build.render.publish_assets(self.results)")
+        "keybias.pipeline.render.publish_assets(self.results)")
     assert render.rendered_size(smoke_results) < 15 * MB
 
 

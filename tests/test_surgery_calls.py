@@ -8,7 +8,8 @@ import os
 import pytest
 import torch
 
-from keybias import families, surgery
+from keybias import surgery
+from keybias.studies.fixtures import families
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")

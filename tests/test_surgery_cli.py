@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from keybias import families
+from keybias.studies.fixtures import families
 from keybias.studies.pretrained import measure as pretrained
 from keybias.surgery import cli
 

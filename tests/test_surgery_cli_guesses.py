@@ -10,7 +10,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from keybias import families
+from keybias.studies.fixtures import families
 from keybias.surgery import cli
 
 

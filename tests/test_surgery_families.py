@@ -1,4 +1,4 @@
-"""Every family of keybias.families is handled or refused as the theory says, with accurate reasons."""
+"""Every family of keybias.studies.fixtures.families is handled or refused as the theory says, with accurate reasons."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import warnings
 import pytest
 import torch
 
-from keybias import families, surgery
+from keybias import surgery
+from keybias.studies.fixtures import families
 
 pytestmark = pytest.mark.filterwarnings("ignore::keybias.surgery.InPlaceWriteWarning")
 

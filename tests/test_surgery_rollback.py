@@ -7,7 +7,8 @@ import pytest
 import torch
 from torch import nn
 
-from keybias import families, surgery
+from keybias import surgery
+from keybias.studies.fixtures import families
 from keybias.surgery import _core
 
 pytestmark = pytest.mark.filterwarnings("ignore::keybias.surgery.InPlaceWriteWarning",

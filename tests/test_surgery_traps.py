@@ -11,7 +11,8 @@ import pytest
 import torch
 from torch import nn
 
-from keybias import families, surgery
+from keybias import surgery
+from keybias.studies.fixtures import families
 
 
 def _mha(**kw):

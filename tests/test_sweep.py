@@ -10,7 +10,7 @@ import torch
 import yaml
 
 from keybias import verdict as VD
-from keybias.build import recorder as export
+from keybias.core import recorder as export
 from keybias.studies import style
 from keybias.studies.invariance import controls as K
 from keybias.studies.invariance import judge as J
@@ -475,7 +475,7 @@ def _mag_claims(df, mags):
 
 def _miss(df, mags, dt):
     """The miss-rate claim of `dt` judged on these data, also for a dtype whose prediction is retired."""
-    from keybias.build import claims as C
+    from keybias.pipeline import claims as C
 
     return C.evaluate([J.miss_rate_claim(J.magnitude_cells(df, mags), dt)])[f"invariance-missed-breaks-{dt}"]
 

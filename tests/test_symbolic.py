@@ -1,7 +1,7 @@
 import pandas as pd
 import pytest
 
-from keybias.build import claims
+from keybias.pipeline import claims
 from keybias.studies.symbolic import derive as symbolic
 
 

@@ -235,7 +235,7 @@ def test_verdict_flags_a_real_change(data):
 
 def _held(claims):
     """claim id -> holds, computed by the Recorder itself."""
-    from keybias.build.recorder import Recorder
+    from keybias.core.recorder import Recorder
 
     rec = Recorder("04_training", "/nonexistent", profile="test", device="cpu")
     return {c["id"]: c["holds"] for c in rec.claims_from(claims)}

@@ -1,9 +1,9 @@
-"""Reference variants: dropping b_k is exact exactly where keybias.variants.DROP_IS_EXACT says."""
+"""Reference variants: dropping b_k is exact exactly where keybias.studies.fixtures.variants.DROP_IS_EXACT says."""
 
 import pytest
 import torch
 
-from keybias import variants as V
+from keybias.studies.fixtures import variants as V
 
 
 def _inputs(e=16, n=7, seed=0):

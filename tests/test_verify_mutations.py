@@ -10,8 +10,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from keybias.build import outputs
-from keybias.build.outputs import EXACT, MACHINE, TOLERANCES, compare_folders
+from keybias.pipeline import outputs
+from keybias.pipeline.outputs import EXACT, MACHINE, TOLERANCES, compare_folders
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "results"

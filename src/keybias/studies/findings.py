@@ -1,7 +1,7 @@
 """The paper's findings: the one registry the paper, the entry page, the README and `make verify` read.
 
 A finding is what a reader takes away: one sentence with its number, the section and figure that
-show it, and the claims that decide it. The unit of evidence stays the claim (keybias.build.claims);
+show it, and the claims that decide it. The unit of evidence stays the claim (keybias.pipeline.claims);
 a finding groups the few `test` claims that could have refuted it. A finding that no test claim can
 refute says what it rests on instead (`basis`): a proof, or a reported measurement.
 

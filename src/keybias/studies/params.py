@@ -15,6 +15,8 @@ from typing import Any
 
 import yaml
 
+from keybias.core.provenance import devices_present  # noqa: F401  (re-exported: measures use it)
+
 DTYPES = ("float64", "float32", "bfloat16", "float16")
 # The one dtype -> macro-word map: LaTeX macro names are letters only, so `\IndepTestsFloatThirtyTwo`
 # and every per-dtype macro of the studies spell the dtype with these words.
@@ -164,17 +166,6 @@ def load_profile(profile: str, params_dir: Path, notebooks: list[str]) -> dict[s
             name: spec[name].check(f"{notebook}.{name}", section[name]) for name in sorted(spec)
         }
     return checked
-
-
-def devices_present() -> dict[str, bool]:
-    import torch
-
-    mps = getattr(torch.backends, "mps", None)
-    return {
-        "cpu": True,
-        "cuda": torch.cuda.is_available(),
-        "mps": bool(mps is not None and mps.is_available()),
-    }
 
 
 def resolve_device(device: str) -> str:

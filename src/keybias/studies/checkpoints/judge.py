@@ -21,7 +21,7 @@ of layer 0 of each checkpoint had been printed once while the loaders were teste
    a seeded random offset c with ||c|| equal to the layer's RMS key norm to every key (and
    stripping c, not b_k): the median ratio is < 1, i.e. the measurement sees an offset that
    matters. Bound origin: the same direction as rule 2.
-Reductions go through keybias.studies.reduce: NaN or an empty selection fails the claim.
+Reductions go through keybias.core.reduce: NaN or an empty selection fails the claim.
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ from typing import Any
 
 import pandas as pd
 
-from keybias.build.recorder import Claim
-from keybias.studies.reduce import finite_max, finite_median
+from keybias.core.recorder import Claim
+from keybias.core.reduce import finite_max, finite_median
 
 HELD_OUT_MINILM_BOUND = 0.01  # ~2 x 0.00493, notebook 05's all-MiniLM-L6-v2 maximum (held out here)
 CALIBRATION_CHECKPOINT = "all-MiniLM-L6-v2"

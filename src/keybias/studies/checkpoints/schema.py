@@ -1,6 +1,6 @@
 """Columns of the checkpoints study's data tables and the output class of each.
 
-`exact`, `machine`, or the name of a tolerance in `keybias.build.outputs.TOLERANCES`. The bias
+`exact`, `machine`, or the name of a tolerance in `keybias.pipeline.outputs.TOLERANCES`. The bias
 norms come from the stored float32 weights (float64 sums); the key norms from float32 forward
 passes over ~500-700 tokens; the quantization errors are root mean squares over thousands of
 rounding errors of the quantizer.

@@ -33,10 +33,10 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from keybias.build.recorder import Claim, format_number
+from keybias.core.recorder import Claim, format_number
+from keybias.core.reduce import finite_max, finite_min
 from keybias.studies.config import StudyConfig
 from keybias.studies.params import Param, ParameterError
-from keybias.studies.reduce import finite_max, finite_min
 
 PARAMETERS = {
     "embed_dim": Param(int, positive=True, maximum=256, help="model width E of every case"),

@@ -14,7 +14,7 @@ The study is split along its layers:
 
 This module declares the notebook's parameters, its typed config `CostConfig` and the
 machine-specific outputs; the full
-benchmark runs from the command line (`make bench`, `keybias.build.bench`).
+benchmark runs from the command line (`make bench`, `keybias.studies.cost.bench`).
 """
 
 from __future__ import annotations

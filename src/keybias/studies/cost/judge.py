@@ -4,7 +4,7 @@ Every function here is pure (DataFrames and dicts in, DataFrames, claims and mac
 a test can hand it doctored timings: a saving larger than the removed work, a noisy control.
 Only one timing claim gates the build, and it holds at any timing resolution; what the timing
 resolved on this machine is reported as machine-specific macros, never claimed. Claims are
-`keybias.build.recorder.Claim`s; macro names are written out in full.
+`keybias.core.recorder.Claim`s; macro names are written out in full.
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ import math
 import numpy as np
 import pandas as pd
 
-from keybias.build.recorder import Claim
+from keybias.core.recorder import Claim
+from keybias.core.reduce import finite_reduce
 from keybias.studies.cost.memory import OPTIMIZER_STATES, mha_param_count
 from keybias.studies.cost.stats import HEADLINE_PHASE, LEVEL
-from keybias.studies.reduce import finite_reduce
 
 # Peak memory bandwidth of current data-centre GPUs, for the byte model's *prediction* only
 # (nothing here is measured on a GPU): macro tag -> (name, bytes/s).

@@ -14,10 +14,10 @@ import math
 import numpy as np
 import pandas as pd
 
-from keybias.build.recorder import Claim
+from keybias.core.recorder import Claim
+from keybias.core.reduce import finite_max, finite_min
 from keybias.studies.cost import judge as cost_judge
 from keybias.studies.precision import judge as precision_judge
-from keybias.studies.reduce import finite_max, finite_min
 
 PREFIX = "gpu-"
 

@@ -6,7 +6,7 @@ import math
 
 import pandas as pd
 
-from keybias.build.recorder import Claim, latex_escape
+from keybias.core.recorder import Claim, latex_escape
 
 STUDY_OF_PREFIX = {"invariance": "invariance (02)", "precision": "precision (03)", "cost": "cost (06)"}
 SIGNS = {"<=": r"\le", ">=": r"\ge", "<": "<", ">": ">", "==": "=", "!=": r"\ne"}

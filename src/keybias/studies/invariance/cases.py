@@ -20,8 +20,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from keybias import variants as V
 from keybias import verdict as VD
+from keybias.studies.fixtures import variants as V
 from keybias.studies.params import DTYPES
 
 # the rounding null: query side times a, key side divided by a (exact in real arithmetic); a is
@@ -427,7 +427,7 @@ def case(cfg: dict) -> dict:
     if fam == "variants":
         return _variant_case(cfg)
     if fam == "hf":
-        from keybias.hf_attention import hf_case
+        from keybias.studies.fixtures.hf_attention import hf_case
 
         return hf_case(cfg)
     raise ValueError(f"family {fam!r} has no case")

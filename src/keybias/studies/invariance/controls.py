@@ -14,9 +14,9 @@ import numpy as np
 import pandas as pd
 import torch
 
-from keybias import variants as V
 from keybias import verdict as VD
-from keybias.hf_attention import EXPECTED as HF_EXPECTED
+from keybias.studies.fixtures import variants as V
+from keybias.studies.fixtures.hf_attention import EXPECTED as HF_EXPECTED
 from keybias.studies.invariance import cases as C
 from keybias.studies.invariance import judge as J
 

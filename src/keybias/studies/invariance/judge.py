@@ -4,7 +4,7 @@ Everything here is pure (no torch, no measurement), so a test can hand it doctor
 watch a claim fail. The rows come from keybias.studies.invariance.measure.run_sweep: one per configuration, one per
 configuration and magnitude, and the power control's column `min_detectable_eps`.
 
-Claim kinds (keybias.build.recorder.Recorder.claim):
+Claim kinds (keybias.core.recorder.Recorder.claim):
 - `test`: the per-dtype verdict counts (each verdict judged in its own dtype), the per-dtype share
   of distinct modules whose float64-known break the dtype's verdict misses (ties as misses,
   `TIE_RULE`), the float64 separation of breaks and redundant changes from the tolerance (both
@@ -16,7 +16,7 @@ Claim kinds (keybias.build.recorder.Recorder.claim):
 - `consistency`: the number of measured configurations against the profile's target, that
   every float64 noise floor is finite, and that no float32/float64 verdict is unexpectedly
   `invalid` (power bookkeeping).
-Every reduction goes through keybias.studies.reduce: NaN fails unless the caller names its
+Every reduction goes through keybias.core.reduce: NaN fails unless the caller names its
 exclusion, and an empty selection gives NaN, which fails the claim and names it.
 """
 
@@ -28,8 +28,8 @@ import numpy as np
 import pandas as pd
 
 from keybias import verdict as VD
-from keybias.build.recorder import Claim
-from keybias.studies import reduce as R
+from keybias.core import reduce as R
+from keybias.core.recorder import Claim
 from keybias.studies.params import DTYPES
 
 HIGH_PRECISION = ("float32", "float64")
@@ -383,7 +383,7 @@ def invariance_claims(df: pd.DataFrame, mags: pd.DataFrame, *, min_configs: int,
                       null_factor: dict | None = None) -> dict:
     """Claims and macros of the sweep.
 
-    Returns {"claims": [keybias.build.recorder.Claim], "macros": {name: value}, "skipped":
+    Returns {"claims": [keybias.core.recorder.Claim], "macros": {name: value}, "skipped":
     [(id, reason)]}. `df` is the configuration table, `mags` the per-magnitude table, both from
     keybias.studies.invariance.measure.run_sweep; `null_factor` the calibrated factor per dtype."""
     claims, skipped = [], []

@@ -21,7 +21,7 @@ For each configuration (module, options, mode, mask, sizes, dtype, device) `meas
 known size eps, judged by the same rule, gives the smallest break each dtype and size would see.
 A configuration PyTorch rejects is a row with status `rejected` and PyTorch's message; absent
 devices, and devices present but not asked for, are rows saying so. All have verdict `skipped`.
-`expected_verdict` states what the proof predicts and which assumption fails (keybias.variants).
+`expected_verdict` states what the proof predicts and which assumption fails (keybias.studies.fixtures.variants).
 The judge layer is keybias.studies.invariance.judge, the figures and tables keybias.studies.invariance.show.
 """
 
@@ -35,10 +35,10 @@ import time
 import pandas as pd
 import torch
 
-from keybias import variants as V
 from keybias import verdict as VD
-from keybias.hf_attention import MODELS as HF_MODELS
 from keybias.studies.config import StudyConfig
+from keybias.studies.fixtures import variants as V
+from keybias.studies.fixtures.hf_attention import MODELS as HF_MODELS
 from keybias.studies.invariance import cases as C
 from keybias.studies.invariance import controls as K
 from keybias.studies.params import DTYPES, Param, ParameterError
@@ -91,8 +91,8 @@ PARAMETERS = {
         help="size sweep entries 'embed_dim:num_heads:tgt_len:src_len:batch' (plain MHA)",
     ),
     "size_dtypes": Param(str, many=True, choices=DTYPES, help="dtypes of the size sweep"),
-    "variants": Param(str, many=True, choices=V.VARIANTS, help="reference variants (keybias.variants)"),
-    "hf_models": Param(str, many=True, choices=HF_MODELS, help="Hugging Face families (keybias.hf_attention.MODELS)"),
+    "variants": Param(str, many=True, choices=V.VARIANTS, help="reference variants (keybias.studies.fixtures.variants)"),
+    "hf_models": Param(str, many=True, choices=HF_MODELS, help="Hugging Face families (keybias.studies.fixtures.hf_attention.MODELS)"),
     "magnitudes": Param(
         float, many=True, positive=True, help="|delta| / median key norm of the perturbations"
     ),
@@ -548,7 +548,7 @@ def expected_verdict(row: dict) -> tuple[str, str]:
         exact, why = V.DROP_IS_EXACT[var]
         return (VD.REDUNDANT if exact else VD.NOT_REDUNDANT), why
     if fam == "hf":
-        from keybias.hf_attention import EXPECTED
+        from keybias.studies.fixtures.hf_attention import EXPECTED
 
         return EXPECTED[var]
     if (row.get("add_zero_attn") or row.get("add_bias_kv")) and row.get("mask") == "is_causal" and not row.get("need_weights"):

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from keybias.build.recorder import latex_escape
+from keybias.core.recorder import latex_escape
 from keybias.studies import style
 from keybias.studies.invariance import judge as J
 from keybias.studies.params import DTYPES

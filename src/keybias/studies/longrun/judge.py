@@ -17,8 +17,8 @@ import math
 import numpy as np
 import pandas as pd
 
-from keybias.build.recorder import Claim
-from keybias.studies.reduce import finite_max, finite_mean, finite_min
+from keybias.core.recorder import Claim
+from keybias.core.reduce import finite_max, finite_mean, finite_min
 from keybias.studies.training import judge as training_judge
 
 # The factor within which notebook 04 holds its noise law (ADAM_FACTOR_BOUND); here it is the
@@ -42,7 +42,7 @@ BOOTSTRAP_SEED = 0
 
 def _finite(values, name: str) -> np.ndarray:
     """Values as floats; an empty selection raises. NaN entries are kept, so a reduction over them
-    (`keybias.studies.reduce`) is NaN and the claim fails."""
+    (`keybias.core.reduce`) is NaN and the claim fails."""
     arr = np.asarray(values, dtype=float)
     if arr.size == 0:
         raise ValueError(f"{name}: empty selection")

@@ -30,8 +30,8 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from keybias.build.recorder import Claim
-from keybias.studies.reduce import finite_max, finite_median, finite_min
+from keybias.core.recorder import Claim
+from keybias.core.reduce import finite_max, finite_median, finite_min
 
 WINDOW = 10  # the last decade of a run
 SMALL_EPS, DEFAULT_EPS = 1e-12, 1e-8

@@ -68,7 +68,7 @@ def plot_output_error(probes: pd.DataFrame):
 
 
 def _fmt(value) -> str:
-    from keybias.build.recorder import format_number
+    from keybias.core.recorder import format_number
 
     if value is None or (isinstance(value, float) and not math.isfinite(value)):
         return r"$\infty$" if value == math.inf else "--"
@@ -201,7 +201,7 @@ def explanation_caption(units: pd.DataFrame) -> str:
 
 
 def _num(x, digits=2) -> str:
-    from keybias.build.recorder import format_number
+    from keybias.core.recorder import format_number
 
     return "$" + format_number(float(x), digits) + "$" if math.isfinite(float(x)) else "--"
 

@@ -1,10 +1,10 @@
 """Notebook 03, judged: the law fit, the accuracy crossing, and the claims and macros.
 
 Pure functions: measurements from `keybias.studies.precision.measure` (DataFrames) in, fits, claims
-(`keybias.build.recorder.Claim`) and macros out, so that a test can hand them doctored data or the
+(`keybias.core.recorder.Claim`) and macros out, so that a test can hand them doctored data or the
 measurements of a mutated model. Every bound is fixed before the data (theory, the verdict
 rule, a held-out calibration) and every reduction is over an explicit, checked selection
-(`keybias.studies.reduce.finite_max`): an empty selection or a NaN fails the claim.
+(`keybias.core.reduce.finite_max`): an empty selection or a NaN fails the claim.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ import numpy as np
 import pandas as pd
 
 from keybias import verdict
-from keybias.build.recorder import Claim
+from keybias.core.recorder import Claim
+from keybias.core.reduce import finite_max, finite_min
 from keybias.studies.precision.measure import RHO, PrecisionConfig
-from keybias.studies.reduce import finite_max, finite_min
 
 # Law fit (method constants, printed in the paper as macros): fit where the change is at
 # least DOMINANCE times the measured floor (subtracting the floor is well conditioned) and
@@ -214,7 +214,7 @@ def crossing_check(crossing: pd.DataFrame, law: pd.DataFrame, grid_step_log10: f
 
 def failure_probability_tex(p: float = verdict.FAILURE_PROBABILITY) -> str:
     """p as LaTeX math: `10^{-6}` for a power of ten, else a x 10^{b}."""
-    from keybias.build.recorder import format_number
+    from keybias.core.recorder import format_number
 
     e = math.log10(p)
     return f"10^{{{round(e)}}}" if abs(e - round(e)) < 1e-12 else format_number(p)

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from keybias.build.recorder import latex_escape
+from keybias.core.recorder import latex_escape
 from keybias.studies.precision.judge import CROSSING_FACTOR
 from keybias.studies.precision.measure import PATHS
 

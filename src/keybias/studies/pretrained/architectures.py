@@ -188,7 +188,8 @@ def one_architecture(model_type: str, seed: int = 0) -> dict[str, Any]:
     import transformers
     from transformers.models.auto import configuration_auto
 
-    from keybias import families, surgery
+    from keybias import surgery
+    from keybias.studies.fixtures import families
     from keybias.surgery import _calls
 
     transformers.utils.logging.set_verbosity_error()

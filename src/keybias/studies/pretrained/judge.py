@@ -2,7 +2,7 @@
 
 Nothing here measures or plots; a test hands these functions doctored tables (a change above
 rounding, a control without power, a refused family whose b_k was redundant) and checks that
-the named claim then fails. Claims are `keybias.build.recorder.Claim`s.
+the named claim then fails. Claims are `keybias.core.recorder.Claim`s.
 
 Macro names are written out in full (grep from paper/ finds each); a test checks that they
 follow the pattern Pret<variant><quantity><dtype>, the dtype word from
@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from keybias.build.recorder import Claim
-from keybias.studies.reduce import finite_max, finite_min
+from keybias.core.recorder import Claim
+from keybias.core.reduce import finite_max, finite_min
 
 # Per (dtype, variant) of the embedding-change table, the macros of its max |change|, 1 - min
 # cosine, tolerance and change over the noise floor, in that order.

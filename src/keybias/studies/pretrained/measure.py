@@ -482,7 +482,7 @@ def family_row(name: str, model: nn.Module, args: tuple, kwargs: dict, expected:
     as positive control zero b_q by hand (an edit of the same kind that the check must see)."""
     import warnings
 
-    from keybias import families
+    from keybias.studies.fixtures import families
 
     base = families.model_outputs(model, args, kwargs)
     bound = 2.0**-24 * float(base.abs().max())
@@ -520,14 +520,14 @@ def family_row(name: str, model: nn.Module, args: tuple, kwargs: dict, expected:
 
 
 def family_table(seed: int = 0, names: list[str] | tuple[str, ...] | None = None) -> pd.DataFrame:
-    """The surgery tool on every family of keybias.families (tiny random float64 models).
+    """The surgery tool on every family of keybias.studies.fixtures.families (tiny random float64 models).
 
     Columns: the tool's decision (strip, fold), entries removed and folded, the largest
     certified change over its tolerance, the whole-model output change after strip+fold
     (handled families) or after zeroing b_k by hand (`forced_change`, refused families), the
     change from zeroing b_q by hand (`forced_change`, handled families: the positive control),
     and the bound 2^-24 max|y| that a change must stay under to be invisible in float32."""
-    from keybias import families
+    from keybias.studies.fixtures import families
 
     rows = []
     for name in names or families.FAMILIES:

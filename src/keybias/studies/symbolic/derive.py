@@ -15,10 +15,10 @@ import pandas as pd
 import sympy as sp
 from sympy.simplify.simplify import factor_sum, sum_simplify
 
-from keybias.build.recorder import Claim
+from keybias.core.recorder import Claim
+from keybias.core.reduce import finite_count, finite_sum
 from keybias.studies.config import StudyConfig
 from keybias.studies.params import Param
-from keybias.studies.reduce import finite_count, finite_sum
 
 PARAMETERS = {
     "grid_n": Param(int, many=True, positive=True, maximum=12, help="numbers of keys checked on the grid"),
@@ -344,7 +344,7 @@ COUNTEREXAMPLE = "exact arithmetic: any change is a counterexample"
 
 def _count(frame: pd.DataFrame, failing: pd.Series, what: str) -> float:
     """Rows of `frame` where `failing` is True; NaN for an empty frame or a missing column, so the
-    claim then fails by name (`keybias.studies.reduce`)."""
+    claim then fails by name (`keybias.core.reduce`)."""
     return finite_count(failing if len(frame) else pd.Series(dtype=float), what)
 
 

@@ -1,6 +1,6 @@
 """Training dynamics of the key bias: judge (claims, macros and tables from `keybias.studies.training.measure`'s frames).
 
-Pure functions: DataFrames in, claims (`keybias.build.recorder.Claim`s) and macros out, so a test can
+Pure functions: DataFrames in, claims (`keybias.core.recorder.Claim`s) and macros out, so a test can
 hand them doctored data or the output of a mutated model and check that the claim then fails. Every
 bound is fixed here, before any run, and each claim says where its bound comes from.
 """
@@ -13,9 +13,9 @@ import numpy as np
 import pandas as pd
 
 from keybias import verdict
-from keybias.build.recorder import Claim, format_number, latex_escape
+from keybias.core.recorder import Claim, format_number, latex_escape
+from keybias.core.reduce import finite_max, finite_mean, finite_median, finite_min
 from keybias.studies.params import check_choice
-from keybias.studies.reduce import finite_max, finite_mean, finite_median, finite_min
 from keybias.studies.training.measure import DEFAULT_EPS, OPTIMIZERS, TRAIN_DTYPES, TrainingConfig
 
 _NUMBER_WORDS = ("Zero", "One", "Two", "Three", "Four", "Five", "Six", "Seven", "Eight", "Nine", "Ten",

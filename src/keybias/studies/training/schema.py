@@ -1,7 +1,7 @@
 """Columns of the training study's data tables and the output class of each.
 
 Every column of every `results/data/*.csv` this study writes is declared here once: `exact`,
-`machine`, or the name of a tolerance in `keybias.build.outputs.TOLERANCES`. `make verify` and
+`machine`, or the name of a tolerance in `keybias.pipeline.outputs.TOLERANCES`. `make verify` and
 the column test read these declarations; a column written but not declared fails a test.
 """
 

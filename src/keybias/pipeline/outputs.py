@@ -16,7 +16,7 @@ Data columns are declared in each study's `schema.py` (`DATA_COLUMNS`), macros b
 A printed number takes the class of the data it prints, plus the rounding of its own printing.
 A column or file that is not declared fails `undeclared()` (a test runs it on a smoke run), and
 the message names the exact line to add. `compare_folders` is the comparison of `make verify`;
-`python -m keybias.build.outputs REFERENCE CANDIDATE` compares two folders and prints the
+`python -m keybias.pipeline.outputs REFERENCE CANDIDATE` compares two folders and prints the
 table per class. tests/test_verify_mutations.py plants a wrong value for each class.
 """
 
@@ -524,7 +524,7 @@ def undeclared(folder: Path) -> list[str]:
     for rel in result_files(folder):
         cls = file_class(rel)
         if cls is None:
-            missing.append(f"{rel}: add a pattern to keybias.build.outputs.FILES")
+            missing.append(f"{rel}: add a pattern to keybias.pipeline.outputs.FILES")
             continue
         if cls.cls != "columns" or file_class_is_machine(rel):
             continue
@@ -688,7 +688,7 @@ def _compare_csv(rel: str, ref: Path, new: Path, report: Report, reference: Path
     for col in a.columns:
         cls = declared.get(col)
         if cls is None:
-            report.failures.append(f"{rel}: column {col!r} is not declared in keybias.build.outputs.DATA_COLUMNS")
+            report.failures.append(f"{rel}: column {col!r} is not declared in keybias.pipeline.outputs.DATA_COLUMNS")
             continue
         if cls == MACHINE:
             report.machine += 1
@@ -895,7 +895,7 @@ def _compare_text(rel: str, ref: Path, new: Path, tolerance: str | None, report:
 
 
 def _macros(text: str) -> dict[str, str]:
-    from keybias.build.findings_out import macro_definitions
+    from keybias.pipeline.findings_out import macro_definitions
 
     return macro_definitions(text)
 
@@ -983,7 +983,7 @@ def _compare_findings(reference: Path, candidate: Path, report: Report, only: se
     """Each finding's headline numbers within the tolerance the registry declares; returns the
     headline macro names, which the macro comparison then leaves to this one. With `only`, just
     the macros of those files are compared."""
-    from keybias.build.findings_out import read_macros
+    from keybias.pipeline.findings_out import read_macros
     from keybias.studies.findings import list_findings
 
     files = None if only is None else {Path(r).name for r in only if r.startswith("macros/")}
@@ -1021,7 +1021,7 @@ def compare_folders(reference: Path, candidate: Path, only: set[str] | None = No
             continue
         cls = file_class(rel)
         if cls is None:
-            report.failures.append(f"{rel}: undeclared file; add a pattern to keybias.build.outputs.FILES")
+            report.failures.append(f"{rel}: undeclared file; add a pattern to keybias.pipeline.outputs.FILES")
             continue
         if cls.cls == MACHINE:
             report.machine += 1
@@ -1044,11 +1044,11 @@ def compare_folders(reference: Path, candidate: Path, only: set[str] | None = No
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m keybias.build.outputs REFERENCE CANDIDATE`: compare two results folders (the
+    """`python -m keybias.pipeline.outputs REFERENCE CANDIDATE`: compare two results folders (the
     candidate may be partial: only the files it holds are compared) and print the class table."""
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m keybias.build.outputs", description=main.__doc__)
+    parser = argparse.ArgumentParser(prog="python -m keybias.pipeline.outputs", description=main.__doc__)
     parser.add_argument("reference")
     parser.add_argument("candidate")
     args = parser.parse_args(argv)

@@ -18,7 +18,7 @@ KERNEL = "keybias"
 # 2 is what the budgets were measured with; a notebook that times a declared thread count
 # (06_cost) still sets its own with torch.set_num_threads.
 KERNEL_THREADS = int(os.environ.get("KEYBIAS_THREADS", "2"))
-# Instruction-set pins measured by keybias.build.bitwise: with all three, an AVX-512 machine and an
+# Instruction-set pins measured by keybias.studies.bitwise: with all three, an AVX-512 machine and an
 # AVX2 one give byte-identical outputs; without, matmul, exp, softmax and MHA differ in the
 # last bits. They apply on x86 CPUs with AVX2 (elsewhere they cannot hold), and not to
 # notebooks that time kernels, which must run the machine's own fastest code.
@@ -57,7 +57,7 @@ def kernel_environment(name: str = "") -> dict[str, str]:
         "TQDM_DISABLE": "1",  # progress bars would land in the notebook's outputs
         "PYTHONWARNINGS": os.environ.get("PYTHONWARNINGS", ""),
     }
-    from keybias.build.render import kernel_startup
+    from keybias.pipeline.render import kernel_startup
 
     env["PYTHONSTARTUP"] = kernel_startup()  # pandas shows whole cells; the page wraps them
     env.update(isa_pins(name))

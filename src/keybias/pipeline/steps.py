@@ -15,7 +15,7 @@ kernel's warnings and whatever the notebook prints go to `<results>/.build/logs/
 The kernel runs with a declared thread count (`KERNEL_THREADS`) and a fixed PYTHONHASHSEED,
 so a rerun on any machine splits its reductions the same way.
 
-Usage: python -m keybias.build.pipeline [--profile P] [--device D] [--results DIR]
+Usage: python -m keybias.pipeline.steps [--profile P] [--device D] [--results DIR]
        {check, notebooks, paper, all, verify, bundle, arxiv} [--only NB ...] [--force]
 """
 
@@ -36,16 +36,16 @@ import tempfile
 import time
 from pathlib import Path
 
-from keybias.build.console import _show, log, sha256_bytes, status_line
-from keybias.build.kernel import (
+from keybias.core.recorder import atomic_write_text
+from keybias.pipeline.console import _show, log, sha256_bytes, status_line
+from keybias.pipeline.kernel import (
     KERNEL,
     KERNEL_THREADS,
     _output_to,
     _patched_environ,
     kernel_environment,
 )
-from keybias.build.paper import BuildError, PaperSteps
-from keybias.build.recorder import atomic_write_text
+from keybias.pipeline.paper import BuildError, PaperSteps
 from keybias.studies import params as P
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -230,7 +230,7 @@ class Build(PaperSteps):
         return all((self.results / rel).exists() for rel in outputs)
 
     def run_notebooks(self) -> None:
-        from keybias.build.render import publish_assets
+        from keybias.pipeline.render import publish_assets
 
         for name in self.selected:
             key = self.step_key(name)
@@ -285,7 +285,7 @@ class Build(PaperSteps):
             raise BuildError(f"notebook {name} recorded profile/notebook {step.get('profile')}/{step.get('notebook')}")
         with _output_to(log_path, append=True):
             self._scrub_and_render(executed, step.get("figures_alt"), step.get("claims"))
-        from keybias.build.provenance import collect
+        from keybias.core.provenance import collect
 
         step["provenance"] = {
             **collect(self.root),
@@ -315,7 +315,7 @@ class Build(PaperSteps):
         for prefix in sorted({str(self.root), str(Path(sys.prefix))}, key=lambda p: (-len(p), p)):
             text = text.replace(prefix + "/", "").replace(prefix, ".")
         atomic_write_text(executed, text)
-        from keybias.build.render import render_notebook_html
+        from keybias.pipeline.render import render_notebook_html
 
         html = render_notebook_html(
             text, name=executed.stem, profile=self.profile, device=self.device, figures_alt=figures_alt,
@@ -393,7 +393,7 @@ def refuse_dirty_tree(root: Path, profile: str) -> None:
     """Committed results must come from a clean commit: with the paper profile, stop before any
     work on results/ if tracked source files have uncommitted changes, unless
     KEYBIAS_ALLOW_DIRTY=1. A scratch folder (--results elsewhere) is never refused."""
-    from keybias.build.provenance import GENERATED, git
+    from keybias.core.provenance import GENERATED, git
 
     if profile not in CLEAN_PROFILES or os.environ.get(ALLOW_DIRTY) == "1":
         if profile in CLEAN_PROFILES:
@@ -414,7 +414,7 @@ def verify(reference: Path, scratch: Path, seconds: float | None = None, record:
     """Compare freshly regenerated results with the reference; print the failures, then the three
     tiers (findings, exact and stable data, rounding statistics), the values compared per output
     class, and the summary. Writes nothing under `reference` unless `record` (`make verify-record`)."""
-    from keybias.build.outputs import compare_folders
+    from keybias.pipeline.outputs import compare_folders
 
     report = compare_folders(reference, scratch)
     for failure in report.failures:
@@ -434,7 +434,7 @@ def record_verify(folder: Path, scratch: Path, report) -> None:
     """`<folder>/machine/verify.json`: where the verify ran (CPU, instruction-set flags and caps),
     what each notebook took there, and the outcome. `make verify` writes it into its scratch
     folder; `make verify-record` into results/, where the README prints it."""
-    from keybias.build.provenance import cpu_flags, cpu_model
+    from keybias.core.provenance import cpu_flags, cpu_model
 
     walls = {}
     for step in sorted((scratch / "steps").glob("*.json")):
@@ -455,7 +455,7 @@ def record_verify(folder: Path, scratch: Path, report) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m keybias.build.pipeline", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m keybias.pipeline.steps", description=__doc__.split("\n")[0])
     parser.add_argument("--profile", default="paper")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--results", default=str(ROOT / "results"))
@@ -476,7 +476,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.only and args.command not in ("notebooks", "check"):
             raise BuildError("--only goes with `notebooks`; `all` and `paper` need every notebook")
         if args.command == "bundle":
-            from keybias.build.bundle import make_bundle, sha256_file
+            from keybias.pipeline.bundle import make_bundle, sha256_file
 
             out = make_bundle(ROOT)
             log(f"wrote {_show(out)} ({out.stat().st_size / 1e6:.1f} MB, sha256 {sha256_file(out)})")
@@ -527,8 +527,8 @@ def main(argv: list[str] | None = None) -> int:
         log(f"error: {exc}")
         return 2
     except Exception as exc:
-        from keybias.build.arxiv import ArxivError
-        from keybias.build.bundle import BundleError
+        from keybias.pipeline.arxiv import ArxivError
+        from keybias.pipeline.bundle import BundleError
 
         if not isinstance(exc, ArxivError | BundleError):
             raise
@@ -540,8 +540,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def make_and_check_arxiv(root: Path, source_date: str) -> Path:
     """dist/keybias-arxiv-<commit>.tar.gz, proven by compiling it alone with pdflatex."""
-    from keybias.build.arxiv import check_compiles, make_arxiv
-    from keybias.build.provenance import git
+    from keybias.core.provenance import git
+    from keybias.pipeline.arxiv import check_compiles, make_arxiv
 
     commit = git(root, "rev-parse", "--short=10", "HEAD") or "unknown"
     out = make_arxiv(root / "paper", root / "dist" / f"keybias-arxiv-{commit}.tar.gz", int(source_date))

@@ -16,8 +16,8 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-from keybias.build.bundle import deterministic_tar_gz
-from keybias.build.recorder import atomic_write_bytes
+from keybias.core.recorder import atomic_write_bytes
+from keybias.pipeline.bundle import deterministic_tar_gz
 
 _INPUT = re.compile(r"\\(?:input|include)\{([^}]+)\}")
 _GRAPHICS = re.compile(r"(\\includegraphics(?:\[[^\]]*\])?)\{([^}]+)\}")

@@ -9,7 +9,7 @@ makes results bitwise stable when the emulated machines then give the same hashe
 emulation cannot show: differences between CPU vendors or cache sizes at the same
 instruction set (MKL_CBWR is meant for those).
 
-    python -m keybias.build.bitwise [--threads 2] [--repeats 1] [--out FILE.json]
+    python -m keybias.studies.bitwise [--threads 2] [--repeats 1] [--out FILE.json]
 """
 
 from __future__ import annotations
@@ -110,7 +110,7 @@ def workload(repeats: int = 1) -> dict[str, str]:
 def run_one(env_extra: dict[str, str], threads: int, repeats: int) -> dict:
     env = dict(os.environ, **env_extra, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
     code = (
-        "import json,time,torch;from keybias.build.bitwise import workload;"
+        "import json,time,torch;from keybias.studies.bitwise import workload;"
         f"torch.set_num_threads({threads});t=time.perf_counter();d=workload({repeats});"
         "print(json.dumps({'digests':d,'seconds':time.perf_counter()-t,"
         "'capability':torch.backends.cpu.get_cpu_capability()}))"
@@ -155,7 +155,7 @@ def measure(threads: int = 2, repeats: int = 1) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m keybias.build.bitwise", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m keybias.studies.bitwise", description=__doc__.split("\n")[0])
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--out", help="also write the measurement as JSON here")
@@ -172,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:
         from pathlib import Path
 
-        from keybias.build.recorder import atomic_write_text
+        from keybias.core.recorder import atomic_write_text
 
         atomic_write_text(Path(args.out), json.dumps(result, indent=2) + "\n")
     return 0

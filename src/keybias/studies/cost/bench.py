@@ -50,7 +50,7 @@ def bench_outputs(res: dict, device: str, optimizer: str, bounds=None) -> dict:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m keybias.build.bench", description="Key-bias timing benchmark (machine-specific).")
+    parser = argparse.ArgumentParser(prog="python -m keybias.studies.cost.bench", description="Key-bias timing benchmark (machine-specific).")
     size = parser.add_mutually_exclusive_group(required=True)
     size.add_argument("--full", action="store_true",
                       help="BERT-base and GPT-2 small blocks, S=128 and 512, self/cross, inference/training (hours on one core)")
@@ -63,7 +63,7 @@ def main(argv=None) -> int:
     parser.add_argument("--budget-seconds", type=float, default=None,
                         help="timing budget of the whole grid (default 7200; min_reps always run)")
     args = parser.parse_args(argv)
-    from keybias.build.recorder import atomic_write_text
+    from keybias.core.recorder import atomic_write_text
     from keybias.studies.params import ParameterError, resolve_device
 
     try:
@@ -88,7 +88,7 @@ def main(argv=None) -> int:
     bounds = cost_traffic.saving_bounds(configs, spec["optimizer"], spec["seed"])
     for name, frame in bench_outputs(res, device, spec["optimizer"], bounds).items():
         atomic_write_text(args.out / f"{name}.csv", frame.to_csv(index=False, float_format="%.9g"))
-    from keybias.build import provenance
+    from keybias.core import provenance
 
     prov = {
         "machine_specific": True,

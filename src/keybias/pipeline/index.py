@@ -156,7 +156,7 @@ def _notebook_title(results: Path, name: str) -> str:
     path = results / "notebooks" / f"{name}.ipynb"
     if not path.is_file():
         return name
-    from keybias.build.render_page import notebook_title
+    from keybias.pipeline.render_page import notebook_title
 
     try:
         return notebook_title(json.loads(path.read_text()), name)
@@ -220,7 +220,7 @@ def load_findings(results: Path) -> list[dict]:
             return json.loads(path.read_text())
         except json.JSONDecodeError:
             pass
-    from keybias.build.findings_out import findings_records, read_macros
+    from keybias.pipeline.findings_out import findings_records, read_macros
 
     return findings_records(read_macros(results))
 
@@ -321,7 +321,7 @@ def render_index(results: Path, steps: list[dict], claims: list[dict], provenanc
     """The HTML text of results/index.html; every link is relative to `results`."""
     results = Path(results)
     if results.is_dir():  # the page links to files.html: written beside it, whoever renders the index
-        from keybias.build.recorder import atomic_write_text
+        from keybias.core.recorder import atomic_write_text
 
         files_page = render_files(results, steps, provenance, root=root)
         path = results / "files.html"
@@ -389,7 +389,7 @@ def render_index(results: Path, steps: list[dict], claims: list[dict], provenanc
         figure = ""
         if has_figure:
             alt = alts.get(stem, f"The figure {stem}.")
-            from keybias.build.render_page import png_css_width
+            from keybias.pipeline.render_page import png_css_width
 
             with open(results / "figures" / f"{stem}.png", "rb") as handle:
                 width = png_css_width(handle.read(4096))
@@ -492,7 +492,7 @@ def load_steps(results: Path) -> list[dict]:
 
 def write_index(results: Path, root: Path = ROOT) -> Path:
     """Write `<results>/index.html` from the step records there (for re-renders and tests)."""
-    from keybias.build.recorder import atomic_write_text
+    from keybias.core.recorder import atomic_write_text
 
     results = Path(results)
     steps = load_steps(results)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 PACKAGES = ("torch", "numpy", "sympy", "pandas", "papermill", "matplotlib", "seaborn", "transformers")
 # Files the pipeline rewrites; a change there does not make the source "dirty". README.md
-# counts as generated because its measured numbers are (keybias.build.readme); its prose is no
+# counts as generated because its measured numbers are (keybias.pipeline.readme); its prose is no
 # input of any result.
 GENERATED = ("results", "paper/main.pdf", "README.md")
 
@@ -81,10 +81,19 @@ def torch_build() -> dict:
     }
 
 
-def machine() -> dict:
+def devices_present() -> dict[str, bool]:
     import torch
 
-    from keybias.studies.params import devices_present
+    mps = getattr(torch.backends, "mps", None)
+    return {
+        "cpu": True,
+        "cuda": torch.cuda.is_available(),
+        "mps": bool(mps is not None and mps.is_available()),
+    }
+
+
+def machine() -> dict:
+    import torch
 
     present = devices_present()
     info = {

@@ -15,7 +15,7 @@ import html
 import re
 from pathlib import Path
 
-from keybias.build.render_clean import PACKAGE_DIR, cell_source, code_cells, parse_code
+from keybias.pipeline.render_clean import PACKAGE_DIR, cell_source, code_cells, parse_code
 
 ROOT = Path(__file__).resolve().parents[3]
 INDEX_HREF = "../index.html"
@@ -75,7 +75,7 @@ def called_modules(nb: dict, package_dir: Path = PACKAGE_DIR.parent) -> list[str
                 parts = full.split(".")
                 if parts[0] == "keybias" and len(parts) >= 2:
                     found.add(".".join(parts[1:]))
-    found -= {"build.recorder", "build"}  # the recorder is plumbing: the page shows what it records
+    found -= {"core.recorder", "core"}  # the recorder is plumbing: the page shows what it records
     return sorted(m for m in found if (package_dir / Path(*m.split("."))).with_suffix(".py").is_file())
 
 
@@ -100,7 +100,7 @@ def module_href(module: str, commit: str | None, repo: str | None) -> str:
 
 
 def current_commit(root: Path = ROOT) -> dict:
-    from keybias.build.provenance import commit_info
+    from keybias.core.provenance import commit_info
 
     return commit_info(root)
 

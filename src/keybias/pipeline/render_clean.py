@@ -7,7 +7,7 @@ streams and progress-bar fragments from the copy that becomes HTML (the .ipynb k
 logs what it dropped; `add_alt_text` gives every image an alt text (output metadata, then the
 `alt` given to `rec.figure`, then the first sentence of the markdown that introduces it);
 `output_problems` lists, per cell, what an executed notebook should not contain at all, so
-each notebook's owner can fix the source (`python -m keybias.build.render check`).
+each notebook's owner can fix the source (`python -m keybias.pipeline.render check`).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ _PATH_REPR = re.compile(r"\b(?:Posix|Windows)?Path\('|<[\w.]+ object at 0x[0-9a-
 HUGE_TEXT_CHARS = 2500  # a plain-text output longer than this is a dump, not a result
 DOCSTRING_MIN_CHARS = 200  # shorter docstrings are one-liners a notebook may legitimately print
 
-log = logging.getLogger("keybias.build.render")
+log = logging.getLogger("keybias.pipeline.render")
 
 
 # -- reading a notebook ---------------------------------------------------------------------
@@ -292,7 +292,7 @@ def clean_outputs(nb: dict, name: str = "") -> list[dict]:
         cells = sorted({item["cell"] for item in dropped})
         first = next((i["excerpt"] for i in dropped if i["excerpt"]), "")
         log.warning("%s: %d stderr/progress outputs of cells %s left out of the HTML (kept in the "
-                    ".ipynb; `python -m keybias.build.render check` lists them), first: %s",
+                    ".ipynb; `python -m keybias.pipeline.render check` lists them), first: %s",
                     name, len(dropped), cells, first)
     return dropped
 

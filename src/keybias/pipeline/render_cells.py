@@ -14,7 +14,13 @@ import ast
 import html
 import re
 
-from keybias.build.render_clean import cell_source, code_cells, parse_code, plain_text, stream_text
+from keybias.pipeline.render_clean import (
+    cell_source,
+    code_cells,
+    parse_code,
+    plain_text,
+    stream_text,
+)
 
 PLUMBING_TAGS = ("parameters", "injected-parameters", "kb-hide")
 _SERIES_FOOTER = re.compile(r"^(?:Name: .*, )?(?:Length: \d+, )?dtype: \w+$")
@@ -121,7 +127,7 @@ _CONFIG_REPR = re.compile(r"^\s*[A-Z]\w*(?:Config|Settings|Params|Parameters)\("
 def _is_plumbing(stmt: ast.stmt, names: set[str]) -> bool:
     """Statements a reader never needs: the recorder's construction and import, warnings filters,
     `os.environ` settings, and the imports of modules only those use."""
-    if isinstance(stmt, ast.ImportFrom) and stmt.module == "keybias.build" and all(
+    if isinstance(stmt, ast.ImportFrom) and stmt.module == "keybias.core" and all(
             a.name == "recorder" for a in stmt.names):
         return True
     if isinstance(stmt, ast.Assign) and isinstance(stmt.value, ast.Call):

@@ -5,7 +5,7 @@ A claim is evidence only if it could have failed. The pipeline hands every gathe
 
 Conventions every notebook follows (design.md, "Claims"):
 
-* **Kinds.** A judge returns `Claim`s (`keybias.build.recorder.Claim`; dicts with the same
+* **Kinds.** A judge returns `Claim`s (`keybias.core.recorder.Claim`; dicts with the same
   keywords still work) and the notebook hands them to `rec.claims_from`. `kind` is one of
     - `test`: a measurement that plausible data could contradict;
     - `proof`: an exact symbolic identity checked by SymPy; it names the identity in `identity`
@@ -21,7 +21,7 @@ Conventions every notebook follows (design.md, "Claims"):
   effect its size-matched positive control shows it would have seen.
 * **Judge functions** are pure: DataFrames in, a list of `Claim`s out, so that a test can hand
   them doctored data.
-* **Finite reductions** (`keybias.studies.reduce`). Reduce with `finite_max`, `finite_min`,
+* **Finite reductions** (`keybias.core.reduce`). Reduce with `finite_max`, `finite_min`,
   `finite_mean`, `finite_median`, `finite_sum`, `finite_count` or `finite_values`, never with a
   pandas reduction that skips NaN. A NaN entry or an empty selection gives a NaN value, and a NaN
   value never holds, so the claim fails by name instead of vanishing. Rows that are legitimately
@@ -32,7 +32,7 @@ Conventions every notebook follows (design.md, "Claims"):
   `@pytest.mark.claim_mutation("claim-id", ...)` (exact ids) that feeds the claim's own judge
   code the smallest violation it exists to catch and passes the judged claim to the
   `record_mutation` fixture (tests/conftest.py), which asserts that it fails and logs its value
-  and bound. `python -m keybias.build.claims mutations [--profile P]` runs the marked tests and
+  and bound. `python -m keybias.pipeline.claims mutations [--profile P]` runs the marked tests and
   prints, per test claim, its mutation tests and each mutation's distance from the bound as a
   ratio; `--collect-only` lists them without running. It exits non-zero if any test claim of the
   manifest has none.
@@ -40,7 +40,7 @@ Conventions every notebook follows (design.md, "Claims"):
   notebook must produce in that profile. A claim missing from the run, a run claim missing from
   the manifest, or a kind that differs, is a contract error naming the claim. After changing a
   notebook's claims, run it and then
-  `python -m keybias.build.claims manifest --profile P --results DIR [--only NB] --write`: it rewrites
+  `python -m keybias.pipeline.claims manifest --profile P --results DIR [--only NB] --write`: it rewrites
   the files of the notebooks with step records in DIR/steps only, one file per notebook, so
   branches that change different notebooks never conflict.
 * **Headline counts** come from `headline_counts(claims, verdicts)`. No count sums test claims
@@ -82,7 +82,7 @@ import re
 import sys
 from pathlib import Path
 
-from keybias.build.recorder import (
+from keybias.core.recorder import (
     CLAIM_KINDS,
     Claim,
     atomic_write_text,
@@ -90,8 +90,7 @@ from keybias.build.recorder import (
     latex_escape,
     margin_ratio,
 )
-from keybias.studies.params import DTYPE_MACRO
-from keybias.studies.reduce import (  # noqa: F401  (re-exported: judges and tests use them)
+from keybias.core.reduce import (  # noqa: F401  (re-exported: judges and tests use them)
     EmptySelection,
     Exclusion,
     NonFiniteValues,
@@ -104,6 +103,7 @@ from keybias.studies.reduce import (  # noqa: F401  (re-exported: judges and tes
     finite_sum,
     finite_values,
 )
+from keybias.studies.params import DTYPE_MACRO
 
 ROOT = Path(__file__).resolve().parents[3]
 MANIFEST_DIR = Path("params") / "claims"
@@ -172,7 +172,7 @@ def manifest_text(profile: str, notebook: str, entries: dict[str, str]) -> str:
         "profile": profile,
         "notebook": notebook,
         "about": "claim ids (with kinds) this notebook must produce in this profile; regenerate with "
-                 f"`python -m keybias.build.claims manifest --profile {profile} --results DIR --write`",
+                 f"`python -m keybias.pipeline.claims manifest --profile {profile} --results DIR --write`",
         "claims": dict(sorted(entries.items())),
     }
     return json.dumps(doc, indent=2) + "\n"
@@ -230,7 +230,7 @@ def contract_errors(claims: list[dict], profile: str, root: Path) -> list[str]:
             errors.append(f"claim {cid!r} names an identity but has kind {kind!r}; only proof checks name one")
     manifest = load_manifest(profile, root)
     rel = MANIFEST_DIR / profile
-    fix = f"`python -m keybias.build.claims manifest --profile {profile} --results DIR --write`, then commit {rel}/"
+    fix = f"`python -m keybias.pipeline.claims manifest --profile {profile} --results DIR --write`, then commit {rel}/"
     if manifest is None:
         errors.append(f"no claim manifest {rel}/*.json for profile {profile!r}: write it with {fix}")
         return errors
@@ -424,7 +424,7 @@ def kind_summary(claims: list[dict]) -> str:
 
 
 def headline_macros(counts: dict[str, int], mutation_covered: int | None = None) -> str:
-    lines = ["% generated by keybias.build.claims.headline_macros: counts of claims by kind and of independent tests"]
+    lines = ["% generated by keybias.pipeline.claims.headline_macros: counts of claims by kind and of independent tests"]
     values = dict(counts)
     if mutation_covered is not None:
         values["ClaimsMutationCovered"] = mutation_covered
@@ -451,8 +451,8 @@ def write_headline_macros(results: Path, claims: list[dict]) -> Path:
 MACRO_DEFINITION = re.compile(r"\\newcommand\{\\([A-Za-z]+)\}")
 # macro files the build writes itself, and who writes them
 BUILD_MACRO_FILES = {
-    "provenance": "keybias.build.paper.provenance_macros",
-    "claims": "keybias.build.claims.headline_macros",
+    "provenance": "keybias.pipeline.paper.provenance_macros",
+    "claims": "keybias.pipeline.claims.headline_macros",
 }
 
 
@@ -608,7 +608,7 @@ def _cmd_mutations(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m keybias.build.claims", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m keybias.pipeline.claims", description=__doc__.split("\n")[0])
     parser.add_argument("--root", default=str(ROOT), help=argparse.SUPPRESS)
     sub = parser.add_subparsers(dest="command", required=True)
     man = sub.add_parser("manifest", help="show (or --write) the manifest entries of a finished run")

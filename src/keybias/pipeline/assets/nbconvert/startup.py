@@ -1,4 +1,4 @@
-"""Run by every notebook kernel at start (PYTHONSTARTUP, set in keybias.build.kernel): pandas
+"""Run by every notebook kernel at start (PYTHONSTARTUP, set in keybias.pipeline.kernel): pandas
 shows whole cell text (no cut at 50 characters) and every column; the rendered page wraps long
 text and trims long tables itself, with a link to the CSV."""
 

@@ -3,7 +3,7 @@
 `render_notebook_html` turns one executed notebook into a page that fetches nothing from the
 network: nbconvert's lab template minus its CDN scripts (require.js, widgets, mermaid), and
 MathJax 3 from ONE shared copy, `<results>/notebooks/_static/mathjax/`, that
-`publish_assets` copies there from the vendored package in `keybias/build/assets/mathjax`
+`publish_assets` copies there from the vendored package in `keybias/pipeline/assets/mathjax`
 (version and checksums in its SOURCE.md). nbconvert's lab stylesheet (its index.css and light
 theme, 256 kB) is likewise ONE shared file, `<results>/notebooks/_static/nbconvert/lab-light.css`,
 that every page links to instead of inlining it. Pages refer to both by relative paths, so the
@@ -15,7 +15,7 @@ statements are plumbing to hide, outputs rewritten for reading, the cell judging
 and `render_page` (header with the "Run with" box, navigation, contents, anchors, figure
 captions, claim boxes, "What we found"). Their public names are importable from here too.
 
-Command line: `python -m keybias.build.render [--results DIR] {render,check}`: re-render every
+Command line: `python -m keybias.pipeline.render [--results DIR] {render,check}`: re-render every
 executed notebook in DIR/notebooks and DIR/index.html (no kernel needed), or list their output
 problems.
 """
@@ -30,15 +30,15 @@ import re
 import sys
 from pathlib import Path
 
-from keybias.build.recorder import atomic_write_bytes, atomic_write_text
-from keybias.build.render_cells import (
+from keybias.core.recorder import atomic_write_bytes, atomic_write_text
+from keybias.pipeline.render_cells import (
     claim_cells,
     displayed_csv,
     injected_parameters,
     reader_cells,
     reader_output,
 )
-from keybias.build.render_clean import (
+from keybias.pipeline.render_clean import (
     DOCSTRING_MIN_CHARS,
     IMAGE_MIMES,
     PACKAGE_DIR,
@@ -53,7 +53,7 @@ from keybias.build.render_clean import (
     output_problems,
     terminal_text,
 )
-from keybias.build.render_page import (
+from keybias.pipeline.render_page import (
     ROOT,
     called_modules,
     claim_line,
@@ -315,7 +315,7 @@ def render_results(results: Path) -> list[Path]:
     commit, the results' own (provenance.json, as the entry page does); a notebook whose inputs did
     not change since an earlier commit was not rerun, and its outputs are those of this commit.
     """
-    from keybias.build.index import load_findings, site_commit
+    from keybias.pipeline.index import load_findings, site_commit
 
     results = Path(results)
     publish_assets(results)
@@ -356,14 +356,14 @@ def rendered_size(results: Path) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m keybias.build.render", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m keybias.pipeline.render", description=__doc__.split("\n")[0])
     parser.add_argument("--results", type=Path, default=ROOT / "results")
     parser.add_argument("command", choices=["render", "check"])
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="[keybias.build.render] %(message)s")
+    logging.basicConfig(level=logging.WARNING, format="[keybias.pipeline.render] %(message)s")
     if args.command == "render":
         pages = render_results(args.results)
-        from keybias.build.index import write_index
+        from keybias.pipeline.index import write_index
 
         write_index(args.results)
         print(f"rendered {len(pages)} notebooks; pages + shared MathJax: "

@@ -12,8 +12,8 @@ import re
 from collections import Counter
 from pathlib import Path
 
-from keybias.build.claims import kind_summary
-from keybias.build.recorder import atomic_write_text
+from keybias.core.recorder import atomic_write_text
+from keybias.pipeline.claims import kind_summary
 
 _BLOCK = re.compile(r"(<!-- generated:(?P<name>[a-z_]+) -->\n)(?P<body>.*?)(<!-- /generated -->)", re.S)
 

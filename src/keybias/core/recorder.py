@@ -94,7 +94,7 @@ class Claim:
     follows from; `identity` names the identity a `proof` claim checks; `min_detectable` is, for a
     "no effect" claim, the smallest effect its positive control shows it would have seen;
     `exclusions` lists the data a reduction left out, each with its reason
-    (`keybias.studies.reduce.Exclusion`, written as text).
+    (`keybias.core.reduce.Exclusion`, written as text).
     """
 
     id: str

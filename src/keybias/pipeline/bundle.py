@@ -18,7 +18,7 @@ import subprocess
 import tarfile
 from pathlib import Path
 
-from keybias.build.recorder import atomic_write_bytes
+from keybias.core.recorder import atomic_write_bytes
 
 REQUIRED_IN_BUNDLE = ("CITATION.cff", ".zenodo.json", "paper/main.pdf", "README.md")
 
