@@ -167,6 +167,15 @@ def law_table(law: pd.DataFrame) -> str:
     return frame.to_latex(index=False, escape=False)
 
 
+def _reason_words(device: str, reason: str) -> str:
+    """Why a row was not run, for a reader: no exception class names, no "this machine"."""
+    if "not present" in reason:
+        return "measured on the GPU (APPENDIX)" if device == "cuda" else f"no {device.upper()} device"
+    if "no cpu kernel" in reason.lower():
+        return "no CPU kernel for this dtype"
+    return reason.split(" (")[0]
+
+
 def gradient_table(gsum: pd.DataFrame) -> str:
     """Gradient summary per dtype and path as a LaTeX tabular body; not-run rows keep their
     reason."""
@@ -174,12 +183,13 @@ def gradient_table(gsum: pd.DataFrame) -> str:
     for _, r in gsum.iterrows():
         base = {"device": r["device"], "dtype": r["dtype"], "path": latex_escape(path_label(r["path"]))}
         if r["status"] != "ok":
-            reason = latex_escape(r["reason"])
-            rows.append({**base, "ratio": "not run", "cos_k": "", "cos_q": "", "bound": reason[:48]})
+            reason = latex_escape(_reason_words(r["device"], str(r["reason"]))).replace(
+                "APPENDIX", r"Appendix~\ref{sec:gpu}")
+            rows.append({**base, "ratio": "not run", "cos_k": "", "cos_q": "", "bound": reason})
             continue
         rows.append({**base, "ratio": f"{r['ratio_over_u']:.3f}", "cos_k": f"{r['bk_mean_cos']:+.3f}",
                      "cos_q": f"{r['bq_mean_cos']:.3f}", "bound": f"{r['cos_bound']:.3f}"})
     frame = pd.DataFrame(rows).rename(columns={
         "ratio": r"$\|g_{b_k}\|/(u\|g_{b_q}\|)$", "cos_k": r"$\cos b_k$", "cos_q": r"$\cos b_q$",
-        "bound": "noise bound / reason"})
+        "bound": "noise bound, or why not run"})
     return frame.to_latex(index=False, escape=False)

@@ -18,14 +18,15 @@ def _setting_words(optimizer: str, eps: float, dtype: str, weight_decay: float) 
     if optimizer in ("adam", "adamw", "adamw_bias_decay"):
         words.append(rf"$\varepsilon=10^{{{exp}}}$")
     if optimizer == "sgd_momentum":
-        words.append("momentum 0.9")
+        words.append("with momentum")
     if optimizer == "adamw":
         words = ["decay on weights only"]
     if optimizer == "adamw_bias_decay":
         words = ["decay on weights and biases"]
     if optimizer == "sgd":
         words.append("plain")
-    words.append("bfloat16 autocast" if dtype == "bfloat16" else "float32")
+    if dtype != "float32":  # float32 unless marked (the caption says so)
+        words.append(f"{dtype} autocast")
     return ", ".join(words)
 
 
@@ -60,7 +61,7 @@ def plot_bias_norms(trajectories: pd.DataFrame, seed: int | None = None):
                         color=style.OKABE_ITO[i], ls=ls, lw=1.2, label=_setting_words(opt, eps, dtype, wd))
         ref = sub[(sub["optimizer"] == keys[0][0]) & (sub["eps"] == keys[0][1]) & (sub["dtype"] == keys[0][2])]
         ax.semilogy(ref["step"].iloc[1:], ref["norm_b_q"].iloc[1:], color="0.55", lw=0.9, ls=":",
-                    label=r"$\|b_q(t)\|$, first run, for scale")
+                    label=r"$\|b_q(t)\|$, for scale")
         wd = float(sub.loc[sub["optimizer"].isin(("adamw", "adamw_bias_decay")), "weight_decay"].max()) \
             if "{wd" in title else 0.0
         ax.set_title(title.format(wd=wd))
@@ -74,7 +75,7 @@ def plot_bias_norms(trajectories: pd.DataFrame, seed: int | None = None):
     ticks = [_ZERO_FLOOR] + [10.0**e for e in (-10, -7, -4, -1)]
     axes[0][0].set_yticks(ticks, ["0"] + [f"$10^{{{e}}}$" for e in (-10, -7, -4, -1)])
     axes[0][0].minorticks_off()
-    fig.subplots_adjust(left=0.1, right=0.99, top=0.92, bottom=0.53, wspace=0.12)
+    fig.subplots_adjust(left=0.115, right=0.975, top=0.92, bottom=0.53, wspace=0.12)
     return fig
 
 
