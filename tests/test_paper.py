@@ -613,3 +613,22 @@ def test_training_drift_caption_matches_its_data():
     adam = end[(end["optimizer"] == "adam") & (end["dtype"] == "float32")]
     for seed, g in adam.groupby("seed"):
         assert g.sort_values("eps")["drift_b_k"].is_monotonic_decreasing, seed
+
+
+def test_noise_elasticity_is_the_median_the_text_names():
+    # "the elasticity ..., median over the small model's float32 runs, is \LongFullNoiseElasticity"
+    units = _csv("longrun_full_units.csv")
+    sel = units[(units["size"] == "small") & (units["dtype"] == "float32")]
+    assert _number(_macros()["LongFullNoiseElasticity"]) == pytest.approx(sel["noise_elasticity"].median(), rel=6e-3)
+    text = " ".join(_uncommented(SECTIONS / "longrun.tex").split())
+    assert "median over the small model's float32 runs, is $\\LongFullNoiseElasticity$" in text
+
+
+def test_architecture_counts_agree_with_their_table():
+    # Section 9: removed + no key bias + refused + not certified = the models that could be built
+    macros = _macros()
+    parts = ("PretArchRemoved", "PretArchNoKeyBias", "PretArchRefused", "PretArchNotCertified")
+    assert sum(_number(macros[k]) for k in parts) == _number(macros["PretArchClassified"])
+    text = (RESULTS / "tables" / "pretrained_architectures.tex").read_text()
+    assert re.search(r"total\s*&[^\\]*&\s*" + re.escape(macros["PretArchTotal"].replace("{,}", ",")), text) or \
+        macros["PretArchTotal"].replace("{,}", "") in text.replace(",", "")
