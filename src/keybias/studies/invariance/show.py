@@ -19,6 +19,7 @@ CATEGORY_LABELS = {
     "MHA sizes": "MHA, sizes",
     "MHA dropout": "MHA, attention dropout",
     "MHA kdim_vdim": "MHA, own key and value widths",
+    "MHA bias_false": "MHA without biases",
     "MHA fully masked row": "MHA, fully masked row",
     "MHA add_bias_kv": "MHA, appended key slot",
     "MHA add_zero_attn": "MHA, zero slot",
@@ -133,7 +134,10 @@ def _tabular(table: pd.DataFrame, head: dict, align: str) -> str:
 def verdict_latex(table: pd.DataFrame) -> str:
     """booktabs tabular of `judge.verdict_table`, categories and joint verdicts in words."""
     table = table.copy()
-    if "category" in table:
+    if "category" in table:  # the figure's order: MHA, layers, SDPA, variants, Hugging Face models
+        order = list(CATEGORY_LABELS)
+        rank = table["category"].map(lambda c: order.index(c) if c in order else len(order))
+        table = table.assign(_rank=rank).sort_values(["_rank", "category"], kind="stable").drop(columns="_rank")
         table["category"] = table["category"].map(category_label)
     if "joint" in table:
         table["joint"] = table["joint"].map(
