@@ -529,3 +529,107 @@ def test_printed_numbers_are_formatted_as_a_person_writes_them():
     bad = {m for m in used if _badly_formatted(macros[m])}
     assert bad <= PENDING_FORMAT, f"print these with \\Num{{}} or reword: {sorted(bad - PENDING_FORMAT)}"
     assert not (PENDING_FORMAT - bad) & used, f"now well formatted, drop from PENDING_FORMAT: {sorted((PENDING_FORMAT - bad) & used)}"
+
+
+# ---- figures: words a reader can parse, captions that say what the data show
+
+
+def test_figure_labels_are_words_not_identifiers():
+    from keybias.studies.invariance import judge as J
+    from keybias.studies.invariance.show import category_label
+    from keybias.studies.precision.measure import PATHS
+    from keybias.studies.precision.show import path_label
+    from keybias.studies.training.show import _setting_words
+
+    for path in PATHS:
+        assert "_" not in path_label(path), path
+    data = RESULTS / "data" / "invariance.csv"
+    if data.is_file():
+        import pandas as pd
+
+        frame = pd.read_csv(data)
+        for cat in {*J.measured(frame)["category"], *J.verdict_table(frame)["category"]}:
+            assert "_" not in category_label(cat) and category_label(cat) != cat.upper(), cat
+    for opt in ("sgd", "sgd_momentum", "adam", "adamw", "adamw_bias_decay"):
+        for dtype in ("float32", "bfloat16"):
+            words = _setting_words(opt, 1e-8, dtype, 0.0)
+            assert "_" not in words and "eps=" not in words and "e-0" not in words, words
+
+
+def test_power_table_writes_small_powers_plainly():
+    path = RESULTS / "tables" / "invariance_power.tex"
+    if not path.is_file():
+        pytest.skip("no results/tables")
+    assert "10^{0}" not in path.read_text() and "10^{1}" not in path.read_text()
+
+
+def _csv(name: str):
+    import pandas as pd
+
+    path = RESULTS / "data" / name
+    if not path.is_file():
+        pytest.skip(f"no {name}")
+    return pd.read_csv(path)
+
+
+def test_checkpoint_caption_matches_its_data():
+    # "about one for MiniLM, below one in every layer of multilingual-e5-small"
+    q = _csv("checkpoint_quantization.csv")
+    ratio = q["err_strip"] / q["err_keep"]
+    e5 = q["checkpoint"].str.contains("e5")
+    assert (ratio[e5] < 1).all()
+    assert ratio[~e5].between(0.95, 1.05).all()
+    # "far below one in the two MiniLM models, of the order of one in multilingual-e5-small"
+    n = _csv("checkpoint_bias_norms.csv")
+    e5 = n["checkpoint"].str.contains("e5")
+    assert (n.loc[~e5, "bk_over_key"] < 0.01).all() and n.loc[e5, "bk_over_key"].between(0.3, 3).all()
+
+
+def test_pretrained_caption_matches_its_data():
+    # "in every layer the key bias lies two orders of magnitude or more below the query bias"
+    n = _csv("pretrained_bias_norms.csv")
+    assert (n["bq_norm"] / n["bk_norm"] >= 100).all()
+
+
+def test_gradient_caption_matches_its_data():
+    # b_k cosines inside the isotropic-noise band, b_q cosines far above it, ratio at or below u
+    g = _csv("precision_gradient_summary.csv")
+    g = g[g["status"] == "ok"]
+    assert (g["bk_mean_cos"].abs() <= g["cos_bound"]).all()
+    assert (g["bq_mean_cos"] > 2 * g["cos_bound"]).all()
+    assert (g["ratio_median"] <= g["unit_roundoff"]).all()
+    assert "\\PrecBqCosMin{}" in _uncommented(SECTIONS / "precision.tex")
+
+
+def test_training_drift_caption_matches_its_data():
+    # SGD leaves b_k in place (far below b_q's own movement); Adam with eps far below the noise moves it
+    # about as far as b_q; at the default eps in float32 it moves less
+    t = _csv("training_bias_trajectories.csv")
+    end = t[t["step"] == t["step"].max()]
+    for _, r in end.iterrows():
+        if r["optimizer"] in ("sgd", "sgd_momentum"):
+            assert r["drift_b_k"] < 1e-2 * r["norm_b_q"], r["setting"]
+        if r["optimizer"] == "adam" and (r["eps"] <= 1e-12 or r["dtype"] == "bfloat16"):
+            assert 0.2 * r["norm_b_q"] < r["drift_b_k"] < 5 * r["norm_b_q"], r["setting"]
+    adam = end[(end["optimizer"] == "adam") & (end["dtype"] == "float32")]
+    for seed, g in adam.groupby("seed"):
+        assert g.sort_values("eps")["drift_b_k"].is_monotonic_decreasing, seed
+
+
+def test_noise_elasticity_is_the_median_the_text_names():
+    # "the elasticity ..., median over the small model's float32 runs, is \LongFullNoiseElasticity"
+    units = _csv("longrun_full_units.csv")
+    sel = units[(units["size"] == "small") & (units["dtype"] == "float32")]
+    assert _number(_macros()["LongFullNoiseElasticity"]) == pytest.approx(sel["noise_elasticity"].median(), rel=6e-3)
+    text = " ".join(_uncommented(SECTIONS / "longrun.tex").split())
+    assert "median over the small model's float32 runs, is $\\LongFullNoiseElasticity$" in text
+
+
+def test_architecture_counts_agree_with_their_table():
+    # Section 9: removed + no key bias + refused + not certified = the models that could be built
+    macros = _macros()
+    parts = ("PretArchRemoved", "PretArchNoKeyBias", "PretArchRefused", "PretArchNotCertified")
+    assert sum(_number(macros[k]) for k in parts) == _number(macros["PretArchClassified"])
+    text = (RESULTS / "tables" / "pretrained_architectures.tex").read_text()
+    assert re.search(r"total\s*&[^\\]*&\s*" + re.escape(macros["PretArchTotal"].replace("{,}", ",")), text) or \
+        macros["PretArchTotal"].replace("{,}", "") in text.replace(",", "")

@@ -20,16 +20,21 @@ def ratio_figure(norms: pd.DataFrame, quant: pd.DataFrame):
         for bits, ls in ((8, "-"), (4, ":")):
             h = quant[(quant["checkpoint"] == name) & (quant["bits"] == bits)]
             if not h.empty:
-                bx.plot(h["layer"], h["err_strip"] / h["err_keep"], marker=marker, ls=ls, color=colour,
-                        label=f"{name}, int{bits}")
+                bx.plot(h["layer"], h["err_strip"] / h["err_keep"], marker=marker, ls=ls, color=colour)
     ax.set_yscale("log")
     ax.set_xlabel("layer")
     ax.set_ylabel(r"$\|b_k\| / \|k\|$")
     bx.axhline(1.0, color="0.5", lw=0.8)
     bx.set_xlabel("layer")
-    bx.set_ylabel("error, stripped / kept")
+    bx.set_ylabel("error, $b_k$ subtracted / kept")
+    handles, labels = ax.get_legend_handles_labels()
+    for bits, ls in ((8, "-"), (4, ":")):
+        if (quant["bits"] == bits).any():
+            handles.append(plt.Line2D([], [], color="0.3", ls=ls))
+            labels.append(f"int{bits} keys")
     fig.tight_layout()
-    style.legend_outside(fig)  # above the panels, so the figure keeps the printed width
+    # above the panels, so the figure keeps the printed width: one entry per checkpoint, one per bit width
+    style.legend_outside(fig, handles=handles, labels=labels, ncol=len(labels))
     return fig
 
 

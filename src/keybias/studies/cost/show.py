@@ -100,7 +100,7 @@ def time_saving_figure(model: pd.DataFrame, ratios: pd.DataFrame, *, device: str
                 ax2.plot(100 * r.measured_saving, yj, "o", color=style.OKABE_ITO[k + 1], ms=3)
         ax2.axvline(0, color="k", lw=0.8)
         ax2.set_yticks(np.arange(len(keys))[::-1], [f"{b} {a}, S={s}" for b, a, s, _ in keys])
-        ax2.set_xlabel("saving per training phase (% of that phase)")
+        ax2.set_xlabel("saving (% of the phase)")
         ax2.set_title("training step, by phase", loc="left")
     ax.set_title("whole pass", loc="left")
     fig.tight_layout()

@@ -12,6 +12,58 @@ from keybias.studies import style
 from keybias.studies.invariance import judge as J
 from keybias.studies.params import DTYPES
 
+# a configuration category (judge.category) in words, for the figure's rows and the verdict table
+CATEGORY_LABELS = {
+    "MHA plain": "MHA, plain",
+    "MHA shapes": "MHA, shapes",
+    "MHA sizes": "MHA, sizes",
+    "MHA dropout": "MHA, attention dropout",
+    "MHA kdim_vdim": "MHA, own key and value widths",
+    "MHA bias_false": "MHA without biases",
+    "MHA fully masked row": "MHA, fully masked row",
+    "MHA add_bias_kv": "MHA, appended key slot",
+    "MHA add_zero_attn": "MHA, zero slot",
+    "MHA add_bias_kv_zero_attn": "MHA, appended and zero slots",
+    "MHA single key plain": "MHA, one key",
+    "MHA single key add_zero_attn": "MHA, one key and a zero slot",
+    "realistic plain": "large MHA, plain",
+    "realistic kdim_vdim": "large MHA, own widths",
+    "realistic add_bias_kv": "large MHA, appended slot",
+    "realistic add_zero_attn": "large MHA, zero slot",
+    "realistic add_bias_kv_zero_attn": "large MHA, both slots",
+    "SDPA MATH": "SDPA, math backend",
+    "SDPA FLASH_ATTENTION": "SDPA, flash backend",
+    "SDPA EFFICIENT_ATTENTION": "SDPA, memory-efficient backend",
+    "SDPA CUDNN_ATTENTION": "SDPA, cuDNN backend",
+    "encoder_layer": "Transformer encoder layer",
+    "decoder_layer_self": "Transformer decoder, self-attention",
+    "decoder_layer_cross": "Transformer decoder, cross-attention",
+    "transformer": "nn.Transformer",
+    "variant softmax": "written out, softmax",
+    "variant alibi": "ALiBi",
+    "variant rope": "rotary embeddings",
+    "variant qk_norm": "QK-norm",
+    "variant cosine": "cosine attention",
+    "variant sigmoid": "sigmoid attention",
+    "variant sink_logit": "learned sink logit",
+    "variant sink_key": "learned sink key",
+    "HF bert": "BERT (Hugging Face)",
+    "HF roberta": "RoBERTa (Hugging Face)",
+    "HF gpt2": "GPT-2 (Hugging Face)",
+    "HF vit": "ViT (Hugging Face)",
+    "HF whisper": "Whisper (Hugging Face)",
+    "HF qwen2": "Qwen2 (Hugging Face)",
+    "device cuda": "CUDA (absent)",
+    "device mps": "MPS (absent)",
+}
+_VERDICT_WORDS = {"redundant": "redundant", "not_redundant": "not redundant", "invalid": "invalid"}
+
+
+def category_label(category: str) -> str:
+    """A configuration category in words (underscores never reach the reader)."""
+    return CATEGORY_LABELS.get(category, category.replace("_", " "))
+
+
 _LOG_FLOOR = -20.0  # a zero change (0/0 included) sits at the left edge of the axis
 _AXIS_LIMIT = 7.8
 
@@ -25,7 +77,8 @@ def plot_map(df: pd.DataFrame, mags: pd.DataFrame):
     style.apply()
     m = J.measured(df)[["config_id", "category", "dtype"]]
     j = mags.merge(m, on="config_id")
-    cats = sorted(j["category"].unique())
+    order = list(CATEGORY_LABELS)
+    cats = sorted(j["category"].unique(), key=lambda c: (order.index(c) if c in order else len(order), c))
     levels = sorted(j.magnitude.unique())
     dts = [d for d in DTYPES if d in set(j.dtype)]
     colour = dict(zip(DTYPES, (style.OKABE_ITO[0], style.OKABE_ITO[1], style.OKABE_ITO[2], style.OKABE_ITO[3]),
@@ -46,23 +99,24 @@ def plot_map(df: pd.DataFrame, mags: pd.DataFrame):
         for dt in dts:
             sel = (sub.dtype == dt).to_numpy()
             ax.scatter(lg(sub.bk_abs, sub.tolerance_abs)[sel], (y + jitter)[sel], s=5, marker="o",
-                       color=colour[dt], alpha=0.7, lw=0, label=f"$b_k$ change, {dt}")
+                       color=colour[dt], alpha=0.7, lw=0, label=f"$b_k$, {dt}")
             # controls in grey, whatever the dtype: right of the threshold they show power, not a break
             ax.scatter(lg(sub.control_abs, sub.tolerance_abs)[sel], (y + jitter)[sel], s=7, marker="^",
                        facecolors="none", edgecolors="0.6", lw=0.5, alpha=0.6,
-                       label="$b_q$/$b_v$ control (any dtype)")
+                       label="$b_q$, $b_v$ control")
         ax.axvline(0.0, color="black", lw=0.8)
-        ax.set_title(f"magnitude {mag:g}")
-        ax.set_xlabel("log10(change / tolerance)")
+        ax.set_title(rf"$\|b_k\| = {mag:g}\,\|k\|$")
         ax.set_xlim(-8, 8)  # zero or unbounded ratios are drawn at the edges
         ax.grid(axis="x", alpha=0.3)
-    axes[0][0].set_yticks(range(len(cats)), cats)
+    axes[0][len(levels) // 2].set_xlabel(r"log$_{10}$(change / tolerance); left of the line: no change")
+    axes[0][0].set_yticks(range(len(cats)), [category_label(c) for c in cats])
     axes[0][0].tick_params(axis="y", labelsize=style.MIN_FONT_PT)
     axes[0][0].set_ylim(len(cats) - 0.5, -0.5)
     handles, labels = axes[0][0].get_legend_handles_labels()
     uniq = dict(zip(labels, handles, strict=True))
-    fig.legend(uniq.values(), uniq.keys(), loc="upper center", ncol=min(4, len(uniq)), frameon=False,
-               bbox_to_anchor=(0.5, 0.0), markerscale=2.0)
+    uniq = {k: uniq[k] for k in sorted(uniq, key=lambda k: "control" in k)}  # dtypes first, the control last
+    fig.legend(uniq.values(), uniq.keys(), loc="upper center", ncol=len(uniq), frameon=False,
+               bbox_to_anchor=(0.5, 0.0), markerscale=2.0, columnspacing=1.0, handletextpad=0.3)
     fig.tight_layout()
     return fig
 
@@ -78,23 +132,34 @@ def _tabular(table: pd.DataFrame, head: dict, align: str) -> str:
 
 
 def verdict_latex(table: pd.DataFrame) -> str:
-    """booktabs tabular of `judge.verdict_table`."""
+    """booktabs tabular of `judge.verdict_table`, categories and joint verdicts in words."""
+    table = table.copy()
+    if "category" in table:  # the figure's order: MHA, layers, SDPA, variants, Hugging Face models
+        order = list(CATEGORY_LABELS)
+        rank = table["category"].map(lambda c: order.index(c) if c in order else len(order))
+        table = table.assign(_rank=rank).sort_values(["_rank", "category"], kind="stable").drop(columns="_rank")
+        table["category"] = table["category"].map(category_label)
+    if "joint" in table:
+        table["joint"] = table["joint"].map(
+            lambda v: ", ".join(_VERDICT_WORDS.get(w, w) for w in str(v).split(",")) if isinstance(v, str) else v)
     head = {"category": "configuration", "redundant": "red.", "not_redundant": "not red.",
             "invalid": "inval.", "skipped": "skip.", "matches_theory": "as predicted", "joint": "joint"}
     return _tabular(table, head, "l" + "r" * (len(table.columns) - 1))
 
 
 def _eps(x) -> str:
+    """A power of ten as a person writes it: 1 and 10 plainly, others as $10^{k}$."""
     if not (isinstance(x, float | int) and math.isfinite(x)):
         return "none"
-    return f"$10^{{{round(math.log10(x))}}}$"
+    k = round(math.log10(x))
+    return {0: "1", 1: "10", 2: "100"}.get(k, f"$10^{{{k}}}$")
 
 
 def power_latex(power: pd.DataFrame) -> str:
     """booktabs tabular of `judge.power_table`: the smallest per-key break detected."""
     t = power.assign(min_detectable_eps=power.min_detectable_eps.map(_eps))
     head = {"embed_dim": "$E$", "num_heads": "heads", "tgt_len": "queries", "src_len": "keys",
-            "batch": "batch", "rows": "rows", "min_detectable_eps": r"smallest $\varepsilon$ seen",
+            "batch": "batch", "rows": "rows", "min_detectable_eps": r"smallest $\delta$ seen",
             "undetected": "none seen", "blind_states": "blind states"}
     cols = list(t.columns)
     lines = [r"\begin{tabular}{l" + "r" * (len(cols) - 1) + "}", r"\toprule",

@@ -11,6 +11,19 @@ from keybias.core.recorder import latex_escape
 from keybias.studies.precision.judge import CROSSING_FACTOR
 from keybias.studies.precision.measure import PATHS
 
+PATH_LABELS = {
+    "explicit": "written out",
+    "sdpa_math": "SDPA math",
+    "sdpa_flash": "SDPA flash",
+    "sdpa_efficient": "SDPA memory-efficient",
+    "mha": "nn.MultiheadAttention",
+}
+
+
+def path_label(path: str) -> str:
+    """The code path in words, for legends and tables."""
+    return PATH_LABELS.get(path, path)
+
 
 def _path_colors() -> dict[str, str]:
     """One Okabe-Ito colour per code path, the same in every panel and figure."""
@@ -36,7 +49,7 @@ def plot_error_vs_bias(errors: pd.DataFrame, law: pd.DataFrame, dtypes):
         model_drawn = set()
         for path, g in ok[ok["dtype"].eq(dtype)].groupby("path", sort=False):
             color = colors[path]
-            ax.loglog(g["ratio"], g["delta_rms"], "o", ms=3, color=color, label=path)
+            ax.loglog(g["ratio"], g["delta_rms"], "o", ms=3, color=color, label=path_label(path))
             ax.loglog(g["ratio"], g["tolerance"], ":", color=color, lw=0.8)
             f = law[(law["dtype"] == dtype) & (law["path"] == path)] if len(law) else law
             if len(f) and np.isfinite(f["slope"].iloc[0]):
@@ -52,7 +65,7 @@ def plot_error_vs_bias(errors: pd.DataFrame, law: pd.DataFrame, dtypes):
         ax.set_visible(False)
     for ax in axes[-1]:
         ax.set_xlabel(r"$\|b_k\| / \|k\|$")
-    handles = [plt.Line2D([], [], color=colors[p], marker="o", ls="", ms=3, label=p)
+    handles = [plt.Line2D([], [], color=colors[p], marker="o", ls="", ms=3, label=path_label(p))
                for p in PATHS if p in set(ok["path"])]
     handles += [plt.Line2D([], [], color="0", ls="--", lw=1, label="fitted law"),
                 plt.Line2D([], [], color=style.OKABE_ITO[7], lw=0.6, label="rounding model"),
@@ -78,7 +91,8 @@ def plot_accuracy(errors: pd.DataFrame, crossing: pd.DataFrame, dtypes, factor: 
     fig, axes = plt.subplots(1, len(low), figsize=(style.FULL_WIDTH, 2.4), sharey=True, squeeze=False)
     for ax, dtype in zip(axes[0], low, strict=True):
         for path, g in ok[ok["dtype"].eq(dtype)].groupby("path", sort=False):
-            ax.loglog(g["ratio"], g["err_rms"] / g["err0_rms"], "o-", ms=2.5, lw=0.8, color=colors[path], label=path)
+            ax.loglog(g["ratio"], g["err_rms"] / g["err0_rms"], "o-", ms=2.5, lw=0.8, color=colors[path],
+                      label=path_label(path))
             c = crossing[(crossing["dtype"] == dtype) & (crossing["path"] == path)]["crossing"]
             if len(c) and np.isfinite(c.iloc[0]):
                 ax.axvline(c.iloc[0], color=colors[path], lw=0.6, ls=":")
@@ -93,8 +107,9 @@ def plot_accuracy(errors: pd.DataFrame, crossing: pd.DataFrame, dtypes, factor: 
 
 
 def plot_gradient(gsum: pd.DataFrame):
-    """Left: |g_bk|/|g_bq| against u per path, with the line u. Right: mean pairwise cosine
-    across batches of the b_k and b_q gradients with the isotropic-noise bound. Returns the
+    """Left: |g_bk|/|g_bq| against u per path, with the line u. Right: per dtype, the mean
+    pairwise cosine across batches of the b_k gradients (filled) and of the b_q gradients
+    (open), one point per path, with the band that isotropic noise reaches (grey). Returns the
     figure."""
     import matplotlib.pyplot as plt
 
@@ -102,25 +117,36 @@ def plot_gradient(gsum: pd.DataFrame):
 
     colors = _path_colors()
     okg = gsum[gsum["status"].eq("ok")]
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(style.FULL_WIDTH, 3.0), width_ratios=(1, 1.6))
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(style.FULL_WIDTH, 2.6))
     for path, g in okg.groupby("path", sort=False):
-        ax1.loglog(g["unit_roundoff"], g["ratio_median"], "o", ms=3.5, color=colors[path], label=path)
+        ax1.loglog(g["unit_roundoff"], g["ratio_median"], "o", ms=3.5, color=colors[path], label=path_label(path))
     u = np.array(sorted(okg["unit_roundoff"].unique()))
     ax1.loglog(u, u, "--", color="0", lw=0.8, label="$u$")
-    ax1.set_xlabel("unit roundoff $u$")
+    ax1.set_xlabel("unit roundoff $u$ of the dtype")
     ax1.set_ylabel(r"$\|g_{b_k}\| / \|g_{b_q}\|$")
-    labels = [f"{d} {p}" for d, p in zip(okg["dtype"], okg["path"], strict=True)]
-    x = np.arange(len(okg))
-    ax2.bar(x - 0.2, okg["bk_mean_cos"], 0.4, color=style.OKABE_ITO[3], label="$b_k$ cosine")
-    ax2.bar(x + 0.2, okg["bq_mean_cos"], 0.4, color=style.OKABE_ITO[5], label="$b_q$ cosine")
-    ax2.plot(x, okg["cos_bound"], "_", color="0", ms=8, label="noise bound")
-    ax2.plot(x, -okg["cos_bound"], "_", color="0", ms=8)
-    ax2.set_xticks(x, labels, rotation=90)
+    ax1.set_title("size")
+    dtypes = list(dict.fromkeys(okg["dtype"]))
+    paths = [p for p in PATHS if p in set(okg["path"])]
+    offset = {p: (i - (len(paths) - 1) / 2) * 0.14 for i, p in enumerate(paths)}
+    for i, dtype in enumerate(dtypes):
+        d = okg[okg["dtype"] == dtype]
+        bound = float(d["cos_bound"].max())
+        ax2.fill_between([i - 0.35, i + 0.35], -bound, bound, color="0.88", lw=0,
+                         label="reach of isotropic noise" if i == 0 else None)
+        for _, r in d.iterrows():
+            x = i + offset[r["path"]]
+            ax2.plot(x, r["bk_mean_cos"], "o", ms=4, color=colors[r["path"]])
+            ax2.plot(x, r["bq_mean_cos"], "o", ms=4, mfc="none", mec=colors[r["path"]], mew=0.9)
+    ax2.plot([], [], "o", ms=4, color="0.3", label="$b_k$ gradients")
+    ax2.plot([], [], "o", ms=4, mfc="none", mec="0.3", label="$b_q$ gradients")
+    ax2.axhline(0.0, color="0.5", lw=0.5)
+    ax2.set_xticks(range(len(dtypes)), dtypes)
     ax2.set_ylabel("mean pairwise cosine")
-    h1, l1 = ax1.get_legend_handles_labels()
-    h2, l2 = ax2.get_legend_handles_labels()
+    ax2.set_title("direction across batches")
+    ax2.legend(loc="center right", frameon=False)
     fig.tight_layout()
-    style.legend_outside(fig, handles=h1 + h2, labels=l1 + l2, ncol=5)
+    h1, l1 = ax1.get_legend_handles_labels()
+    style.legend_outside(fig, handles=h1, labels=l1, ncol=len(l1))
     return fig
 
 
@@ -132,7 +158,7 @@ def gradient_table_with_devices(gsum: pd.DataFrame, absent: pd.DataFrame) -> str
 def law_table(law: pd.DataFrame) -> str:
     """The fitted law per dtype and path as a LaTeX tabular body (booktabs)."""
     frame = pd.DataFrame({
-        "dtype": law["dtype"], "path": law["path"].map(latex_escape), "points": law["points"],
+        "dtype": law["dtype"], "path": law["path"].map(path_label).map(latex_escape), "points": law["points"],
         "slope": [f"${s:.3f} \\pm {e:.3f}$" for s, e in zip(law["slope"], law["slope_se"], strict=True)],
         "$A/u$": [f"{c:.3g}" for c in law["const_over_u"]],
         "$C$ (model)": [f"{c:.2f}" for c in law["model_constant"]],
@@ -141,19 +167,29 @@ def law_table(law: pd.DataFrame) -> str:
     return frame.to_latex(index=False, escape=False)
 
 
+def _reason_words(device: str, reason: str) -> str:
+    """Why a row was not run, for a reader: no exception class names, no "this machine"."""
+    if "not present" in reason:
+        return "measured on the GPU (APPENDIX)" if device == "cuda" else f"no {device.upper()} device"
+    if "no cpu kernel" in reason.lower():
+        return "no CPU kernel for this dtype"
+    return reason.split(" (")[0]
+
+
 def gradient_table(gsum: pd.DataFrame) -> str:
     """Gradient summary per dtype and path as a LaTeX tabular body; not-run rows keep their
     reason."""
     rows = []
     for _, r in gsum.iterrows():
-        base = {"device": r["device"], "dtype": r["dtype"], "path": latex_escape(r["path"])}
+        base = {"device": r["device"], "dtype": r["dtype"], "path": latex_escape(path_label(r["path"]))}
         if r["status"] != "ok":
-            reason = latex_escape(r["reason"])
-            rows.append({**base, "ratio": "not run", "cos_k": "", "cos_q": "", "bound": reason[:48]})
+            reason = latex_escape(_reason_words(r["device"], str(r["reason"]))).replace(
+                "APPENDIX", r"Appendix~\ref{sec:gpu}")
+            rows.append({**base, "ratio": "not run", "cos_k": "", "cos_q": "", "bound": reason})
             continue
         rows.append({**base, "ratio": f"{r['ratio_over_u']:.3f}", "cos_k": f"{r['bk_mean_cos']:+.3f}",
                      "cos_q": f"{r['bq_mean_cos']:.3f}", "bound": f"{r['cos_bound']:.3f}"})
     frame = pd.DataFrame(rows).rename(columns={
         "ratio": r"$\|g_{b_k}\|/(u\|g_{b_q}\|)$", "cos_k": r"$\cos b_k$", "cos_q": r"$\cos b_q$",
-        "bound": "noise bound / reason"})
+        "bound": "noise bound, or why not run"})
     return frame.to_latex(index=False, escape=False)
