@@ -288,7 +288,8 @@ register(Finding(
                r"in float32 at $\varepsilon=10^{-12}$, \LongFullRateBfloatEpsEightMedian{} in bfloat16 at the default "
                r"$\varepsilon=10^{-8}$) and SGD-like, $\eta g/\varepsilon$, in float32 at the default "
                r"(\LongFullRateFloatEpsEightMedian{}), where the drift is at most \LongFullDampingMax{} of the "
-               r"small-$\varepsilon$ drift of the same run; SGD leaves $\bk$ in place."),
+               r"small-$\varepsilon$ drift of the same run; under SGD in float32, $\bk$ moves no farther than the "
+               r"random walk of its noise gradient."),
     section="sec:training", figure="training_bias_norms", notebook="04_training", basis="test",
     decided_by=("train-sgd-bk-stays-put", "train-adam-drift-matches-noise-prediction",
                 "adam-sgd-steps-float32-default-eps",
@@ -305,7 +306,7 @@ register(Finding(
 register(Finding(
     id="long-run-drift",
     title="The drift over a long run, and what drives it",
-    statement=(r"Over \LongFullRuns{} recorded runs (\LongFullSeeds{} fresh seeds, two model sizes), the small "
+    statement=(r"Over \LongFullRuns{} long runs (\LongFullSeeds{} fresh seeds, two model sizes), the small "
                r"model's $\|\bk\|$ grows like $t^{\alpha}$ with median $\alpha=\LongFullExponentMedianSmall{}$ over "
                r"the seeds at $\varepsilon=10^{-12}$, faster than a random walk ($\alpha=1/2$) in the median seed "
                r"though three seeds cannot exclude one; its velocity is the one Adam makes of a small bias of the "
