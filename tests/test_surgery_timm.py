@@ -14,28 +14,8 @@ import torch
 
 from keybias import surgery
 
-_KEEP: list = []
-
-
-def _torchvision_without_ops() -> None:
-    """Where torchvision's compiled ops cannot load (a CUDA torchvision wheel beside a CPU
-    torch), its import stops at registering fake kernels for torchvision::nms and ::qnms; define
-    their schemas first (no kernels: the models here never call them) so that timm imports."""
-    spec = importlib.util.find_spec("torchvision")
-    if spec is None or spec.origin is None or "torchvision" in __import__("sys").modules:
-        return
-    try:
-        torch.ops.load_library(str(Path(spec.origin).parent / "_C.so"))
-    except (OSError, RuntimeError):
-        lib = torch.library.Library("torchvision", "DEF")
-        lib.define("nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
-        lib.define("qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
-        _KEEP.append(lib)
-
-
 if importlib.util.find_spec("timm") is None:
     pytest.skip("timm is not installed (pip install 'keybias[timm]')", allow_module_level=True)
-_torchvision_without_ops()
 timm = importlib.import_module("timm")
 
 
