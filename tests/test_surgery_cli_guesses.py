@@ -129,3 +129,11 @@ def test_read_back_check_catches_a_tensor_that_differs(tmp_path):
     changed = dict(state, **{name: state[name] + 1})
     with pytest.raises(cli.CliError, match="gave a different"):
         cli.verify_written(folder, changed)
+
+
+@pytest.mark.parametrize("argv", [["--dtype", "int8"], [], ["only-one"], ["a", "b", "--no-such-flag"]])
+def test_usage_errors_are_one_line_exit_2(argv, capsys, tmp_path):
+    with pytest.raises(SystemExit) as info:
+        cli.main([str(tmp_path / a) if not a.startswith("-") and a != "int8" else a for a in argv])
+    err = capsys.readouterr().err.strip()
+    assert info.value.code == 2 and len(err.splitlines()) == 1 and err.startswith("error: ")

@@ -464,8 +464,15 @@ def _complete(out_dir: Path) -> bool:
     return out_dir.is_dir() and not out_dir.is_symlink() and (out_dir / "keybias_surgery.json").is_file()
 
 
+class _Parser(argparse.ArgumentParser):
+    """Usage errors as one line (exit 2), like every other bad input; --help still prints usage."""
+
+    def error(self, message: str):
+        self.exit(2, f"error: {message} (keybias-surgery --help lists the arguments)\n")
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="keybias-surgery",
         description="Remove key biases (and fold value biases) of a Hugging Face model directory, certified.")
     parser.add_argument("in_dir", type=Path, help="Hugging Face model directory (config.json + *.safetensors)")
