@@ -196,7 +196,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "results" / "machine")
     args = parser.parse_args()
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
-    rows = []
+    rows, load_start = [], os.getloadavg()[0]
     for size in args.sizes:
         work = Path(tempfile.mkdtemp(dir=args.scratch, prefix=f"keybias-bench-{size}-"))
         try:
@@ -225,7 +225,8 @@ def main() -> int:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
-    lines = [f"# make bench-surgery (commit {commit}, {_machine()}, {time.strftime('%Y-%m-%d')})", "",
+    load = f"1-minute load average {load_start:.1f} at the start, {os.getloadavg()[0]:.1f} at the end"
+    lines = [f"# make bench-surgery (commit {commit}, {_machine()}, {time.strftime('%Y-%m-%d')})", "", load + ".", "",
              "| size | dtype | model GB | forward s | strip s (forward passes) | fold s | library peak GB (x model) "
              "| read+write floor s | CLI s (x floor) | CLI peak GB (x model) |",
              "|---|---|---|---|---|---|---|---|---|---|"]

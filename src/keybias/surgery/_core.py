@@ -322,12 +322,25 @@ KERNEL_SWITCH_BOUND = 2.0**-12
 _NO_INPUTS = object()
 
 
+def _float64_copy(unit: nn.Module) -> nn.Module:
+    """copy.deepcopy(unit).double().eval() without the float32 copy in between: every floating
+    parameter and buffer is converted once, straight into the copy (shared ones stay shared)."""
+    memo: dict[int, Any] = {}
+    for p in unit.parameters():
+        if id(p) not in memo and p.is_floating_point():
+            memo[id(p)] = nn.Parameter(p.detach().to(torch.float64, copy=True), requires_grad=p.requires_grad)
+    for b in unit.buffers():
+        if id(b) not in memo and b.is_floating_point():
+            memo[id(b)] = b.detach().to(torch.float64, copy=True)
+    return copy.deepcopy(unit, memo).double().eval()
+
+
 def _unit_copy(unit: nn.Module, calls: list) -> nn.Module:
     """A float64 eval-mode copy of one unit (never of the whole model), on the kernel that
     computes the unit's own function: PyTorch's SDPA where it agrees with the unit's eager
     kernel (some eager kernels take the softmax in float32 even in float64), else the unit's own
     (SDPA drops terms such as attention sinks)."""
-    base = copy.deepcopy(unit).double().eval()
+    base = _float64_copy(unit)
     switched = _float64_kernels(base)
     if switched and calls:
         own = copy.deepcopy(base)
