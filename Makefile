@@ -10,7 +10,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 TEX_PACKAGES := latexmk texlive-latex-base texlive-latex-recommended texlive-fonts-recommended
-LOCK_HASH := $(shell sha256sum < requirements.lock | cut -c1-16)
+LOCK_HASH := $(shell cat requirements.lock scripts/torchvision_without_ops.py | sha256sum | cut -c1-16)
 VENV_STAMP := $(VENV)/.installed-$(LOCK_HASH)
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
@@ -86,13 +86,15 @@ manifest: $(VENV_STAMP) ## rewrite params/claims/$(PROFILE)/ from the claims in 
 render: $(VENV_STAMP) ## re-render results/notebooks/*.html from the executed notebooks (no kernel)
 	@$(PY) -m keybias.pipeline.render --results results render
 
-venv: $(VENV_STAMP) ## build .venv from requirements.lock
+venv: $(VENV_STAMP) ## build .venv from requirements.lock (torchvision reinstalled without compiled ops beside a CPU torch)
 
 $(VENV_STAMP):
 	@echo "building $(VENV) from requirements.lock (pip output follows only on errors or warnings)"
 	@rm -rf $(VENV)
 	@$(PYTHON) -m venv $(VENV)
 	@$(VENV)/bin/pip install --quiet --disable-pip-version-check -r requirements.lock
+	@# PyPI's torchvision is a CUDA build: reinstall it without its compiled ops (see README, Install)
+	@$(PY) scripts/torchvision_without_ops.py
 	@$(VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
 	@$(PY) -m ipykernel install --prefix $(VENV) --name keybias --display-name "Python (keybias .venv)" >/dev/null
 	@touch $@

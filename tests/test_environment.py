@@ -148,3 +148,110 @@ def test_import_keybias_is_light():
             "'keybias.studies', 'keybias.pipeline') if m in sys.modules]; print(heavy)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout
+
+
+def _torchvision_script():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("tv_noops", ROOT / "scripts" / "torchvision_without_ops.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+META = '''import torch
+import torch.library
+
+# Ensure that torch.ops.torchvision is visible
+import torchvision.extension  # noqa: F401
+
+
+@register_meta("roi_align")
+def meta_roi_align(x):
+    return x
+
+
+@torch.library.register_fake("torchvision::nms")
+def meta_nms(dets, scores, iou_threshold):
+    return dets
+
+
+@torch.library.register_fake("torchvision::qnms")
+def meta_qnms(dets, scores, iou_threshold):
+    return dets
+'''
+
+
+def _fake_wheel(path, meta=META):
+    import zipfile
+
+    with zipfile.ZipFile(path, "w") as z:
+        for name, data in {"torchvision/__init__.py": "", "torchvision/_C.so": "ELF libtorch_cuda.so",
+                           "torchvision/image.so": "ELF", "torchvision.libs/libcudart.so.13": "ELF",
+                           "torchvision/_meta_registrations.py": meta,
+                           "torchvision-0.28.0.dist-info/METADATA": "Name: torchvision\nVersion: 0.28.0\n",
+                           "torchvision-0.28.0.dist-info/WHEEL": "Wheel-Version: 1.0\n",
+                           "torchvision-0.28.0.dist-info/RECORD": "stale\n"}.items():
+            z.writestr(name, data)
+    return path
+
+
+def test_torchvision_rebuild_leaves_out_the_compiled_ops_and_guards_the_fakes(tmp_path):
+    """The rebuilt wheel differs from the released one in exactly the documented ways, and its
+    RECORD is valid (pip checks it on install)."""
+    import base64
+    import hashlib
+    import zipfile
+
+    script = _torchvision_script()
+    src = _fake_wheel(tmp_path / "torchvision-0.28.0-cp311-cp311-manylinux_2_28_x86_64.whl")
+    (tmp_path / "out").mkdir()
+    out = script.rebuild(src, tmp_path / "out")
+    assert out.name == "torchvision-0.28.0+noops-cp311-cp311-manylinux_2_28_x86_64.whl"
+    with zipfile.ZipFile(out) as z:
+        names = set(z.namelist())
+        assert names == {"torchvision/__init__.py", "torchvision/_meta_registrations.py",
+                         "torchvision-0.28.0+noops.dist-info/METADATA",
+                         "torchvision-0.28.0+noops.dist-info/WHEEL",
+                         "torchvision-0.28.0+noops.dist-info/RECORD"}
+        assert "Version: 0.28.0+noops\n" in z.read("torchvision-0.28.0+noops.dist-info/METADATA").decode()
+        meta = z.read("torchvision/_meta_registrations.py").decode()
+        assert "@torch.library.register_fake(" not in meta
+        assert meta.count('@_register_fake_if_ops("torchvision::') == 2
+        assert '@register_meta("roi_align")' in meta  # the rest as released
+        for line in z.read("torchvision-0.28.0+noops.dist-info/RECORD").decode().splitlines():
+            name, digest, size = line.split(",")
+            if name.endswith("RECORD"):
+                continue
+            data = z.read(name)
+            assert digest == "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+            assert int(size) == len(data)
+
+
+def test_torchvision_rebuild_refuses_a_wheel_it_does_not_recognize(tmp_path):
+    import pytest
+
+    script = _torchvision_script()
+    (tmp_path / "out").mkdir()
+    changed = META.replace('@torch.library.register_fake("torchvision::qnms")', '@torch.library.register_fake("x")')
+    src = _fake_wheel(tmp_path / "torchvision-0.28.0-cp311-cp311-linux_x86_64.whl", meta=changed)
+    with pytest.raises(SystemExit, match="qnms"):
+        script.rebuild(src, tmp_path / "out")
+
+
+def test_the_vision_libraries_import_beside_this_torch():
+    """The lock's torchvision, timm and open_clip import in this environment (a CUDA torchvision
+    beside a CPU torch fails here, at `import torchvision`), and transformers sees torchvision."""
+    import subprocess
+    import sys
+
+    pins = lock_pins()
+    code = ("import torchvision, timm, open_clip, transformer_lens\n"
+            "from transformers.utils import is_torchvision_available\n"
+            "assert is_torchvision_available()\n"
+            "print(torchvision.__version__, timm.__version__, open_clip.__version__)")
+    out = subprocess.run([sys.executable, "-W", "ignore", "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    tv, timm_version, oc = out.stdout.split()
+    assert tv.split("+")[0] == pins["torchvision"] and timm_version == pins["timm"]
+    assert oc == pins["open-clip-torch"]

@@ -99,3 +99,71 @@ def test_example_inputs_reach_every_attention_module(family):
     sites, _ = discover(model)
     _, calls = _calls.capture(model, inputs, [s.unit_path for s in sites])
     assert all(calls[s.unit_path] for s in sites)
+
+
+@pytest.mark.parametrize("family", ["BERT", "GPT-2", "ViT", "BART"])
+def test_merged_calls_give_each_calls_own_output(family):
+    """The captured and random calls run as one batch give, call by call, what each gives alone."""
+    from keybias.surgery import _calls
+    from keybias.surgery._sites import discover
+
+    model = families.build(family).double().eval()
+    sites, _ = discover(model)
+    _, calls = _calls.capture(model, _calls.example_inputs(model), [s.unit_path for s in sites])
+    gen = torch.Generator().manual_seed(0)
+    merged_any = False
+    for site in sites:
+        unit = model.get_submodule(site.unit_path) if site.unit_path else model
+        probes = list(calls[site.unit_path]) + [_calls.randomized(c, gen) for c in calls[site.unit_path]]
+        merged = _calls.merge(probes)
+        if merged is None:
+            continue
+        merged_any = True
+        together = _calls.merged_outputs(unit, merged, len(probes))
+        alone = [_calls.unit_output(unit, c) for c in probes]
+        assert together is not None and len(together) == len(alone)
+        for y, ref in zip(together, alone, strict=True):
+            assert y.shape == ref.shape and (y - ref).abs().max() <= 1e-12 * (1 + ref.abs().max())
+        assert (together[0] - together[-1]).abs().max() > 1e-3  # the random call is another call
+    assert merged_any
+
+
+def test_merge_refuses_calls_it_cannot_join():
+    from keybias.surgery import _calls
+
+    x, y = torch.randn(2, 4, 8), torch.randn(2, 5, 8)
+    assert _calls.merge([((x,), {}), ((y,), {})]) is None  # shapes differ
+    assert _calls.merge([((x,), {"n": 1}), ((x,), {"n": 2})]) is None  # other arguments differ
+    assert _calls.merge([((x, torch.randn(3, 4)), {}), ((x, torch.randn(3, 4)), {})]) is None  # dim 0 not the batch
+    mask = torch.zeros(1, 1, 4, 4)
+    (args, _), batch = _calls.merge([((x, mask), {}), ((x + 1, mask), {})])
+    assert batch == 2 and args[0].shape == (4, 4, 8) and args[1] is mask  # broadcast mask kept
+
+
+def test_a_misjoined_batch_is_caught_and_the_calls_run_one_by_one(monkeypatch):
+    """If merging joined the calls wrongly (here: the rows of the batch reversed), the merged
+    outputs do not reproduce the captured ones; the site is then certified call by call."""
+    from keybias.surgery import _calls, _core
+
+    model = families.build("BERT").eval()
+    args, kwargs = families.model_inputs("BERT", model)
+    y0 = families.model_outputs(model, args, kwargs)
+    real_merge, joined = _calls.merge, []
+
+    def misjoined(calls):
+        found = real_merge(calls)
+        if found is None:
+            return None
+        (call_args, call_kwargs), batch = found
+        joined.append(batch)
+        return ((call_args[0].flip(0), *call_args[1:]), call_kwargs), batch
+    singles = []
+    real_single = _calls.unit_output
+    monkeypatch.setattr(_calls, "merge", misjoined)
+    monkeypatch.setattr(_calls, "unit_output", lambda *a, **k: singles.append(1) or real_single(*a, **k))
+    seen = []
+    real_probe = _core._probe_site
+    monkeypatch.setattr(_core, "_probe_site", lambda *a, **k: seen.append(real_probe(*a, **k)) or seen[-1])
+    report = surgery.strip_key_bias(model)
+    assert joined and report["modules_changed"] and seen and not any(r["batched"] for r in seen) and singles
+    assert (families.model_outputs(model, args, kwargs) - y0).abs().max() <= 1e-12 * y0.abs().max()

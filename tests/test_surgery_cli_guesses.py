@@ -106,6 +106,21 @@ def test_interrupt_before_the_output_is_complete_exits_2_and_leaves_nothing(tmp_
     assert sorted(os.listdir(tmp_path)) == ["in"]
 
 
+def test_interrupt_beside_an_earlier_complete_output_is_not_a_success(tmp_path, monkeypatch, capsys):
+    """OUT_DIR holds an earlier run's complete output; this run is interrupted before it checks
+    its arguments: it wrote nothing, so it must not exit 0."""
+    src, out = _tiny(tmp_path / "in"), tmp_path / "out"
+    assert cli.main([str(src), str(out)]) == 0
+    before = sorted(os.listdir(out))
+
+    def stop(*_args, **_kwargs):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(cli, "check_input", stop)
+    assert cli.main([str(src), str(out)]) == 2
+    assert "interrupted; nothing written" in capsys.readouterr().err
+    assert sorted(os.listdir(out)) == before
+
+
 def test_read_back_check_catches_a_tensor_that_differs(tmp_path):
     folder = _tiny(tmp_path / "in")
     state = load_file(str(folder / "model.safetensors"))
@@ -114,3 +129,11 @@ def test_read_back_check_catches_a_tensor_that_differs(tmp_path):
     changed = dict(state, **{name: state[name] + 1})
     with pytest.raises(cli.CliError, match="gave a different"):
         cli.verify_written(folder, changed)
+
+
+@pytest.mark.parametrize("argv", [["--dtype", "int8"], [], ["only-one"], ["a", "b", "--no-such-flag"]])
+def test_usage_errors_are_one_line_exit_2(argv, capsys, tmp_path):
+    with pytest.raises(SystemExit) as info:
+        cli.main([str(tmp_path / a) if not a.startswith("-") and a != "int8" else a for a in argv])
+    err = capsys.readouterr().err.strip()
+    assert info.value.code == 2 and len(err.splitlines()) == 1 and err.startswith("error: ")

@@ -1,5 +1,6 @@
 """timm models: inputs from pretrained_cfg (no inputs= needed), attention dropout refused for
-the fold, BEiT/EVA's separate v_bias folded, ConViT's attention reported, RoPE refused as RoPE.
+the fold, BEiT/EVA's separate v_bias folded, ConViT's MHSA stripped and GPSA reported, EVA's
+AttentionRope refused as RoPE, SigLIP's MAP head stripped (refused with QK-norm).
 Skipped where timm is not installed (keybias[timm])."""
 
 from __future__ import annotations
@@ -14,28 +15,8 @@ import torch
 
 from keybias import surgery
 
-_KEEP: list = []
-
-
-def _torchvision_without_ops() -> None:
-    """Where torchvision's compiled ops cannot load (a CUDA torchvision wheel beside a CPU
-    torch), its import stops at registering fake kernels for torchvision::nms and ::qnms; define
-    their schemas first (no kernels: the models here never call them) so that timm imports."""
-    spec = importlib.util.find_spec("torchvision")
-    if spec is None or spec.origin is None or "torchvision" in __import__("sys").modules:
-        return
-    try:
-        torch.ops.load_library(str(Path(spec.origin).parent / "_C.so"))
-    except (OSError, RuntimeError):
-        lib = torch.library.Library("torchvision", "DEF")
-        lib.define("nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
-        lib.define("qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
-        _KEEP.append(lib)
-
-
 if importlib.util.find_spec("timm") is None:
     pytest.skip("timm is not installed (pip install 'keybias[timm]')", allow_module_level=True)
-_torchvision_without_ops()
 timm = importlib.import_module("timm")
 
 
@@ -105,11 +86,21 @@ def test_beit_and_eva_separate_v_bias_is_folded(name):
     assert (model(x) - y0).abs().max() <= 2.0**-24 * y0.abs().max()
 
 
-def test_convit_attention_is_reported_not_silently_skipped():
-    model = _build("convit_tiny", local_up_to_layer=1, **TINY)
-    report = surgery.strip_key_bias(model)
-    listed = {m["module"] for m in report["modules"]} | {u["module"] for u in report["not_handled"]}
-    assert {"blocks.0.attn", "blocks.1.attn"} <= listed
+def test_convit_mhsa_is_stripped_and_gpsa_reported_with_its_reason():
+    model = _build("convit_tiny", local_up_to_layer=1, qkv_bias=True, **TINY)
+    x = _image(model)
+    y0 = model(x)
+    report = surgery.strip_key_bias(model, storage="zeros")
+    assert report["modules_changed"] == ["blocks.1.attn"]  # MHSA: packed [q | k | v] qkv
+    qkv = model.blocks[1].attn.qkv.bias
+    dim = qkv.numel() // 3
+    assert torch.count_nonzero(qkv[dim:2 * dim]) == 0 and torch.count_nonzero(qkv[:dim]) > 0
+    assert (model(x) - y0).abs().max() <= 2.0**-24 * y0.abs().max()
+    gpsa = [u for u in report["not_handled"] if u["module"] == "blocks.0.attn"]
+    assert gpsa and "GPSA" in gpsa[0]["reason"] and "gate" in gpsa[0]["reason"]
+    with torch.no_grad():  # power: the same kind of change to b_q moves the output
+        qkv[:dim].add_(1.0)
+    assert (model(x) - y0).abs().max() > 1e-6 * y0.abs().max()
 
 
 def test_rope_attention_is_refused_naming_rope():
@@ -119,11 +110,33 @@ def test_rope_attention_is_refused_naming_rope():
     assert "QK-norm" not in str(info.value)
 
 
-def test_map_pooling_head_reason_is_not_qk_norm():
-    model = _build("vit_base_patch16_siglip_224", img_size=32, patch_size=8, depth=1, embed_dim=64, num_heads=4)
-    report = surgery.strip_key_bias(model)
-    pool = [u for u in report["not_handled"] if u["module"] == "attn_pool"]
-    assert pool and "QK-norm" not in pool[0]["reason"]
+def test_map_pooling_head_key_bias_is_stripped_and_its_value_bias_folded():
+    """SigLIP's MAP head (AttentionPoolLatent): q from a learned latent, [k | v] from kv."""
+    kw = dict(img_size=32, patch_size=8, depth=1, embed_dim=64, num_heads=4)
+    model = _build("vit_base_patch16_siglip_224", **kw)
+    x = _image(model)
+    y0 = model(x)
+    strip = surgery.strip_key_bias(model, storage="zeros")
+    fold = _quiet(surgery.fold_value_bias, model, storage="zeros")
+    assert strip["modules_changed"] == fold["modules_changed"] == ["blocks.0.attn", "attn_pool"]
+    assert not strip["not_handled"]
+    kv = model.attn_pool.kv.bias
+    assert torch.count_nonzero(kv) == 0 and torch.count_nonzero(model.attn_pool.q.bias) > 0
+    assert (model(x) - y0).abs().max() <= 2.0**-24 * y0.abs().max()
+    with torch.no_grad():  # power: the same change to b_q of the head moves the output
+        model.attn_pool.q.bias.add_(1.0)
+    assert (model(x) - y0).abs().max() > 1e-6 * y0.abs().max()
+
+
+def test_map_pooling_head_with_qk_norm_is_refused_naming_qk_norm():
+    from timm.layers import AttentionPoolLatent
+
+    torch.manual_seed(0)
+    head = AttentionPoolLatent(64, num_heads=4, qk_norm=True).double().eval()
+    with torch.no_grad():
+        head.kv.bias.normal_()
+    with pytest.raises(surgery.SurgeryRefused, match="QK-norm"):
+        surgery.strip_key_bias(head, inputs=torch.randn(2, 5, 64, dtype=torch.float64))
 
 
 def _timm_folder(directory: Path, drop: str | None = None) -> Path:

@@ -223,13 +223,22 @@ def to_float64(obj: Any) -> Any:
 Call = tuple[tuple, dict]
 
 
-def capture(model: nn.Module, inputs: Any, paths: list[str]) -> tuple[torch.Tensor, dict[str, list[Call]]]:
+def capture(model: nn.Module, inputs: Any, paths: list[str],
+            outputs: dict[str, list[torch.Tensor]] | None = None) -> tuple[torch.Tensor, dict[str, list[Call]]]:
     """Run `model` once on `inputs`; return its flattened output and the first calls of each
-    module in `paths` (args, kwargs as passed)."""
+    module in `paths` (args, kwargs as passed). With `outputs`, the flattened output of each of
+    those calls is put there too (in the model's dtype, as float64 vectors)."""
     calls: dict[str, list[Call]] = {p: [] for p in paths}
     hooks = []
     for path in dict.fromkeys(paths):
         module = model.get_submodule(path) if path else model
+        if outputs is not None:
+            outputs[path] = []
+
+            def out_hook(_m, _args, _kwargs, out, path=path):
+                if len(outputs[path]) < CALLS_PER_UNIT:
+                    outputs[path].append(flatten(out))
+            hooks.append(module.register_forward_hook(out_hook, with_kwargs=True))
 
         # A pre-hook: stateful arguments (a key/value cache the call appends to) are copied as
         # they were before the call, so a replayed call sees what the real one saw.
@@ -293,14 +302,113 @@ def unit_output(unit: nn.Module, call: Call, first: bool = False) -> torch.Tenso
     return flatten(out)
 
 
+def _batch_size(call: Call) -> int | None:
+    """The batch size of a call: dim 0 of its hidden states (the tensor randomized() replaces)."""
+    args, kwargs = call
+    for a in args:
+        if isinstance(a, torch.Tensor) and a.is_floating_point() and a.ndim >= 2:
+            return int(a.shape[0])
+    for k, v in kwargs.items():
+        if k in HIDDEN_NAMES and isinstance(v, torch.Tensor) and v.is_floating_point() and v.ndim >= 2:
+            return int(v.shape[0])
+    return None
+
+
+def _merge_values(values: list, batch: int) -> tuple[bool, Any]:
+    first = values[0]
+    if isinstance(first, torch.Tensor):
+        if not all(isinstance(v, torch.Tensor) and v.shape == first.shape and v.dtype == first.dtype
+                   for v in values) or first.ndim == 0:
+            return False, None
+        same = all(v is first or torch.equal(v, first) for v in values[1:])
+        if first.shape[0] == 1 and same:
+            return True, first  # broadcast over the batch (a mask or position table): kept as is
+        if first.shape[0] == batch:
+            return True, torch.cat(values, dim=0)
+        return False, None
+    if isinstance(first, (tuple, list)) or _stateful(first):
+        return False, None  # nested or stateful arguments (caches): not merged
+    return all(v is first or (type(v) is type(first) and v == first) for v in values[1:]), first
+
+
+def merge(calls: list[Call]) -> tuple[Call, int] | None:
+    """One call that carries every call of `calls` along the batch dimension, and the batch size
+    of each, or None where that is not certain: the calls must have the same structure and
+    shapes; each tensor argument either carries the batch (dim 0 = the hidden states' batch size;
+    concatenated) or is the same in every call with dim 0 = 1 (broadcast; kept); every other
+    argument is equal in every call; no nested or stateful argument. Whether the merged call
+    computes what the separate calls compute is checked by the caller, against the captured
+    outputs."""
+    if len(calls) < 2:
+        return None
+    batch = _batch_size(calls[0])
+    if batch is None or any(_batch_size(c) != batch for c in calls):
+        return None
+    n_args, keys = len(calls[0][0]), list(calls[0][1])
+    if any(len(c[0]) != n_args or list(c[1]) != keys for c in calls):
+        return None
+    args = []
+    for i in range(n_args):
+        ok, value = _merge_values([c[0][i] for c in calls], batch)
+        if not ok:
+            return None
+        args.append(value)
+    kwargs = {}
+    for k in keys:
+        ok, value = _merge_values([c[1][k] for c in calls], batch)
+        if not ok:
+            return None
+        kwargs[k] = value
+    return (tuple(args), kwargs), batch
+
+
+def merged_outputs(unit: nn.Module, merged: tuple[Call, int], n: int) -> list[torch.Tensor] | None:
+    """The unit's output on a merged call, split back into the `n` calls' flattened outputs (as
+    unit_output gives them), or None if an output tensor does not carry the merged batch."""
+    call, batch = merged
+    with torch.no_grad():
+        out = unit(*call[0], **call[1])
+    leaves: list[torch.Tensor] = []
+
+    def collect(obj: Any) -> bool:
+        if isinstance(obj, torch.Tensor):
+            if obj.is_floating_point():
+                if obj.ndim == 0 or obj.shape[0] != n * batch:
+                    return False
+                leaves.append(obj.detach().double())
+            return True
+        if isinstance(obj, (tuple, list)):
+            return all(collect(item) for item in obj)
+        if isinstance(obj, dict):
+            return all(collect(item) for item in obj.values())
+        if hasattr(obj, "to_tuple"):
+            return collect(obj.to_tuple())
+        return True
+
+    if not collect(out) or not leaves:
+        return None
+    return [torch.cat([leaf[i * batch:(i + 1) * batch].reshape(-1) for leaf in leaves]) for i in range(n)]
+
+
+def outputs(unit: nn.Module, calls: list[Call], merged: tuple[Call, int] | None = None) -> list[torch.Tensor]:
+    """The unit's flattened output on each call: one forward on the merged call where given
+    (and splittable), else one forward per call."""
+    if merged is not None:
+        split = merged_outputs(unit, merged, len(calls))
+        if split is not None:
+            return split
+    return [unit_output(unit, c) for c in calls]
+
+
 def probe(unit: nn.Module, calls: list[Call], edit: Callable[[nn.Module], Any],
-          before: list[torch.Tensor] | None = None) -> tuple[float, float]:
+          before: list[torch.Tensor] | None = None, merged: tuple[Call, int] | None = None) -> tuple[float, float]:
     """Largest output change over the calls when `edit` is applied to (a state-restored) unit,
     and the bound for it. `edit` must be undone by the caller (probes run on throwaway copies);
-    `before`, the unit's outputs on the calls, is computed here unless given."""
-    before = [unit_output(unit, c) for c in calls] if before is None else before
+    `before`, the unit's outputs on the calls, is computed here unless given; `merged` (from
+    merge(calls), checked by the caller) runs all the calls as one batch."""
+    before = outputs(unit, calls, merged) if before is None else before
     edit(unit)
-    after = [unit_output(unit, c) for c in calls]
+    after = outputs(unit, calls, merged)
     worst, limit = 0.0, math.inf
     for y0, y1 in zip(before, after, strict=True):
         worst = max(worst, change(y0, y1))

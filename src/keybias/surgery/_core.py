@@ -322,12 +322,25 @@ KERNEL_SWITCH_BOUND = 2.0**-12
 _NO_INPUTS = object()
 
 
+def _float64_copy(unit: nn.Module) -> nn.Module:
+    """copy.deepcopy(unit).double().eval() without the float32 copy in between: every floating
+    parameter and buffer is converted once, straight into the copy (shared ones stay shared)."""
+    memo: dict[int, Any] = {}
+    for p in unit.parameters():
+        if id(p) not in memo and p.is_floating_point():
+            memo[id(p)] = nn.Parameter(p.detach().to(torch.float64, copy=True), requires_grad=p.requires_grad)
+    for b in unit.buffers():
+        if id(b) not in memo and b.is_floating_point():
+            memo[id(b)] = b.detach().to(torch.float64, copy=True)
+    return copy.deepcopy(unit, memo).double().eval()
+
+
 def _unit_copy(unit: nn.Module, calls: list) -> nn.Module:
     """A float64 eval-mode copy of one unit (never of the whole model), on the kernel that
     computes the unit's own function: PyTorch's SDPA where it agrees with the unit's eager
     kernel (some eager kernels take the softmax in float32 even in float64), else the unit's own
     (SDPA drops terms such as attention sinks)."""
-    base = copy.deepcopy(unit).double().eval()
+    base = _float64_copy(unit)
     switched = _float64_kernels(base)
     if switched and calls:
         own = copy.deepcopy(base)
@@ -362,12 +375,28 @@ def _fresh_copies(site: Site, base: nn.Module, change: Callable[[nn.Module], int
     return fresh, (_strip_change(site, "zeros") if strip else _fold_change(site, "zeros"))
 
 
+def _merged_probes(base: nn.Module, probes: list, captured: list[torch.Tensor] | None):
+    """(merged call, outputs of the unchanged unit on each probe): the probes run as one batch
+    where _calls.merge can join them and the batch reproduces the outputs the model's own
+    forward recorded for its captured calls (to KERNEL_SWITCH_BOUND: a misjoined batch is off by
+    the size of the output), else one forward per probe and no merged call."""
+    merged = _calls.merge(probes) if captured else None
+    if merged is not None:
+        before = _calls.merged_outputs(base, merged, len(probes))
+        if before is not None and all(
+                y.shape == ref.shape and _calls.change(ref, y) <= KERNEL_SWITCH_BOUND * float(ref.abs().max())
+                for y, ref in zip(before, captured, strict=False)):
+            return merged, before
+    return None, [_calls.unit_output(base, c) for c in probes]
+
+
 def _probe_site(site: Site, model: nn.Module, calls: list, change: Callable[[nn.Module], int], strip: bool,
-                seed: int) -> dict[str, Any]:
+                seed: int, captured: list[torch.Tensor] | None = None) -> dict[str, Any]:
     """Certify one site on the unit's real calls (captured in the model's own dtype, replayed
     in float64 on a float64 copy of the unit alone), plus random calls of the same structure:
     the change itself, the redundancy probe (b_k + a random vector: the output must not move)
-    and its control (b_q + the same vector: it must)."""
+    and its control (b_q + the same vector: it must). `captured`, the unit's outputs that the
+    model's forward recorded, lets the calls run as one batch (checked against them)."""
     unit = model.get_submodule(site.unit_path) if site.unit_path else model
     calls = [_calls.to_float64(c) for c in calls]
     gen = torch.Generator().manual_seed(seed)
@@ -378,19 +407,22 @@ def _probe_site(site: Site, model: nn.Module, calls: list, change: Callable[[nn.
         fresh, change = _fresh_copies(site, base, change, strip)
         slot = site.key if strip else site.value
         scale = 1.0 + float(slot_values(base, slot).abs().max())  # before any probe edits the slot
-        before = [_calls.unit_output(base, c) for c in probes]
-        delta, limit = _calls.probe(fresh(), probes, change, before=before)
+        merged, before = _merged_probes(base, probes, captured)
+        result["batched"] = merged is not None
+        delta, limit = _calls.probe(fresh(), probes, change, before=before, merged=merged)
         result.update(change=delta, tolerance=limit)
         partner = site.key_partner if strip else site.value_partner
         if strip:
-            moved, _ = _calls.probe(fresh(), probes, _perturb(slot, partner, scale, seed + 1), before=before)
+            moved, _ = _calls.probe(fresh(), probes, _perturb(slot, partner, scale, seed + 1), before=before,
+                                    merged=merged)
         else:
             moved_unit = fresh()
             _perturb(slot, partner, scale, seed + 1)(moved_unit)
-            moved, _ = _calls.probe(moved_unit, probes, change)
+            moved, _ = _calls.probe(moved_unit, probes, change, merged=merged)
         control = math.inf
         if strip and site.query is not None:
-            control, _ = _calls.probe(fresh(), probes, _perturb(site.query, None, scale, seed + 1), before=before)
+            control, _ = _calls.probe(fresh(), probes, _perturb(site.query, None, scale, seed + 1), before=before,
+                                      merged=merged)
     except Exception as exc:  # noqa: BLE001  (a module that cannot be probed is refused, with why)
         result["reason"] = f"could not be certified on its captured calls: {type(exc).__name__}: {exc}"
         return result
@@ -509,7 +541,7 @@ def run_surgery(model: nn.Module, operation: str, *, storage: str, certify_seed:
     # The model's own calls: the model itself runs once in eval mode, in its own dtype, and
     # hooks record each unit's arguments (no copy of the model: each unit is copied alone, to
     # float64, when it is certified).
-    calls, y_before, ran, inputs_note = {}, None, False, ""
+    calls, y_before, ran, inputs_note, captured = {}, None, False, "", {}
     if planned:
         if inputs is None:
             inputs = _calls.example_inputs(model)
@@ -517,7 +549,7 @@ def run_surgery(model: nn.Module, operation: str, *, storage: str, certify_seed:
             modes = _Modes(model)
             model.eval()
             try:
-                y_before, calls = _calls.capture(model, inputs, [s.unit_path for s, _ in planned])
+                y_before, calls = _calls.capture(model, inputs, [s.unit_path for s, _ in planned], captured)
                 ran = True
             except Exception as exc:  # noqa: BLE001
                 inputs_note = f"the whole-model forward on the example inputs failed ({type(exc).__name__}: {exc})"
@@ -530,7 +562,8 @@ def run_surgery(model: nn.Module, operation: str, *, storage: str, certify_seed:
     for site, unit in planned:
         change = _strip_change(site, storage) if strip else _fold_change(site, storage)
         if calls.get(site.unit_path):
-            result = _probe_site(site, model, calls[site.unit_path], change, strip, certify_seed)
+            result = _probe_site(site, model, calls[site.unit_path], change, strip, certify_seed,
+                                 captured.get(site.unit_path))
         elif site.trusted or site.layout == "mha" or site.family == "torch.ao quantizable MHA":
             result = certify(unit, site, change, seed=certify_seed)
             result.setdefault("reason", "")

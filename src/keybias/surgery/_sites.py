@@ -197,6 +197,10 @@ def _position_reason(module: nn.Module) -> str | None:
 
 
 def _unknown_reason(module: nn.Module) -> str:
+    if isinstance(getattr(module, "gating_param", None), nn.Parameter) and _is_projection(getattr(module, "qk", None)):
+        return ("ConViT's gated positional self-attention (GPSA): q and k come from one projection qk and a "
+                "learned gate mixes the content softmax with a positional softmax, a layout this tool does not "
+                "rewrite, so its key bias was left as is")
     for reason in (_rotary_reason(module), _qk_norm_reason(module), _position_reason(module)):
         if reason:
             return f"unknown attention class; {reason}"
@@ -345,8 +349,14 @@ def _fused_site(model: nn.Module, path: str, module: nn.Module, name: str) -> Si
     if _is_rope_class(module):  # keys are rotated after b_k; values are not, so the fold stays exact
         site.refuse_strip = ROPE_REASON
     cross = bool(getattr(module, "is_cross_attention", False)) and _is_projection(getattr(module, "q_attn", None))
+    query = "q_attn"
+    if name == "kv":  # timm's MAP pooling head: q from a learned latent through q, [k | v] from kv
+        cross, query = True, "q"
+        reason = _qk_norm_reason(module)
+        if reason:
+            site.refuse_strip = reason
     if cross:  # GPT-2 cross-attention: q from q_attn, [k | v] from c_attn
-        site.projections = (prefix + "q_attn", prefix + name)
+        site.projections = (prefix + query, prefix + name)
     if getattr(proj, "bias", None) is None:
         owner = prefix[:-1] if prefix else ""
         holder = module
@@ -368,8 +378,8 @@ def _fused_site(model: nn.Module, path: str, module: nn.Module, name: str) -> Si
     if cross:
         e = total // 2
         site.key, site.value = Slot(owner, "bias", 0, e), Slot(owner, "bias", e, 2 * e)
-        if getattr(module.q_attn, "bias", None) is not None:
-            site.query = Slot(prefix + "q_attn", "bias")
+        if getattr(getattr(module, query), "bias", None) is not None:
+            site.query = Slot(prefix + query, "bias")
         return site
     if name == "query_key_value" and getattr(config, "new_decoder_architecture", False) and kv and heads % kv == 0:
         g = heads // kv  # Falcon: (kv heads, g queries + key + value, d)
@@ -404,7 +414,17 @@ def _gpt2_site(model: nn.Module, path: str, module: nn.Module) -> Site:
 
 
 def _fused_name(module: nn.Module) -> str | None:
-    return next((n for n in FUSED if _is_projection(getattr(module, n, None))), None)
+    name = next((n for n in FUSED if _is_projection(getattr(module, n, None))), None)
+    if name is None and _is_latent_pool(module):
+        return "kv"
+    return name
+
+
+def _is_latent_pool(module: nn.Module) -> bool:
+    """timm's attention pooling head (AttentionPoolLatent, the MAP head of SigLIP ViTs): queries
+    from a learned latent through `q`, keys and values from one projection `kv` as [k | v]."""
+    return (isinstance(getattr(module, "latent", None), nn.Parameter) and _is_projection(getattr(module, "q", None))
+            and _is_projection(getattr(module, "kv", None)))
 
 
 def _is_lens_attention(module: nn.Module) -> bool:

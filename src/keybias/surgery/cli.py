@@ -464,8 +464,15 @@ def _complete(out_dir: Path) -> bool:
     return out_dir.is_dir() and not out_dir.is_symlink() and (out_dir / "keybias_surgery.json").is_file()
 
 
+class _Parser(argparse.ArgumentParser):
+    """Usage errors as one line (exit 2), like every other bad input; --help still prints usage."""
+
+    def error(self, message: str):
+        self.exit(2, f"error: {message} (keybias-surgery --help lists the arguments)\n")
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="keybias-surgery",
         description="Remove key biases (and fold value biases) of a Hugging Face model directory, certified.")
     parser.add_argument("in_dir", type=Path, help="Hugging Face model directory (config.json + *.safetensors)")
@@ -473,14 +480,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fold-value", action="store_true", help="also fold every value bias into the output bias")
     parser.add_argument("--dtype", choices=DTYPES, default=None, help="convert the weights to this dtype first")
     args = parser.parse_args(argv)
+    earlier = _complete(args.out_dir)  # an output already there is not this run's (it is refused)
     try:
         convert(args.in_dir, args.out_dir, fold_value=args.fold_value, dtype=args.dtype, log=_log)
     except CliError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        if _complete(args.out_dir):
-            return 0  # interrupted after the output was complete: the run succeeded
+        if not earlier and _complete(args.out_dir):
+            return 0  # interrupted after this run's output was complete: the run succeeded
         print("error: interrupted; nothing written", file=sys.stderr)
         return 2
     except Exception as exc:  # noqa: BLE001  (one line for the user, the bug's place kept visible)
