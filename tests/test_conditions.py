@@ -10,8 +10,10 @@ import torch
 
 from keybias.pipeline import claims as C
 from keybias.studies import style
+from keybias.studies.conditions import judge as conditions_judge
 from keybias.studies.conditions import measure as conditions
-from keybias.studies.conditions.measure import CASES, REDUNDANT, claim_id
+from keybias.studies.conditions import show as conditions_show
+from keybias.studies.conditions.cases import CASE_BY_KEY, CASES, REDUNDANT, claim_id
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -21,7 +23,7 @@ CFG = conditions.ConditionsConfig(**SIZES, **KNOBS, seeds=[0])
 ALL_CASE_IDS = [claim_id(c) for c in CASES]
 TEST_CASES = [c for c in CASES if c.kind == "test"]
 TEST_CASE_IDS = [claim_id(c) for c in TEST_CASES]
-# the cases whose outcome the code itself guarantees (see conditions.BY_CONSTRUCTION)
+# the cases whose outcome the code itself guarantees (see BY_CONSTRUCTION)
 BY_CONSTRUCTION_IDS = {
     "cond-loss-l2-on-bk", "cond-optimizer-adam-coupled-wd", "cond-fold-fully-masked-row",
     "cond-fold-attention-dropout", "cond-fold-add-zero-attn", "cond-fold-output-gate",
@@ -50,14 +52,14 @@ def frame():
 
 
 def case(condition, variant):
-    return conditions.CASE_BY_KEY[(condition, variant)]
+    return CASE_BY_KEY[(condition, variant)]
 
 
 def test_every_prediction_holds_on_clean_data(frame, tmp_path):
-    result = holds(conditions.judge(frame), tmp_path)
+    result = holds(conditions_judge.judge(frame), tmp_path)
     assert set(result) == set(ALL_CASE_IDS)
     assert all(result.values()), [k for k, v in result.items() if not v]
-    summary = conditions.summary(frame)
+    summary = conditions_judge.summary(frame)
     assert (summary["verdict"] == summary["predicted"]).all()
 
 
@@ -75,7 +77,7 @@ def test_cases_are_proof_checks_of_the_own_attention_or_consistency_checks():
     kinds = {claim_id(c): c.kind for c in CASES}
     assert {cid for cid, kind in kinds.items() if kind != "proof"} == BY_CONSTRUCTION_IDS
     assert set(kinds.values()) == {"proof", "consistency"}
-    claims = {c.id: c for c in conditions.judge(conditions.measure(CFG))}
+    claims = {c.id: c for c in conditions_judge.judge(conditions.measure(CFG))}
     assert all(c.identity == case.statement for case in CASES for c in [claims[claim_id(case)]]
                if case.kind == "proof")
 
@@ -83,7 +85,7 @@ def test_cases_are_proof_checks_of_the_own_attention_or_consistency_checks():
 def _at_the_edge(frame, c, factor=1.1):
     """`frame` with seed 1 of case `c` moved just past its bound (by `factor`): the smallest
     violation, judged through the notebook's own worst-seed reduction."""
-    bound, comparison, _ = conditions.bounds_for(c)
+    bound, comparison, _ = conditions_judge.bounds_for(c)
     doctored = frame.copy()
     row = doctored.index[(doctored["variant"] == c.variant) & (doctored["seed"] == 1)][0]
     doctored.loc[row, "effect"] = bound * factor if comparison == "<=" else bound / factor
@@ -94,13 +96,13 @@ def _at_the_edge(frame, c, factor=1.1):
 def test_one_seed_just_past_the_bound_fails_the_claim(frame, record_mutation):
     """The worst seed decides, at the edge: one seed 10% past its bound among good ones fails."""
     for c in TEST_CASES:
-        record_mutation(*judged(conditions.judge(_at_the_edge(frame, c), [c])).values())
+        record_mutation(*judged(conditions_judge.judge(_at_the_edge(frame, c), [c])).values())
 
 
 def test_edge_values_inside_the_bound_still_hold(frame):
     """The converse: a seed 10% inside its bound leaves the claim holding (the edge is the bound)."""
     for c in TEST_CASES:
-        assert holds(conditions.judge(_at_the_edge(frame, c, factor=1 / 1.1), [c])) == {claim_id(c): True}
+        assert holds(conditions_judge.judge(_at_the_edge(frame, c, factor=1 / 1.1), [c])) == {claim_id(c): True}
 
 
 @pytest.mark.claim_mutation(*[claim_id(c) for c in TEST_CASES if c.predicted == REDUNDANT])
@@ -110,13 +112,13 @@ def test_sigmoid_instead_of_softmax_breaks_the_redundant_cases(monkeypatch, reco
     monkeypatch.setattr(conditions.torch, "softmax", lambda s, dim: torch.sigmoid(s))
     redundant = [c for c in TEST_CASES if c.predicted == REDUNDANT]
     mutated = conditions.measure(CFG, cases=redundant)
-    record_mutation(*judged(conditions.judge(mutated, redundant)).values())
+    record_mutation(*judged(conditions_judge.judge(mutated, redundant)).values())
 
 
 def test_no_regulariser_leaves_no_gradient(tmp_path):
     c = case("loss", "l2-on-bk")
     mutated = conditions.measure(CFG.replace(regulariser=1e-300), cases=[c])
-    assert holds(conditions.judge(mutated, [c]), tmp_path) == {claim_id(c): False}
+    assert holds(conditions_judge.judge(mutated, [c]), tmp_path) == {claim_id(c): False}
 
 
 def test_decoupled_or_no_decay_leaves_bk_in_place(tmp_path):
@@ -125,7 +127,7 @@ def test_decoupled_or_no_decay_leaves_bk_in_place(tmp_path):
     still = conditions._adam_step(w, weight_decay=0.0)
     frame = pd.DataFrame([{"condition": c.condition, "variant": c.variant, "quantity": c.quantity,
                            "predicted": c.predicted, "seed": 0, "effect": still}])
-    assert holds(conditions.judge(frame, [c]), tmp_path) == {claim_id(c): False}
+    assert holds(conditions_judge.judge(frame, [c]), tmp_path) == {claim_id(c): False}
 
 
 @pytest.mark.claim_mutation("cond-scores-softcap")
@@ -134,23 +136,23 @@ def test_a_cap_far_above_the_scores_is_linear(record_mutation):
     BREAK_MIN near cap 1200 on these sizes; at 1500 it is about 0.7 BREAK_MIN."""
     c = case("scores", "softcap")
     mutated = conditions.measure(CFG.replace(softcap=1500.0), cases=[c])
-    record_mutation(*judged(conditions.judge(mutated, [c])).values())
+    record_mutation(*judged(conditions_judge.judge(mutated, [c])).values())
 
 
 def test_fold_with_dropout_off_is_exact(tmp_path):
     c = case("fold", "attention-dropout")
     mutated = conditions.measure(CFG.replace(dropout=1e-300), cases=[c])
-    assert holds(conditions.judge(mutated, [c]), tmp_path) == {claim_id(c): False}
+    assert holds(conditions_judge.judge(mutated, [c]), tmp_path) == {claim_id(c): False}
 
 
 def test_non_finite_or_missing_effects_fail(frame, tmp_path):
     doctored = frame.copy()
     doctored.loc[doctored.index[0], "effect"] = float("nan")
     first = CASES[0]
-    assert holds(conditions.judge(doctored, [first]), tmp_path / "nan") == {claim_id(first): False}
+    assert holds(conditions_judge.judge(doctored, [first]), tmp_path / "nan") == {claim_id(first): False}
     empty = frame[frame["variant"] != first.variant]
-    assert holds(conditions.judge(empty, [first]), tmp_path / "empty") == {claim_id(first): False}
-    assert conditions.summary(empty, [first])["verdict"].iloc[0] == "undecided"
+    assert holds(conditions_judge.judge(empty, [first]), tmp_path / "empty") == {claim_id(first): False}
+    assert conditions_judge.summary(empty, [first])["verdict"].iloc[0] == "undecided"
 
 
 def test_partial_rope_dims_split_each_head():
@@ -213,7 +215,7 @@ def test_config_fields_are_the_parameters_and_misspellings_name_the_nearest():
         conditions.ConditionsConfig.from_mapping({"regularizer": 0.1})
     with pytest.raises(ParameterError, match="seeds"):
         conditions.ConditionsConfig(seeds=[])
-    quirk_ids = {i for _, *ids in conditions.QUIRK_CLAIM_IDS for i in ids} | {"cond-quirk-plain-paths-agree"}
+    quirk_ids = {i for _, *ids in conditions_judge.QUIRK_CLAIM_IDS for i in ids} | {"cond-quirk-plain-paths-agree"}
     assert quirk_ids == set(QUIRK_IDS)
 
 
@@ -232,21 +234,21 @@ def quirk_rows(**overrides):
 
 
 def test_quirk_judge_accepts_the_reported_pattern(tmp_path):
-    result = holds(conditions.judge_quirk(quirk_rows()), tmp_path)
+    result = holds(conditions_judge.judge_quirk(quirk_rows()), tmp_path)
     assert set(result) == set(QUIRK_IDS) and all(result.values())
 
 
 @pytest.mark.claim_mutation(*QUIRK_IDS)
 def test_quirk_claims_fail_at_the_edge_of_their_bounds(record_mutation):
     """A PyTorch whose paths differ by just under BREAK_MIN, or agree only to 1.1x REDUNDANT_MAX."""
-    edge = conditions.BREAK_MIN / 1.1
+    edge = conditions_judge.BREAK_MIN / 1.1
     fixed = quirk_rows(add_bias_kv=(edge, edge, 0.0), add_zero_attn=(edge, edge, 0.0))
-    result = judged(conditions.judge_quirk(fixed))
+    result = judged(conditions_judge.judge_quirk(fixed))
     record_mutation(result["cond-quirk-add-bias-kv-need-weights-changes-output"],
                     result["cond-quirk-add-zero-attn-need-weights-changes-output"])
-    off = conditions.REDUNDANT_MAX * 1.1
+    off = conditions_judge.REDUNDANT_MAX * 1.1
     wrong = quirk_rows(plain=(off, off, off), add_bias_kv=(0.3, 0.0, off), add_zero_attn=(0.2, 0.0, off))
-    result = judged(conditions.judge_quirk(wrong))
+    result = judged(conditions_judge.judge_quirk(wrong))
     record_mutation(result["cond-quirk-add-bias-kv-need-weights-true-documented"],
                     result["cond-quirk-add-zero-attn-need-weights-true-documented"],
                     result["cond-quirk-plain-paths-agree"])
@@ -254,22 +256,22 @@ def test_quirk_claims_fail_at_the_edge_of_their_bounds(record_mutation):
 
 def test_quirk_claims_fail_when_pytorch_behaves_otherwise(tmp_path):
     fixed = quirk_rows(add_bias_kv=(0.0, 0.0, 0.0), add_zero_attn=(0.0, 0.0, 0.0))
-    result = holds(conditions.judge_quirk(fixed), tmp_path / "fixed")
+    result = holds(conditions_judge.judge_quirk(fixed), tmp_path / "fixed")
     assert not result["cond-quirk-add-bias-kv-need-weights-changes-output"]
     assert not result["cond-quirk-add-zero-attn-need-weights-changes-output"]
     wrong = quirk_rows(plain=(0.1, 0.1, 0.1), add_bias_kv=(0.3, 0.0, 0.3), add_zero_attn=(0.2, 0.0, 0.2))
-    result = holds(conditions.judge_quirk(wrong), tmp_path / "wrong")
+    result = holds(conditions_judge.judge_quirk(wrong), tmp_path / "wrong")
     assert not result["cond-quirk-add-bias-kv-need-weights-true-documented"]
     assert not result["cond-quirk-add-zero-attn-need-weights-true-documented"]
     assert not result["cond-quirk-plain-paths-agree"]
     missing = quirk_rows().iloc[1:]
-    assert not holds(conditions.judge_quirk(missing), tmp_path / "missing")["cond-quirk-plain-paths-agree"]
+    assert not holds(conditions_judge.judge_quirk(missing), tmp_path / "missing")["cond-quirk-plain-paths-agree"]
 
 
 def test_the_reproducer_script_runs_standalone(tmp_path):
     rows = conditions.run_quirk_script()
     assert set(rows["option"]) == {"plain", "add_bias_kv", "add_zero_attn"}
-    result = holds(conditions.judge_quirk(rows), tmp_path)
+    result = holds(conditions_judge.judge_quirk(rows), tmp_path)
     assert all(result.values()), result
 
 
@@ -279,11 +281,11 @@ def test_reproducer_missing_is_a_clear_error(tmp_path):
 
 
 def test_figure_is_readable_and_table_has_verdicts(frame):
-    summary = conditions.summary(frame)
-    fig = conditions.effect_figure(summary)
+    summary = conditions_judge.summary(frame)
+    fig = conditions_show.effect_figure(summary)
     assert style.smallest_font_pt(fig) >= style.MIN_FONT_PT
     assert fig.get_size_inches()[0] == pytest.approx(style.FULL_WIDTH)
-    table = conditions.table_latex(summary)
+    table = conditions_show.table_latex(summary)
     assert table.count(r"\\") == len(CASES) + 1 and "not redundant" in table
 
 

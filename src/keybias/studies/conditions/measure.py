@@ -1,4 +1,4 @@
-"""Exact conditions of the theorem beyond the assumption table, each checked numerically.
+"""Exact conditions of the theorem beyond the assumption table: the measurement.
 
 The theorem (notebook 01) says: when every score of query i moves by the same q_i.b_k, the
 key bias changes nothing and its gradient is zero. This module checks, in float64, the cases
@@ -8,15 +8,9 @@ projections, score nonlinearities, relative-position terms that multiply the key
 key heads, partial rotary embeddings, a LayerNorm on the keys, and the conditions under which
 b_v folds into the output bias.
 
-Three layers, as in every study module:
-- measure: `measure(cfg)` runs every case of `CASES` on every seed of a `ConditionsConfig` and returns one row per
-  (case, seed) with the relative effect of perturbing the parameter in question;
-- judge: `judge(frame)` is pure (DataFrame in, `Claim`s out), so a test can hand it
-  doctored data; `summary(frame)` reduces seeds the same way for tables and macros;
-- show: `table_latex(summary)` and `effect_figure(summary)`.
-
-Every case predicts `redundant` or `not_redundant` from algebra alone, before any number is
-computed; the bounds below are fixed by float64 rounding and by Adam's first step.
+The study's layers: `cases` (what each case predicts, from algebra alone), this module
+(`measure(cfg)`: one row per case and seed with the relative effect of perturbing the parameter
+in question; `run_quirk_script`), `judge` (pure: frames in, claims out) and `show`.
 """
 
 from __future__ import annotations
@@ -33,8 +27,7 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from keybias.core.recorder import Claim, format_number
-from keybias.core.reduce import finite_max, finite_min
+from keybias.studies.conditions.cases import CASES, Case
 from keybias.studies.config import StudyConfig
 from keybias.studies.params import Param, ParameterError
 
@@ -76,116 +69,8 @@ class ConditionsConfig(StudyConfig):
             raise ParameterError(f"{self.STUDY}: {exc}") from exc
 
 
-# Bounds, fixed from theory before any data (the claims name these origins):
-# float64 has unit roundoff 1.1e-16; a handful of sums of O(1) terms stays below 1e-13
-# relative, so 1e-10 leaves three orders of margin for "no effect".
-REDUNDANT_MAX = 1e-10
-REDUNDANT_ORIGIN = "theory: float64 rounding (unit roundoff 1.1e-16) with three orders of margin"
-# A real dependence on the parameter must stand four orders above that tolerance.
-BREAK_MIN = 1e-6
-BREAK_ORIGIN = "theory: four orders of magnitude above the float64 rounding tolerance"
-# Adam divides the gradient by sqrt(v)+eps: a float64 rounding gradient (< 1e-15) over
-# eps = 1e-8 moves a parameter by < 1e-7 learning rates; a real gradient moves it by ~1.
-ADAM_STILL_MAX = 1e-6
-ADAM_STILL_ORIGIN = "theory: a float64 rounding gradient over Adam's eps=1e-8 moves < 1e-7 learning rates"
-ADAM_MOVES_MIN = 0.5
-ADAM_MOVES_ORIGIN = "theory: Adam's first step moves a coordinate whose gradient exceeds eps by one learning rate"
 ADAM_LR = 1e-3
 ADAM_EPS = 1e-8
-
-QUANTITIES = {
-    # quantity: (redundant bound, origin, not-redundant bound, origin, what `effect` is)
-    "output": (REDUNDANT_MAX, REDUNDANT_ORIGIN, BREAK_MIN, BREAK_ORIGIN,
-               "max |out(p + delta) - out(p)| / max |out(p)|"),
-    "gradient": (REDUNDANT_MAX, REDUNDANT_ORIGIN, BREAK_MIN, BREAK_ORIGIN,
-                 "||dL/db_k|| / ||dL/db_q||"),
-    "adam_step": (ADAM_STILL_MAX, ADAM_STILL_ORIGIN, ADAM_MOVES_MIN, ADAM_MOVES_ORIGIN,
-                  "max |delta b_k| / lr after one Adam step"),
-    "fold": (REDUNDANT_MAX, REDUNDANT_ORIGIN, BREAK_MIN, BREAK_ORIGIN,
-             "max |out(folded) - out(original)| / max |out(original)|"),
-}
-REDUNDANT, NOT_REDUNDANT = "redundant", "not_redundant"
-
-
-# Every case evaluates the project's own float64 attention, written out for that case, so its
-# outcome is an identity of that code, not a measurement that data could contradict: a `proof`
-# check (the identity is the case's statement). The PyTorch quirk below runs PyTorch's own
-# module and stays a test.
-# A case whose effect is a term the code itself puts there (an explicit penalty, an explicit
-# decay term, weights set to zero, slots or gates that bypass b_v) cannot come out otherwise for
-# any data: its claim is a `consistency` check of the measurement, not evidence.
-BY_CONSTRUCTION = "consistency"
-
-
-@dataclass(frozen=True)
-class Case:
-    condition: str  # the group the paper's table lists it under
-    variant: str
-    quantity: str
-    predicted: str
-    statement: str  # the claim, as the paper states it
-    kind: str = "proof"  # BY_CONSTRUCTION where the code guarantees the outcome
-
-
-CASES = [
-    Case("loss", "output-only", "gradient", REDUNDANT,
-         "A loss that sees b_k only through the attention output gives b_k a zero gradient."),
-    Case("loss", "l2-on-bk", "gradient", NOT_REDUNDANT,
-         "An L2 regulariser on b_k gives b_k a non-zero gradient (the zero-gradient statement needs a loss that sees b_k only through the output).",
-         BY_CONSTRUCTION),
-    Case("optimizer", "adam", "adam_step", REDUNDANT,
-         "Plain Adam leaves b_k in place to float64 rounding after one step (its gradient is zero)."),
-    Case("optimizer", "adam-coupled-wd", "adam_step", NOT_REDUNDANT,
-         "Adam with coupled weight_decay moves b_k by about one learning rate per step, because the decay term enters the gradient.",
-         BY_CONSTRUCTION),
-    Case("tied", "bq-equals-bk", "output", NOT_REDUNDANT,
-         "A bias shared by the query and key projections (shared-QK attention) changes the output."),
-    Case("scores", "temperature", "output", REDUNDANT,
-         "A linear rescaling of the scores before softmax (a temperature) keeps b_k redundant."),
-    Case("scores", "softcap", "output", NOT_REDUNDANT,
-         "Logit soft-capping c*tanh(s/c) before softmax makes b_k change the output."),
-    Case("fold", "plain", "fold", REDUNDANT,
-         "Folding b_v into the output bias (b_o + W_o b_v) leaves the output unchanged in plain softmax attention."),
-    Case("fold", "attention-dropout", "fold", NOT_REDUNDANT,
-         "With attention dropout in training the rows of weights no longer sum to one and the b_v fold changes the output.",
-         BY_CONSTRUCTION),
-    Case("fold", "add-zero-attn", "fold", NOT_REDUNDANT,
-         "With a value slot that carries no b_v (add_zero_attn) the b_v fold changes the output.",
-         BY_CONSTRUCTION),
-    Case("fold", "output-gate", "fold", NOT_REDUNDANT,
-         "With a gate between attention and W_o the b_v fold changes the output.", BY_CONSTRUCTION),
-    Case("fold", "fully-masked-row", "fold", NOT_REDUNDANT,
-         "With a fully masked row whose weights are set to zero the b_v fold changes that row's output.",
-         BY_CONSTRUCTION),
-    Case("gate", "output-gate-bk", "output", REDUNDANT,
-         "A gate between attention and W_o leaves b_k redundant (only the fold of b_v needs no gate)."),
-    Case("relative", "relative-key", "output", REDUNDANT,
-         "With relative_key position scores q_i.r_(i-j), b_k stays redundant."),
-    Case("relative", "relative-key-query", "output", NOT_REDUNDANT,
-         "With relative_key_query position scores (k_j.r_(i-j) added) b_k changes the output."),
-    Case("relative", "deberta-c2p", "output", REDUNDANT,
-         "DeBERTa's content-to-position term alone leaves b_k redundant."),
-    Case("relative", "deberta-c2p-p2c", "output", NOT_REDUNDANT,
-         "DeBERTa's position-to-content term (content keys times relative-position queries) makes b_k change the output."),
-    Case("heads", "gqa", "output", REDUNDANT,
-         "With grouped-query attention (key heads shared by several query heads) b_k stays redundant."),
-    Case("heads", "mqa", "output", REDUNDANT,
-         "With multi-query attention (one key head for all query heads) b_k stays redundant."),
-    Case("rope", "partial-unrotated", "output", REDUNDANT,
-         "With partial RoPE, the part of b_k in the unrotated dimensions stays redundant."),
-    Case("rope", "partial-rotated", "output", NOT_REDUNDANT,
-         "With partial RoPE, the part of b_k in the rotated dimensions changes the output."),
-    Case("qknorm", "ln-key-bias", "output", REDUNDANT,
-         "With LayerNorm QK-norm, the key norm's own bias is redundant."),
-    Case("qknorm", "bk-before-ln", "output", NOT_REDUNDANT,
-         "With LayerNorm QK-norm, b_k before the norm changes the output."),
-]
-CASE_BY_KEY = {(c.condition, c.variant): c for c in CASES}
-
-
-def claim_id(case: Case) -> str:
-    return f"cond-{case.condition}-{case.variant}"
-
 
 def check_parameters(embed_dim: int, num_heads: int, seq_len: int, batch: int) -> None:
     """Refuse sizes the cases cannot use, before any work."""
@@ -471,61 +356,6 @@ def measure(cfg: ConditionsConfig, cases: list[Case] = CASES) -> pd.DataFrame:
 
 
 # ---------------------------------------------------------------------------------------
-# judge: pure functions of the measured frame
-
-
-def bounds_for(case: Case) -> tuple[float, str, str]:
-    """(bound, comparison, origin) that the case's prediction is judged against."""
-    still, still_origin, moves, moves_origin, _ = QUANTITIES[case.quantity]
-    if case.predicted == REDUNDANT:
-        return still, "<=", still_origin
-    return moves, ">=", moves_origin
-
-
-def _reduce(effects: pd.Series, predicted: str, what: str) -> float:
-    """Worst seed for the prediction: the largest effect of a redundant case, the smallest of a
-    broken one. A non-finite effect or an empty selection gives NaN, which fails the claim."""
-    values = pd.to_numeric(effects, errors="coerce")
-    return finite_max(values, what) if predicted == REDUNDANT else finite_min(values, what)
-
-
-def summary(frame: pd.DataFrame, cases: list[Case] = CASES) -> pd.DataFrame:
-    """One row per case: the worst seed, its bound and the verdict (`redundant`/`not_redundant`)."""
-    rows = []
-    for case in cases:
-        sel = frame[(frame["condition"] == case.condition) & (frame["variant"] == case.variant)]
-        value = _reduce(sel["effect"], case.predicted, f"effect of {claim_id(case)} over seeds")
-        bound, comparison, origin = bounds_for(case)
-        still, _, moves, _, _ = QUANTITIES[case.quantity]
-        if not math.isfinite(value):
-            verdict = "undecided"
-        elif value <= still:
-            verdict = REDUNDANT
-        elif value >= moves:
-            verdict = NOT_REDUNDANT
-        else:
-            verdict = "undecided"
-        rows.append({"condition": case.condition, "variant": case.variant, "quantity": case.quantity,
-                     "predicted": case.predicted, "seeds": int(sel["seed"].nunique()),
-                     "effect": value, "bound": bound, "comparison": comparison,
-                     "verdict": verdict, "claim": claim_id(case)})
-    return pd.DataFrame(rows)
-
-
-def judge(frame: pd.DataFrame, cases: list[Case] = CASES) -> list[Claim]:
-    """One claim per case (kind `Case.kind`): its worst seed is on the predicted side of its bound."""
-    claims = []
-    for row, case in zip(summary(frame, cases).itertuples(), cases, strict=True):
-        bound, comparison, origin = bounds_for(case)
-        claims.append(Claim(
-            claim_id(case), f"{case.statement} (worst of {row.seeds} seeds, float64)",
-            value=row.effect, bound=bound, comparison=comparison, kind=case.kind, bound_origin=origin,
-            identity=case.statement if case.kind == "proof" else None,
-        ))
-    return claims
-
-
-# ---------------------------------------------------------------------------------------
 # the upstream reproducer (scripts/is_causal_need_weights_quirk.py)
 
 QUIRK_SCRIPT = Path(__file__).resolve().parents[4] / "scripts" / "is_causal_need_weights_quirk.py"
@@ -542,89 +372,3 @@ def run_quirk_script(script: Path = QUIRK_SCRIPT, seed: int = 0) -> pd.DataFrame
     return pd.DataFrame(json.loads(done.stdout))
 
 
-# option with appended slots -> (claim that need_weights changes the output, claim that
-# need_weights=True gives the documented output)
-QUIRK_CLAIM_IDS = (
-    ("add_bias_kv", "cond-quirk-add-bias-kv-need-weights-changes-output",
-     "cond-quirk-add-bias-kv-need-weights-true-documented"),
-    ("add_zero_attn", "cond-quirk-add-zero-attn-need-weights-changes-output",
-     "cond-quirk-add-zero-attn-need-weights-true-documented"),
-)
-
-
-def judge_quirk(rows: pd.DataFrame) -> list[Claim]:
-    """Claims on the reproducer: with appended slots, need_weights changes the output and only
-    need_weights=True matches the documented mask; without them, both paths agree."""
-    def value(option: str, column: str) -> float:
-        sel = rows.loc[rows["option"] == option, column]
-        return float(sel.iloc[0]) if len(sel) == 1 else math.nan
-
-    claims = []
-    for option, changes_id, documented_id in QUIRK_CLAIM_IDS:
-        claims.append(Claim(
-            changes_id,
-            f"With {option} and is_causal=True, nn.MultiheadAttention's output with need_weights=False differs from need_weights=True (the appended slot is hidden by SDPA's causal mask).",
-            value=value(option, "max_abs_diff_need_weights"), bound=BREAK_MIN,
-            comparison=">=", kind="test", bound_origin=BREAK_ORIGIN,
-        ))
-        claims.append(Claim(
-            documented_id,
-            f"With {option} and is_causal=True, need_weights=True gives the documented output (the given causal mask, padded for the extra slot) to float64 rounding.",
-            value=value(option, "max_abs_diff_true_vs_reference"), bound=REDUNDANT_MAX,
-            comparison="<=", kind="test", bound_origin=REDUNDANT_ORIGIN,
-        ))
-    claims.append(Claim(
-        "cond-quirk-plain-paths-agree",
-        "Without appended slots, need_weights=False and need_weights=True give the same output under is_causal=True, to float64 rounding.",
-        value=value("plain", "max_abs_diff_need_weights"), bound=REDUNDANT_MAX,
-        comparison="<=", kind="test", bound_origin=REDUNDANT_ORIGIN,
-    ))
-    return claims
-
-
-# ---------------------------------------------------------------------------------------
-# show
-
-
-def table_latex(summary_frame: pd.DataFrame) -> str:
-    """The paper's table of conditions: one row per case, with its prediction and verdict."""
-    lines = [r"\begin{tabular}{llllll}", r"\toprule",
-             r"condition & variant & measured & worst effect & bound & verdict \\", r"\midrule"]
-    for r in summary_frame.itertuples():
-        effect = "NaN" if not math.isfinite(r.effect) else f"${format_number(r.effect, 2)}$"
-        comparison = r"\le" if r.comparison == "<=" else r"\ge"
-        lines.append(
-            f"{r.condition} & {r.variant} & {r.quantity.replace('_', ' ')} & {effect} & "
-            f"${comparison} {format_number(r.bound, 1)}$ & {r.verdict.replace('_', ' ')} \\\\"
-        )
-    lines += [r"\bottomrule", r"\end{tabular}"]
-    return "\n".join(lines) + "\n"
-
-
-def effect_figure(summary_frame: pd.DataFrame):
-    """Worst effect per case on a log axis, coloured by prediction, with each case's bound."""
-    # deferred with `style`, which loads matplotlib: measuring and judging need no plotting library
-    import matplotlib.pyplot as plt
-
-    from keybias.studies import style
-
-    style.apply()
-    frame = summary_frame.reset_index(drop=True)
-    fig, ax = plt.subplots(figsize=(style.FULL_WIDTH, 0.16 * len(frame) + 0.9))
-    floor = 1e-18  # exact zeros are drawn at the floor, not dropped
-    colours = {REDUNDANT: style.OKABE_ITO[0], NOT_REDUNDANT: style.OKABE_ITO[3]}
-    markers = {REDUNDANT: "o", NOT_REDUNDANT: "s"}
-    for predicted in (REDUNDANT, NOT_REDUNDANT):
-        sel = frame[frame["predicted"] == predicted]
-        ax.scatter(sel["effect"].clip(lower=floor), sel.index, color=colours[predicted],
-                   marker=markers[predicted], s=16, label=f"predicted {predicted.replace('_', ' ')}")
-    # each case is judged against its own bound (Adam rows in learning rates), so mark it per row
-    ax.scatter(frame["bound"], frame.index, marker="|", s=60, color=style.OKABE_ITO[7],
-               label="bound of the case")
-    ax.set_xscale("log")
-    ax.set_yticks(frame.index, [f"{c}: {v}" for c, v in zip(frame["condition"], frame["variant"], strict=True)])
-    ax.invert_yaxis()
-    ax.set_xlabel("worst effect over seeds (relative change; Adam rows: learning rates per step)")
-    style.legend_outside(fig, ncol=3)
-    fig.tight_layout()
-    return fig

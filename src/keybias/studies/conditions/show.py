@@ -1,0 +1,61 @@
+"""The conditions study's table and figure, in the words of the paper."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from keybias.core.recorder import format_number
+from keybias.studies.conditions.cases import CASE_BY_KEY, NOT_REDUNDANT, REDUNDANT
+
+# what each measured quantity is, in the table's words
+QUANTITY_WORDS = {"output": "output", "gradient": "gradient", "adam_step": "Adam step", "fold": "folded output"}
+
+
+def case_label(condition: str, variant: str) -> str:
+    """The reader's name of a case (a KeyError for a case that `cases.CASES` does not hold)."""
+    return CASE_BY_KEY[(condition, variant)].label
+
+def table_latex(summary_frame: pd.DataFrame) -> str:
+    """The paper's table of conditions: one row per case, with its prediction and verdict."""
+    lines = [r"\begin{tabular}{lllll}", r"\toprule",
+             r"case & measured & worst effect & bound & verdict \\", r"\midrule"]
+    for r in summary_frame.itertuples():
+        effect = "NaN" if not math.isfinite(r.effect) else f"${format_number(r.effect, 2)}$"
+        comparison = r"\le" if r.comparison == "<=" else r"\ge"
+        lines.append(
+            f"{case_label(r.condition, r.variant)} & {QUANTITY_WORDS[r.quantity]} & {effect} & "
+            f"${comparison} {format_number(r.bound, 1)}$ & {r.verdict.replace('_', ' ')} \\\\"
+        )
+    lines += [r"\bottomrule", r"\end{tabular}"]
+    return "\n".join(lines) + "\n"
+
+
+def effect_figure(summary_frame: pd.DataFrame):
+    """Worst effect per case on a log axis, coloured by prediction, with each case's bound."""
+    # deferred with `style`, which loads matplotlib: measuring and judging need no plotting library
+    import matplotlib.pyplot as plt
+
+    from keybias.studies import style
+
+    style.apply()
+    frame = summary_frame.reset_index(drop=True)
+    fig, ax = plt.subplots(figsize=(style.FULL_WIDTH, 0.16 * len(frame) + 0.9))
+    floor = 1e-18  # exact zeros are drawn at the floor, not dropped
+    colours = {REDUNDANT: style.OKABE_ITO[0], NOT_REDUNDANT: style.OKABE_ITO[3]}
+    markers = {REDUNDANT: "o", NOT_REDUNDANT: "s"}
+    for predicted in (REDUNDANT, NOT_REDUNDANT):
+        sel = frame[frame["predicted"] == predicted]
+        ax.scatter(sel["effect"].clip(lower=floor), sel.index, color=colours[predicted],
+                   marker=markers[predicted], s=16, label=f"predicted {predicted.replace('_', ' ')}")
+    # each case is judged against its own bound (Adam rows in learning rates), so mark it per row
+    ax.scatter(frame["bound"], frame.index, marker="|", s=60, color=style.OKABE_ITO[7],
+               label="bound of the case")
+    ax.set_xscale("log")
+    ax.set_yticks(frame.index, [case_label(c, v) for c, v in zip(frame["condition"], frame["variant"], strict=True)])
+    ax.invert_yaxis()
+    ax.set_xlabel("worst effect over seeds (relative change; Adam rows: learning rates per step)")
+    style.legend_outside(fig, ncol=3)
+    fig.tight_layout()
+    return fig
