@@ -41,7 +41,7 @@ test: $(VENV_STAMP) ## ruff, unit tests, smoke runs of every notebook, environme
 	$(PY) -m pytest
 
 install-check: $(VENV_STAMP) ## build the wheel, install it into a fresh venv with the core dependencies only, try the tool
-	$(PY) -m pytest -m install -s tests/test_install.py
+	$(PY) -m pytest -m install -s tests/integration/test_install.py
 
 bench: $(VENV_STAMP) ## the full timing sweep of the cost benchmark (long)
 	$(PY) -m keybias.studies.cost.bench --full --device $(DEVICE) --out results/machine

@@ -16,6 +16,18 @@ def pytest_configure(config):
         "claim_mutation(*claim_ids): the test feeds the named test claims' own code data or a model "
         "that violates the claimed property and asserts the claim then fails",
     )
+    config.addinivalue_line(
+        "markers",
+        "integration: runs the notebooks, a browser, make or an installed wheel (tests/integration/); "
+        "`pytest -m 'not integration'` leaves them out while developing",
+    )
+
+
+def pytest_collection_modifyitems(config, items):
+    integration = ROOT / "tests" / "integration"
+    for item in items:
+        if integration in Path(item.path).parents:
+            item.add_marker(pytest.mark.integration)
 
 
 @pytest.fixture

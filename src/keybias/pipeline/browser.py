@@ -13,7 +13,7 @@ before the DOM is dumped. Beyond loading, `reader_problems` checks what a reader
 `layout_problems` measures every page of the site inside an iframe of a given width (1280 and
 390 px: headless windows are at least 500 px wide): sideways scroll, cut cells, "#" in place of
 a number, config reprs, "uncommitted"; `local_link_problems` resolves every local link.
-Used by tests/test_browser.py; `python -m keybias.pipeline.browser DIR` checks a folder by hand.
+Used by tests/integration/test_browser.py; `python -m keybias.pipeline.browser DIR` checks a folder by hand.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ A printed number takes the class of the data it prints, plus the rounding of its
 A column or file that is not declared fails `undeclared()` (a test runs it on a smoke run), and
 the message names the exact line to add. `compare_folders` is the comparison of `make verify`;
 `python -m keybias.pipeline.outputs REFERENCE CANDIDATE` compares two folders and prints the
-table per class. tests/test_verify_mutations.py plants a wrong value for each class.
+table per class. tests/pipeline/test_verify.py plants a wrong value for each class.
 """
 
 from __future__ import annotations

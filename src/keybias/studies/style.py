@@ -1,7 +1,7 @@
 """One figure style for the paper: readable at print size, colour-blind safe, legends outside.
 
 The paper is single-column US letter with 1 in margins, so its `\\linewidth` is 6.5 in (the paper
-writes the value it was set with into main.aux, and tests/test_paper.py checks it against
+writes the value it was set with into main.aux, and tests/pipeline/test_paper.py checks it against
 `FULL_WIDTH`). A figure made at `FULL_WIDTH` and included at `width=\\linewidth` prints at its own
 size, so the fonts set here (8-9 pt, never below `MIN_FONT_PT`) are the printed sizes. Figures are
 saved with a tight bounding box, so anything drawn outside the figure (a legend wider than it) would

@@ -10,7 +10,7 @@ Claim kinds (keybias.core.recorder.Recorder.claim):
   `TIE_RULE`), the float64 separation of breaks and redundant changes from the tolerance (both
   sides), the float32 break margin, the joint bias_k verdict, the drop, the float64 noise floor,
   the float64 twin, the gradient and the power control (grid to 100, bound 1). Each has a
-  mutation test in tests/test_sweep.py.
+  mutation test in tests/studies/invariance/test_invariance.py.
 - `implied`: the per-category and overall "matches the proof" claims, which partition the same
   rows the per-dtype claims count.
 - `consistency`: the number of measured configurations against the profile's target, that

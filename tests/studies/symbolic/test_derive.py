@@ -170,7 +170,7 @@ def test_config_defaults_are_the_smoke_profile_and_fields_are_the_parameters():
 
     from keybias.studies import params
 
-    root = Path(__file__).resolve().parents[1] / "params"
+    root = Path(__file__).resolve().parents[3] / "params"
     assert {f.name for f in dataclasses.fields(symbolic.SymbolicConfig)} == set(symbolic.PARAMETERS)
     smoke = params.load_profile("smoke", root, ["01_symbolic"])["01_symbolic"]
     assert symbolic.SymbolicConfig().as_dict() == smoke

@@ -11,7 +11,7 @@ from bs4 import BeautifulSoup
 
 from keybias.pipeline import render
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MB = 1_000_000
 
 

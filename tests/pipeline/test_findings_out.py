@@ -9,7 +9,7 @@ import pytest
 from keybias.pipeline import findings_out as FO
 from keybias.studies import findings as F
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _manifest(profile="paper"):

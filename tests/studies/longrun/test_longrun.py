@@ -125,7 +125,7 @@ def test_config_defaults_are_the_smoke_profile_and_fields_are_the_parameters():
     from keybias.studies import params
 
     assert {f.name for f in dataclasses.fields(L.LongRunConfig)} == set(L.PARAMETERS)
-    root = Path(__file__).resolve().parents[1] / "params"
+    root = Path(__file__).resolve().parents[3] / "params"
     smoke = params.load_profile("smoke", root, ["08_longrun"])["08_longrun"]
     assert L.LongRunConfig().as_dict() == smoke
     paper = params.load_profile("paper", root, ["08_longrun"])["08_longrun"]
@@ -415,7 +415,7 @@ def test_load_recorded_names_missing_files(tmp_path):
 def test_recorded_grid_is_committed_and_matches_the_grid():
     from pathlib import Path
 
-    folder = Path(__file__).resolve().parents[1] / "recorded" / "longrun-cpu"
+    folder = Path(__file__).resolve().parents[3] / "recorded" / "longrun-cpu"
     data = R.load_recorded(folder)
     assert not data["run"]["dirty"] and not data["run"]["quick"]
     runs = data["times"][["size", "dtype", "eps", "seed", "steps"]]

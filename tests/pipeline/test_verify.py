@@ -13,7 +13,7 @@ import pytest
 from keybias.pipeline import outputs
 from keybias.pipeline.outputs import EXACT, MACHINE, TOLERANCES, compare_folders
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "results"
 
 pytestmark = pytest.mark.skipif(not (RESULTS / "claims.json").exists(), reason="no committed results")

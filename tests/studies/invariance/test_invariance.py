@@ -17,7 +17,7 @@ from keybias.studies.invariance import judge as J
 from keybias.studies.invariance import measure as S
 from keybias.studies.invariance import show as SH
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 MAGS = [1.0, 100.0]
 # kappa per magnitude as the paper profile's held-out calibration gives it (the notebook calibrates its
 # own); a larger one would blind bfloat16 to the add_bias_kv break at magnitude 1

@@ -15,7 +15,7 @@ from keybias.studies.conditions import measure as conditions
 from keybias.studies.conditions import show as conditions_show
 from keybias.studies.conditions.cases import CASE_BY_KEY, CASES, REDUNDANT, claim_id
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 
 SIZES = dict(embed_dim=8, num_heads=2, seq_len=4, batch=1)
 KNOBS = dict(softcap=5.0, weight_decay=0.01, regulariser=0.01, dropout=0.3)

@@ -16,7 +16,7 @@ from keybias.studies.pretrained import show as pretrained_show
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(scope="module")
@@ -104,7 +104,7 @@ def test_config_defaults_are_the_smoke_profile_and_fields_are_the_parameters():
     from keybias.studies import params
 
     assert {f.name for f in dataclasses.fields(pretrained.PretrainedConfig)} == set(pretrained.PARAMETERS)
-    root = Path(__file__).resolve().parents[1] / "params"
+    root = Path(__file__).resolve().parents[3] / "params"
     smoke = params.load_profile("smoke", root, ["05_pretrained"])["05_pretrained"]
     assert pretrained.PretrainedConfig().as_dict() == smoke
     paper = params.load_profile("paper", root, ["05_pretrained"])["05_pretrained"]

@@ -15,7 +15,7 @@ from keybias.core.recorder import Claim
 from keybias.studies.gpu import judge, measure, show
 from keybias.studies.params import ParameterError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 RECORDED = ROOT / "recorded" / "gpu-h200"
 
 

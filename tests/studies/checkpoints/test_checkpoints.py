@@ -16,7 +16,7 @@ from keybias.studies.checkpoints import judge, loaders, measure
 from keybias.studies.checkpoints.config import CheckpointsConfig
 from keybias.studies.params import ParameterError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _installed(package: str) -> bool:

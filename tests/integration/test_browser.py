@@ -21,7 +21,7 @@ import pytest
 
 from keybias.pipeline import browser, index, render
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 CHROMIUM = browser.find_chromium()
 pytestmark = pytest.mark.skipif(

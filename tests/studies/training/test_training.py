@@ -383,7 +383,7 @@ def test_decay_claim_fails_at_the_smallest_violation_at_the_paper_settings(recor
     from keybias.studies import params
 
     paper = T.TrainingConfig.from_mapping(params.load_profile(
-        "paper", Path(__file__).resolve().parents[1] / "params", ["04_training"])["04_training"])
+        "paper", Path(__file__).resolve().parents[3] / "params", ["04_training"])["04_training"])
     n = paper.embed_dim * paper.num_layers
     initial = paper.key_bias_init * math.sqrt(n)
     factor = (1 - paper.lr_adam * paper.weight_decay) ** paper.steps
@@ -528,7 +528,7 @@ def test_config_defaults_are_the_smoke_profile_and_fields_are_the_parameters():
     from keybias.studies import params
 
     assert {f.name for f in dataclasses.fields(T.TrainingConfig)} == set(T.PARAMETERS)
-    root = Path(__file__).resolve().parents[1] / "params"
+    root = Path(__file__).resolve().parents[3] / "params"
     smoke = params.load_profile("smoke", root, ["04_training"])["04_training"]
     assert T.TrainingConfig().as_dict() == smoke
     paper = params.load_profile("paper", root, ["04_training"])["04_training"]

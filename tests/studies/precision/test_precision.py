@@ -19,7 +19,7 @@ from keybias.studies.precision import judge as nj
 from keybias.studies.precision import measure as nm
 from keybias.studies.precision import show as ns
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 SMALL = dict(head_dim=16, num_heads=1, seq_len=16, batch=2, seed=0)
 
 
