@@ -32,9 +32,9 @@ def _training():
     return {
         "training.pair_results": ({"pairs": "results/data/training_pairs.csv"}, lambda t: judge.pair_results(t["pairs"])),
         "training.bias_results": ({"bias": "results/data/training_bias_summary.csv"},
-                                  lambda t: judge.bias_results(t["bias"])),
+                                  lambda t: (judge.bias_results(t["bias"]), judge.bias_table(t["bias"]))),
         "training.verdict_results": ({"verdicts": "results/data/training_verdicts.csv"},
-                                     lambda t: judge.verdict_results(t["verdicts"])),
+                                     lambda t: (judge.verdict_results(t["verdicts"]), judge.verdict_table(t["verdicts"]))),
     }
 
 
