@@ -29,7 +29,7 @@ it with `finite_count` over the column itself) before counting.
 
 Functions: `finite_values` (the checked array), `finite_reduce` (any reducer), `finite_max`,
 `finite_min`, `finite_mean`, `finite_median`, `finite_std`, `finite_sum`, `finite_count`;
-`require_columns`, `require_finite` and `finite_rows` for tables.
+`require_columns`, `require_finite` and `finite_rows` for tables; `reduce_selections` over per-group results.
 """
 
 from __future__ import annotations
@@ -184,3 +184,12 @@ def finite_rows(frame, columns: Iterable[str], what: str, *, reason: str, exclud
     if (~ok).any():
         excluded.append(Exclusion(what, reason, int((~ok).sum()), len(frame)))
     return frame[ok]
+
+
+def reduce_selections(values, reduce: Callable[..., float], what: str) -> float:
+    """`reduce` (`finite_max`, ...) over per-selection results (one per cell, fit or dtype), each
+    already reduced with the functions above, so that a NaN among them marks a selection that was
+    empty (policy 3): the result is then NaN too and the claim fails by name, instead of passing on
+    the other selections. The measured entries under each result were checked when it was reduced."""
+    arr = np.asarray(values, dtype=np.float64).ravel()
+    return math.nan if np.isnan(arr).any() else reduce(arr, what)

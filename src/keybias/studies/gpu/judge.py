@@ -152,7 +152,7 @@ def invariance_results(rows: pd.DataFrame, mags: pd.DataFrame) -> dict:
     out = invariance_judge.invariance_claims(rows, mags, min_configs=0)
     tests = [c for c in map(Claim.from_any, out["claims"]) if c.kind == "test"]
     ok = invariance_judge.valid(rows)
-    known = ok[ok["verdict_float64"].eq("not_redundant")] if "verdict_float64" in ok else ok.iloc[0:0]
+    known = ok[ok["verdict_float64"].eq("not_redundant")]
     missed = known[known["verdict"].eq("redundant")]
     macros = {
         "GpuInvMeasured": int(rows["status"].eq("measured").sum()), "GpuInvValid": len(ok),

@@ -622,7 +622,19 @@ def run_sweep(configs: list[dict], magnitudes, *, null_factor: dict | None = Non
         if progress and config_id % 500 == 0:
             print(f"{config_id}/{len(configs)}", flush=True)
     torch.set_num_threads(threads)
-    return pd.DataFrame(rows), pd.DataFrame(mags), pd.DataFrame(times)
+    return (_declared(pd.DataFrame(rows), "data/invariance.csv"),
+            _declared(pd.DataFrame(mags), "data/invariance_magnitudes.csv"), pd.DataFrame(times))
+
+
+def _declared(frame: pd.DataFrame, table: str) -> pd.DataFrame:
+    """`frame` with every column its schema declares: a quantity no configuration of this sweep
+    measured (say the power probe, in a profile without a power-control configuration) is a
+    column of NaN ("not measured"), so the judge reads every column by name and a missing one
+    stops it instead of passing."""
+    from keybias.studies.invariance.schema import TABLES
+
+    missing = [c for c in TABLES[table] if c not in frame.columns]
+    return frame.assign(**dict.fromkeys(missing, math.nan)) if missing else frame
 
 
 TARGET_CONFIGS = 2000  # the issue: the paper profile measures at least this many configurations

@@ -25,6 +25,7 @@ from keybias.studies.reduce import (
     finite_median,
     finite_min,
     finite_std,
+    reduce_selections,
     require_columns,
     require_finite,
 )
@@ -270,8 +271,7 @@ def _per_fit_max(values, what: str) -> float:
     of them has no fit (too few points) or no calibrated constant: NaN by construction there, the
     missing selection of policy 3 in `keybias.studies.reduce`. The measured rows under the fits
     were checked for NaN before fitting (`fit_mask`)."""
-    arr = np.asarray(values, dtype=float)
-    return math.nan if np.isnan(arr).any() else finite_max(arr, what)
+    return reduce_selections(values, finite_max, what)
 
 
 def _ratio_max(num, den, what: str) -> float:
