@@ -40,7 +40,6 @@ from keybias import verdict as VD
 from keybias.hf_attention import MODELS as HF_MODELS
 from keybias.studies.config import StudyConfig
 from keybias.studies.invariance import cases as C
-from keybias.studies.invariance import controls as K
 from keybias.studies.params import DTYPES, Param, ParameterError
 
 FAMILIES = ("mha", "sizes", "realistic", "layers", "sdpa", "variants", "hf")
@@ -423,7 +422,7 @@ def measure(cfg: dict, magnitudes, null_factor: dict | None = None,
             st = {**st0, "S": smax["b_k"]}
             tol, analytic = judged_tolerance(st, null_pert.get("b_k", math.nan), mag)
             tol64 = C.output_tolerance_for(work64, st, n_slots, y64_abs)
-            cell_powered = K.has_power(unpowered, cfg, mag)
+            cell_powered = C.has_power(unpowered, cfg, mag)
             entry = {
                 "magnitude": mag, "bk_abs": ch["b_k"], "control_abs": control, "tolerance_abs": tol,
                 "bk_rel": ch["b_k"] / y_abs, "control_rel": control / y_abs, "tolerance_rel": tol / y_abs,
@@ -586,8 +585,8 @@ def run_sweep(configs: list[dict], magnitudes, *, null_factor: dict | None = Non
         else:
             try:
                 row, per_mag = measure(cfg, magnitudes, null_factor, unpowered)
-                if row["status"] == "measured" and K.has_power_control(cfg):
-                    probe = K.min_detectable_break(cfg, null_factor, magnitudes, unpowered)
+                if row["status"] == "measured" and C.has_power_control(cfg):
+                    probe = C.min_detectable_break(cfg, null_factor, magnitudes, unpowered)
                     blind = set(probe.pop("blind_magnitudes", []))
                     row.update(probe, power_blind_states=len(blind))
                     if blind:  # the probe at that perturbed state saw no break: no power there
