@@ -106,11 +106,20 @@ def _cost():
         "cost.gpu_macros": ({"gpu": "results/data/cost_gpu_prediction.csv"}, lambda t: judge.gpu_macros(t["gpu"])),
         "cost.model": ({"model": "results/machine/cost_timing_model.csv", "bounds": "results/data/cost_saving_bounds.csv",
                         "ratios": "results/machine/cost_timing_ratios.csv"},
-                       lambda t: {"saving": judge.saving_claims(t["model"], t["bounds"]),
-                                  "byte": judge.byte_model_claims(t["model"], t["bounds"], 0.03),
-                                  "timing": judge.timing_macros(t["ratios"], t["model"]),
-                                  "verdicts": judge.verdict_table(t["model"])}),
+                       lambda t: _cost_model(judge, _measured(t["model"]), t["bounds"], _measured(t["ratios"]))),
     }
+
+
+def _measured(frame):
+    """The notebook judges the measured rows (its machine tables add the devices not run)."""
+    return frame[frame["status"] == "measured"].drop(columns=["status", "reason"]).reset_index(drop=True)
+
+
+def _cost_model(judge, model, bounds, ratios):
+    return {"saving": judge.saving_claims(model, bounds),
+            "byte": judge.byte_model_claims(model, bounds, 0.03),
+            "timing": judge.timing_macros(ratios, model),
+            "verdicts": judge.verdict_table(model)}
 
 
 def _longrun_full(traj, probes, entries):
@@ -158,7 +167,9 @@ def _gpu():
 
     def invariance(t):
         inv = judge.invariance_results(t["rows"], t["mags"])
-        return {"results": inv}
+        precision = judge.precision_results(*(table(g + f"precision_{n}.csv") for n in (
+            "errors", "errors_calibration", "gradients", "gradient_summary")))
+        return {"results": inv, "failure": judge.failure_details(inv, precision)}
 
     return {
         "gpu.precision": ({"errors": g + "precision_errors.csv", "calibration": g + "precision_errors_calibration.csv",

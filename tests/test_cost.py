@@ -21,6 +21,7 @@ from keybias.studies.cost import show as cost_show
 from keybias.studies.cost import stats as cost_stats
 from keybias.studies.cost import traffic as cost_traffic
 from keybias.studies.params import load_profile
+from keybias.studies.reduce import NonFiniteValues
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -372,7 +373,8 @@ BOUND = {"inference": 1 / 18, "training": 11 / 192}
 
 def _bounds(raw, bound=None):
     configs = raw[cost_judge.CONFIG_COLUMNS].drop_duplicates()
-    return configs.assign(saving_bound=configs["mode"].map(bound or BOUND))
+    share = configs["mode"].map(bound or BOUND)  # the kernel share sets the bound; the byte share is smaller
+    return configs.assign(saving_bound=share, removed_kernel_share=share, removed_byte_share=share / 2)
 
 
 def _saving_holds(raw, tmp_path, *, bounds=None, **kw):
@@ -509,8 +511,8 @@ def test_byte_model_claims_fail_on_nan_and_refuse_empty_input_or_no_margin(tmp_p
         ratios.loc[head.index[head["ratio"] == "no_bk"][0], "ci_low_adjusted"] = np.nan
 
     raw = _doctored_raw()
-    holds, *_ = _byte(raw, tmp_path, doctor=nan_in_headline)
-    assert holds == {"cost-saving-within-byte-prediction": False, "cost-saving-not-below-byte-prediction": False}
+    with pytest.raises(NonFiniteValues):  # NaN never passes: it raises
+        _byte(raw, tmp_path, doctor=nan_in_headline)
     _, model = _judged(raw)
     with pytest.raises(ValueError, match="headline"):
         cost_judge.byte_model_claims(model.iloc[0:0], _bounds(raw))
@@ -527,8 +529,8 @@ def test_non_finite_timings_fail_the_claim_and_empty_or_unbounded_input_raises(t
 
     raw = _doctored_raw()
     ratios, model = _judged(raw, doctor=nan_in_headline)
-    claims, *_ = cost_judge.saving_claims(model, _bounds(raw))
-    assert _holds(claims, tmp_path) == {"cost-saving-within-removed-work": False}
+    with pytest.raises(NonFiniteValues):  # NaN never passes: it raises
+        cost_judge.saving_claims(model, _bounds(raw))
     with pytest.raises(ValueError, match="headline"):
         cost_judge.saving_claims(model.iloc[0:0], _bounds(raw))
     with pytest.raises(ValueError, match="bound"):
@@ -538,7 +540,8 @@ def test_non_finite_timings_fail_the_claim_and_empty_or_unbounded_input_raises(t
 def test_resolution_table_reports_what_the_timing_resolved():
     raw = _doctored_raw()
     ratios, _ = _judged(raw)
-    configs = raw[cost_judge.CONFIG_COLUMNS].drop_duplicates().assign(reps=60, stopped_by="max_reps")
+    configs = raw[cost_judge.CONFIG_COLUMNS].drop_duplicates().assign(reps=60, stopped_by="max_reps",
+                                                                       seconds_share=0.25, seconds_spent=1.0)
     table = cost_judge.resolution_table(ratios, configs)
     assert len(table) == 4 and (table["control_half_width"] > 0).all() and (table["saving_half_width"] > 0).all()
     assert set(table["stopped_by"]) == {"max_reps"}
