@@ -163,6 +163,7 @@ def memory_claims(layer: pd.DataFrame, memory: pd.DataFrame) -> tuple[list[Claim
     arch = memory.set_index("architecture")
     if layer.empty or memory.empty:
         raise ValueError("memory_claims needs per-layer and per-architecture rows")
+    require_columns(memory, ["architecture", "embed_dim", "bk_params", "bk_training_adam_bytes"], "per-architecture counts")
     # a missing flag would read as True under astype(bool) and hide a mismatch
     require_finite(layer, ["match"], "per-layer counts")
     require_finite(memory, ["match", "bk_fraction_of_model"], "per-architecture counts")
@@ -199,6 +200,8 @@ def bound_macros(bounds: pd.DataFrame) -> dict:
     """Macros of the counted saving bounds (`keybias.studies.cost.traffic`): deterministic."""
     if bounds.empty:
         raise ValueError("no saving bounds")
+    require_columns(bounds, ["mode", "saving_bound", "kernels_with_bk", "kernels_without_bk", "removed_byte_share"],
+                    "saving bounds")
     macros = {"CostSavingBoundMinPercent": 100 * _min(bounds["saving_bound"], "counted saving bounds"),
               "CostSavingBoundMaxPercent": 100 * _max(bounds["saving_bound"], "counted saving bounds")}
     for mode, (kernels, removed, byte_share) in KERNEL_MACROS.items():
@@ -437,7 +440,7 @@ def gpu_macros(gpu: pd.DataFrame) -> dict:
     for tag, rows in gpu.groupby("gpu_tag", sort=False):
         name, bandwidth, low, high = GPU_MACROS[tag]
         out[name] = str(rows["gpu"].iloc[0])
-        out[bandwidth] = float(rows["bandwidth_bytes_per_s"].iloc[0]) / 1e12
+        out[bandwidth] = _max(rows["bandwidth_bytes_per_s"].iloc[:1], f"{tag} bandwidth") / 1e12
         out[low] = _min(rows["predicted_saving_us"], f"{tag} predicted savings")
         out[high] = _max(rows["predicted_saving_us"], f"{tag} predicted savings")
     return out

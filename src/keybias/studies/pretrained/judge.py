@@ -191,13 +191,15 @@ def pretrained_claims(changes: pd.DataFrame, norms: pd.DataFrame, info: dict,
                          "the config: layers times hidden size"))
     for s in savings[savings["model"].isin(MODEL_MACROS)].itertuples():
         saved_name, total_name, fraction_name = MODEL_MACROS[s.model]
-        macros[saved_name] = int(s.key_bias_parameters)
+        found, count, fraction = finite_values([s.key_bias_parameters, s.config_count, s.fraction_key_bias],
+                                               f"{s.model} parameter counts")
+        macros[saved_name] = int(found)
         macros[total_name] = int(s.total_parameters)
-        macros[fraction_name] = 100 * float(s.fraction_key_bias)
+        macros[fraction_name] = 100 * float(fraction)
         claims.append(_claim(f"pretrained-saved-{s.model}-matches-config",
                              f"The attention modules found in a {s.model} model built from its standard config hold "
                              "layers times hidden size key-bias entries.",
-                             s.key_bias_parameters, s.config_count, "==", "consistency",
+                             int(found), int(count), "==", "consistency",
                              "the config: layers times hidden size"))
     return claims, macros
 

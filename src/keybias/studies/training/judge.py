@@ -218,7 +218,8 @@ def bias_results(bias: pd.DataFrame) -> tuple[list[Claim], dict[str, object]]:
         raise ValueError("bias is empty: no bias-study run to summarize")
     claims: list[Claim] = []
     macros: dict[str, object] = {}
-    require_finite(bias, ["powered_steps"], "bias")  # a NaN count must not read as "not powered"
+    # a NaN count must not read as "not powered", nor a NaN eps or seed drop a run from its setting
+    require_finite(bias, ["powered_steps", "eps", "seed"], "bias")
     powered = bias[bias["powered_steps"] > 0]
     grad_ratio = finite_max(powered["max_grad_over_tolerance_powered"], "powered runs' gradient ratios")
     detectable = finite_median(powered["detectable_gradient_fraction"], "powered runs' detectable fractions")
