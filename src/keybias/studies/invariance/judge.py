@@ -151,8 +151,17 @@ def category(row) -> str:
     return row["case"]
 
 
+# the columns of MODULE_COLUMNS that hold numbers (the others are labels, some legitimately empty)
+NUMERIC_MODULE_COLUMNS = ["embed_dim", "num_heads", "kdim", "vdim", "tgt_len", "src_len", "batch", "batch_first",
+                          "bias", "add_bias_kv", "add_zero_attn", "dropout", "need_weights", "self_attention", "seed"]
+
+
 def measured(df: pd.DataFrame) -> pd.DataFrame:
+    R.require_columns(df, ["status", "verdict", "expected", "family", "case", "mask", "option", "variant", "device",
+                           "dtype"], "invariance table")
     m = df[df.status == "measured"]
+    # a measured configuration has every number of its configuration (a NaN would split its module)
+    R.require_finite(m, NUMERIC_MODULE_COLUMNS, "measured configurations")
     return m.assign(category=m.apply(category, axis=1)) if len(m) else m.assign(category=pd.Series(dtype=str))
 
 
@@ -219,6 +228,7 @@ def magnitude_cells(df: pd.DataFrame, mags: pd.DataFrame) -> pd.DataFrame:
     R.require_columns(m, ["config_id", *key], "invariance table")
     R.require_columns(mags, ["config_id", "magnitude", "verdict", "verdict_float64", "bk_abs",
                              "tolerance_abs", "cell_powered"], "magnitude table")
+    R.require_finite(mags, ["config_id", "magnitude", "cell_powered"], "magnitude table")
     j = mags.merge(m[["config_id", *[c for c in key if c not in mags]]], on="config_id")
     j = j.assign(ratio=j.bk_abs / j.tolerance_abs, module=module_ids(j, key))
     out = []
@@ -306,9 +316,11 @@ def power_table(df: pd.DataFrame) -> pd.DataFrame:
     R.require_columns(df, ["min_detectable_eps", "power_tolerance_rel", "min_detectable_eps_perturbed",
                            "power_blind_states", "dtype", *SIZE_COLUMNS], "invariance table")
     m = measured(df)
-    # the power-control rows: those the probe ran on (its tolerance is recorded; a probe that saw no
-    # break leaves min_detectable_eps NaN, counted as `undetected`)
-    m = m[m.min_detectable_eps.notna() | m.power_tolerance_rel.notna()]
+    # the power-control rows: those the probe ran on (it records its tolerance and states; a probe
+    # that saw no break leaves min_detectable_eps NaN, counted as `undetected`)
+    R.require_columns(df, ["power_probe_states"], "invariance table")
+    m = m[m.min_detectable_eps.notna() | m.power_tolerance_rel.notna() | m.power_probe_states.notna()]
+    R.require_finite(m, ["power_tolerance_rel", "power_probe_states"], "power-control rows")
     if not len(m):
         return pd.DataFrame(columns=cols)
     out = []
@@ -369,6 +381,7 @@ def summary(df: pd.DataFrame, mags: pd.DataFrame | None = None) -> dict:
         "nonfinite_other": int(((m["nonfinite_outputs"].astype(float) > 0) & (m["mask"] != "fully_masked_row")).sum()),
     }
     if mags is not None and len(mags):
+        R.require_columns(mags, ["config_id", "verdict", "bk_abs", "tolerance_abs"], "magnitude table")
         j = mags.merge(m[["config_id"]], on="config_id")
         ratio = j.bk_abs / j.tolerance_abs
         out["max_bk_over_tol_redundant"] = R.finite_max(ratio[j.verdict == VD.REDUNDANT], "redundant change over tolerance")
@@ -557,12 +570,17 @@ def invariance_claims(df: pd.DataFrame, mags: pd.DataFrame, *, min_configs: int,
     if len(power):
         worst = (R.finite_max(power.min_detectable_eps, "smallest detected eps over the power table")
                  if (power.undetected == 0).all() else math.nan)
+        undetected = int(power.undetected.sum())
+        # a probe that saw no break on the grid has no smallest detected size (NaN): counted, and it fails
+        power_excluded = [R.Exclusion("power control", "no break detected on the grid", undetected,
+                                      int(power.rows.sum()))] if undetected else []
         claims.append({"claim_id": "invariance-power",
                        "statement": f"In every dtype and size of the power control, the verdict rule detects a per-key "
                                     f"score break of size {POWER_BOUND:g} or smaller (value: the largest smallest "
                                     f"detected size, on a grid reaching {decade(max(EPS_GRID))}; none detected is "
                                     "NaN and fails).",
                        "value": worst, "bound": POWER_BOUND, "comparison": "<=", "kind": "control",
+                       "exclusions": power_excluded,
                        "protects": [f"invariance-independent-{d}" for d in DTYPES if d in set(m.dtype)],
                        "bound_origin": "the issue: a break of relative size 1 must be seen"})
     else:
@@ -585,10 +603,10 @@ def invariance_claims(df: pd.DataFrame, mags: pd.DataFrame, *, min_configs: int,
         "InvMaskedRowBias": s["masked_row_bias"], "InvMaskedRowAppended": s["masked_row_appended"],
         "InvNonfiniteOther": s["nonfinite_other"],
         "InvDtypeCount": int(m.dtype.nunique()),
-        "InvEmbedMin": int(m.embed_dim.min()) if len(m) else NOT_RUN,
-        "InvEmbedMax": int(m.embed_dim.max()) if len(m) else NOT_RUN,
-        "InvKeysMin": int(m.src_len.min()) if len(m) else NOT_RUN,
-        "InvKeysMax": int(m.src_len.max()) if len(m) else NOT_RUN,
+        "InvEmbedMin": int(R.finite_min(m.embed_dim, "embed_dim", strict=True)) if len(m) else NOT_RUN,
+        "InvEmbedMax": int(R.finite_max(m.embed_dim, "embed_dim", strict=True)) if len(m) else NOT_RUN,
+        "InvKeysMin": int(R.finite_min(m.src_len, "src_len", strict=True)) if len(m) else NOT_RUN,
+        "InvKeysMax": int(R.finite_max(m.src_len, "src_len", strict=True)) if len(m) else NOT_RUN,
         "InvVariantCount": int(m[(m.family == "variants") & (m.variant != "softmax")].variant.nunique()),
         "InvFamilyCount": int(m[m.family == "hf"].variant.nunique()),
         "InvDropRows": len(drops_high),
@@ -604,9 +622,9 @@ def invariance_claims(df: pd.DataFrame, mags: pd.DataFrame, *, min_configs: int,
     macros.update({
         "InvRealisticRows": len(real), "InvRealisticValid": len(real_ok),
         "InvRealisticMismatches": int((real_ok.verdict != real_ok.expected).sum()),
-        "InvRealisticEmbedMin": int(real.embed_dim.min()) if len(real) else NOT_RUN,
-        "InvRealisticEmbedMax": int(real.embed_dim.max()) if len(real) else NOT_RUN,
-        "InvRealisticKeysMax": int(real.src_len.max()) if len(real) else NOT_RUN,
+        "InvRealisticEmbedMin": int(R.finite_min(real.embed_dim, "embed_dim", strict=True)) if len(real) else NOT_RUN,
+        "InvRealisticEmbedMax": int(R.finite_max(real.embed_dim, "embed_dim", strict=True)) if len(real) else NOT_RUN,
+        "InvRealisticKeysMax": int(R.finite_max(real.src_len, "src_len", strict=True)) if len(real) else NOT_RUN,
     })
     by_dtype = counts.set_index("dtype")
     for dt, names in DTYPE_MACROS.items():

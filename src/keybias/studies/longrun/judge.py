@@ -241,6 +241,7 @@ def drift_exponent(entries: pd.DataFrame, *, window: int = EXPONENT_WINDOW, draw
     units under the walk hypothesis, so a few entries that drift systematically widen the interval.
     Also the law-free extrapolation rate: the measured ||drift||^2 per step over the same window."""
     _require(entries, "entries", ["step", "layer", "entry", "displacement"])
+    require_finite(entries, ["step", "layer", "entry"], "entries")
     rng = np.random.default_rng(seed)
     rows = []
     for layer, g in entries.groupby("layer", sort=True):
