@@ -23,6 +23,10 @@ with its bound or a macro prints. The policy, for every such reduction in every 
    fallback: a renamed column must stop the judge, not let every row pass. A guard stays only
    where a column is legitimately optional, with a comment saying why.
 
+`tests/test_nan_policy.py` enforces 1, 2 and 4 on every judge entry point the notebooks call
+(`tests/judge_calls.py`), column by declared column: a NaN entry or a dropped column must make the
+judge raise, record the exclusion, or leave its claims and macros exactly as they were.
+
 Counts of rows that meet a condition read boolean flags; a flag computed from a float column
 (`x > bound`) is False for NaN, so the judge checks that column with `require_finite` (or reduces
 it with `finite_count` over the column itself) before counting.
