@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+import re
 import sys
 from functools import cache
 from pathlib import Path
@@ -127,8 +128,12 @@ def baseline(name: str):
     return _run(name, inputs(name))
 
 
+# a macro that counts what a judge left out, and why (e.g. GpuPowerUndetected, PrecOutputExcludedCount)
+EXCLUSION_MACRO = re.compile(r"Excluded|Undetected|LeftOut|Blind")
+
+
 def _exclusions(out) -> list:
-    """Every claim's recorded exclusions in a judge's output (canonical form)."""
+    """Every claim's recorded exclusions, and every macro that counts exclusions, in a judge's output."""
     found = []
 
     def walk(o):
@@ -139,6 +144,7 @@ def _exclusions(out) -> list:
             for v in o:
                 walk(v)
         elif isinstance(o, dict):
+            found.extend((k, v) for k, v in o.items() if EXCLUSION_MACRO.search(str(k)))
             for v in o.values():
                 walk(v)
 
