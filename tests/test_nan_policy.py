@@ -66,10 +66,10 @@ def _numeric(series: pd.Series) -> bool:
 
 # ----------------------------------------------------------------------------- small inputs
 def _small_invariance(df: pd.DataFrame, mags: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """One configuration per kind of row (family, case, option, variant, mask, mode, dtype, status and
-    verdicts), with every power-control row: a valid sweep a tenth of the size."""
-    kinds = ["family", "case", "option", "variant", "mask", "mode", "dtype", "status", "verdict", "verdict_float64",
-             "expected", "grad_verdict", "drop_verdict"]
+    """One configuration per kind of row (family, case, option, variant, dtype, status and verdicts),
+    with every power-control row: a valid sweep a fraction of the size."""
+    kinds = ["family", "case", "option", "variant", "dtype", "status", "verdict", "verdict_float64", "expected",
+             "grad_verdict", "drop_verdict"]
     power = df["min_detectable_eps"].notna() | df["power_tolerance_rel"].notna()
     keep = df[power | ~df.duplicated(kinds)]
     return keep.reset_index(drop=True), mags[mags["config_id"].isin(keep["config_id"])].reset_index(drop=True)
