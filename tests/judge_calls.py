@@ -2,13 +2,15 @@
 `results/machine` and `recorded/`): the inputs of the NaN-policy test and of the before/after check
 that a change to a judge leaves the committed claims and macros as they are.
 
-`CALLS` maps a name to (the tables it reads: {argument: (loader, table)}, and a function of those
-tables returning the judge's outputs). A loader is a path under the repository root.
+`calls()` maps a name to (the tables it reads, {argument: path}, and a function of those
+tables returning the judge's outputs); a path is under the repository root. Run as a script it
+snapshots those outputs and compares two snapshots (`main`).
 """
 
 from __future__ import annotations
 
 import math
+import sys
 from functools import cache
 from pathlib import Path
 
@@ -228,3 +230,54 @@ def canonical(obj):
     if isinstance(obj, np.bool_):
         return bool(obj)
     return obj
+
+
+def _diff(a, b, path: str, out: list) -> None:
+    if type(a) is not type(b):
+        out.append((path, a, b))
+    elif isinstance(a, dict):
+        for k in sorted(set(a) | set(b)):
+            if k not in a or k not in b:
+                out.append((f"{path}/{k}", a.get(k), b.get(k)))
+            else:
+                _diff(a[k], b[k], f"{path}/{k}", out)
+    elif isinstance(a, (list, tuple)):
+        if len(a) != len(b):
+            out.append((path, f"{len(a)} items", f"{len(b)} items"))
+        else:
+            for i, (u, v) in enumerate(zip(a, b, strict=True)):
+                _diff(u, v, f"{path}[{i}]", out)
+    elif a != b:
+        out.append((path, a, b))
+
+
+def main(argv=None) -> int:
+    """`python tests/judge_calls.py snapshot FILE` writes every entry point's outputs on the committed
+    tables (run it with PYTHONPATH at the checkout to compare); `compare BEFORE AFTER` lists every
+    value that differs and exits 1 if any does."""
+    import pickle
+
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["snapshot"] and len(argv) == 2:
+        snap = {}
+        for name in calls():
+            try:
+                snap[name] = canonical(run(name))
+            except Exception as exc:  # noqa: BLE001  (recorded, so that the comparison names it)
+                snap[name] = ("ERROR", repr(exc))
+        Path(argv[1]).write_bytes(pickle.dumps(snap))
+        return 0
+    if argv[:1] == ["compare"] and len(argv) == 3:
+        a, b = (pickle.loads(Path(p).read_bytes()) for p in argv[1:])
+        out: list = []
+        _diff(a, b, "", out)
+        for path, x, y in out:
+            print(f"{path}: {str(x)[:200]} -> {str(y)[:200]}")
+        print(f"{len(out)} differences")
+        return 1 if out else 0
+    print(main.__doc__)
+    return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
