@@ -134,12 +134,27 @@ def test_smoke_run_declares_every_file_and_column(smoke_results):
     assert not missing, "declare each column in its study's src/keybias/studies/<topic>/schema.py (whole files in build/outputs.py FILES):\n" + "\n".join(missing)
 
 
-def test_smoke_run_compares_equal_with_itself(smoke_results, tmp_path):
+def test_committed_results_fail_verify_when_one_exact_entry_moves(tmp_path):
+    """The committed results folder against a copy with one exact entry changed (the width of one
+    configuration): verify must fail and name that entry, and nothing else. (Comparing a folder with an
+    unchanged copy of itself could not fail, so it is no test.)"""
+    import csv
+    from pathlib import Path
+
+    results = Path(__file__).resolve().parents[1] / "results"
     copy = tmp_path / "copy"
-    shutil.copytree(smoke_results, copy)
-    report = compare_folders(smoke_results, copy)
-    assert report.ok, report.failures
-    assert report.exact > 0
+    shutil.copytree(results, copy)
+    path = copy / "data" / "invariance.csv"
+    with path.open(newline="") as f:
+        rows = list(csv.reader(f))
+    col = rows[0].index("embed_dim")
+    rows[1][col] = str(int(rows[1][col]) + 1)
+    with path.open("w", newline="") as f:
+        csv.writer(f, lineterminator="\n").writerows(rows)
+    report = compare_folders(results, copy)
+    assert not report.ok
+    assert [str(f) for f in report.failures] == [
+        f"data/invariance.csv: column embed_dim, row 0: '{int(rows[1][col]) - 1}' != '{rows[1][col]}' (exact)"]
 
 
 def test_tolerances_on_differences_seen_between_emulated_avx512_and_avx2_runs():

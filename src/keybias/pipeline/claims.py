@@ -23,8 +23,9 @@ Conventions every notebook follows (design.md, "Claims"):
   them doctored data.
 * **Finite reductions** (`keybias.core.reduce`). Reduce with `finite_max`, `finite_min`,
   `finite_mean`, `finite_median`, `finite_sum`, `finite_count` or `finite_values`, never with a
-  pandas reduction that skips NaN. A NaN entry or an empty selection gives a NaN value, and a NaN
-  value never holds, so the claim fails by name instead of vanishing. Rows that are legitimately
+  pandas reduction that skips NaN. A NaN entry raises `NonFiniteValues`, naming what was reduced;
+  an empty selection gives a NaN value, and a NaN value never holds, so the claim fails by name
+  instead of vanishing. Rows that are legitimately
   not finite (e.g. fully masked rows) are removed by an explicit selection before the reduction,
   or with `exclude_nonfinite="reason", excluded=list`, and that list goes into the claim
   (`Claim(exclusions=...)`), which records it.

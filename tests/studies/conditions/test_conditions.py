@@ -8,6 +8,7 @@ import pandas as pd
 import pytest
 import torch
 
+from keybias.core.reduce import NonFiniteValues
 from keybias.pipeline import claims as C
 from keybias.studies import style
 from keybias.studies.conditions import judge as conditions_judge
@@ -149,7 +150,8 @@ def test_non_finite_or_missing_effects_fail(frame, tmp_path):
     doctored = frame.copy()
     doctored.loc[doctored.index[0], "effect"] = float("nan")
     first = CASES[0]
-    assert holds(conditions_judge.judge(doctored, [first]), tmp_path / "nan") == {claim_id(first): False}
+    with pytest.raises(NonFiniteValues):  # NaN never passes: it raises (keybias.core.reduce)
+        conditions_judge.judge(doctored, [first])
     empty = frame[frame["variant"] != first.variant]
     assert holds(conditions_judge.judge(empty, [first]), tmp_path / "empty") == {claim_id(first): False}
     assert conditions_judge.summary(empty, [first])["verdict"].iloc[0] == "undecided"

@@ -12,6 +12,7 @@ import yaml
 from keybias import verdict as VD
 from keybias.core import recorder as export
 from keybias.studies import style
+from keybias.studies.invariance import cases as C
 from keybias.studies.invariance import controls as K
 from keybias.studies.invariance import judge as J
 from keybias.studies.invariance import measure as S
@@ -754,14 +755,33 @@ def test_power_calibration_without_half_precision_has_its_columns():
 def test_a_probe_blind_at_a_perturbed_state_makes_that_magnitude_invalid(monkeypatch):
     """Where the power probe at a perturbed half-precision state sees no break of size 1, the
     verdict at that magnitude had no power: it becomes invalid, and the blind state is counted."""
-    real = K.min_detectable_break
+    real = C.min_detectable_break
 
     def blind_at_one(cfg, *a, **k):
         return {**real(cfg, *a, **k), "blind_magnitudes": [1.0]}
 
-    monkeypatch.setattr(K, "min_detectable_break", blind_at_one)
+    monkeypatch.setattr(C, "min_detectable_break", blind_at_one)  # where measure finds it
     cfg = S._base(dtype="float16", case="MHA shapes", mode="eval", add_zero_attn=True)
     df, mags, _ = S.run_sweep([cfg], MAGS, null_factor=FACTOR)
     assert list(mags.verdict[mags.magnitude == 1.0]) == ["invalid"]
     assert df.power_blind_states[0] == 1 and df.magnitudes_judged[0] == (mags.verdict != "invalid").sum()
     assert J.power_table(df).blind_states.sum() == 1
+
+
+def test_a_misspelt_configuration_key_raises_instead_of_running_at_the_default():
+    with pytest.raises(ValueError, match=r"'dtpye' \(did you mean 'dtype'\?\)"):
+        _row(dtpye="float16")
+    assert S._base(dtype="float16")["dtype"] == "float16"
+
+
+def test_measure_does_not_import_controls():
+    """One direction only: controls calibrates with measure's single-configuration measurement, and
+    measure runs the probe from cases, so neither module imports the other in a cycle."""
+    import ast
+
+    for name, forbidden in (("measure", "controls"), ("cases", "controls"), ("cases", "measure")):
+        tree = ast.parse((ROOT / "src/keybias/studies/invariance" / f"{name}.py").read_text())
+        imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module
+                    and n.module.startswith("keybias.studies.invariance") for a in n.names}
+        imported |= {n.module.rsplit(".", 1)[-1] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+        assert forbidden not in imported, f"{name} imports {forbidden}"

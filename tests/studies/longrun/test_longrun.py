@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from keybias.core.recorder import Recorder
+from keybias.core.reduce import NonFiniteValues
 from keybias.studies import style
 from keybias.studies.longrun import judge as J
 from keybias.studies.longrun import measure as L
@@ -246,7 +247,8 @@ def test_exponent_claim_fails_for_a_drift_growing_like_t_to_the_0_7(record_mutat
         assert J.drift_verdict(J.drift_exponent(entries)) == "undecided"
     nan = _entries(1.0)
     nan.loc[nan.index[-1], "displacement"] = np.nan
-    assert not _exponent_holds(nan)
+    with pytest.raises(NonFiniteValues, match="displacements: 1 of"):  # NaN never passes: it raises
+        _exponent_holds(nan)
 
 
 def test_exponent_is_read_over_the_last_decade_only():

@@ -230,10 +230,13 @@ def test_unit_roundoff_span_and_failure_probability_tex():
 
 def test_crossing_check_flags_one_sided_crossing():
     law = pd.DataFrame({"dtype": ["float32"] * 3, "path": ["a", "b", "c"], "model_scatter_log10": 0.01})
-    crossing = pd.DataFrame({"dtype": ["float32"] * 3, "path": ["a", "b", "c"],
+    crossing = pd.DataFrame({"dtype": ["float32"] * 3, "path": ["a", "b", "c"], "err0_rms": [1e-7, 1e-7, 0.0],
                              "crossing": [2.0, 3.0, math.nan], "crossing_pred": [2.1, math.nan, math.nan]})
-    m = nj.crossing_check(crossing, law, 0.25).set_index("path")
-    assert list(m.index) == ["a", "b"]  # "c": neither crosses, nothing to compare
+    checks = nj.crossing_check(crossing, law, 0.25)
+    m = checks.set_index("path")
+    assert list(m.index) == ["a", "b"]  # "c": neither crosses, nothing to compare, and that is recorded
+    assert [str(e) for e in checks.attrs["exclusions"]] == [
+        "accuracy crossings: 1 of 3 entries left out (no error without b_k to double: err0 = 0)"]
     assert m.loc["a", "deviation_log10"] < m.loc["a", "allowance_log10"]
     assert m.loc["b", "deviation_log10"] == math.inf
 

@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 import torch
 
+from keybias.core.reduce import NonFiniteValues
 from keybias.studies import params
 from keybias.studies.pretrained import judge as pretrained_judge
 from keybias.studies.pretrained import measure as pretrained
@@ -206,9 +207,9 @@ def test_change_claims_fail_when_the_change_exceeds_rounding(variant, dtype, rec
     changes.loc[sel, "max_abs_diff"] = 1e-4 * 1.01  # one percent past the tolerance
     claims, _ = _claims(changes)
     record_mutation(claims[f"pretrained-{variant.replace('_', '-')}-within-rounding-{dtype}"])
-    changes.loc[sel, "max_abs_diff"] = float("nan")  # NaN never passes
-    claims, _ = _claims(changes)
-    assert not _holds(claims[f"pretrained-{variant.replace('_', '-')}-within-rounding-{dtype}"])
+    changes.loc[sel, "max_abs_diff"] = float("nan")  # NaN never passes: it raises
+    with pytest.raises(NonFiniteValues, match=f"{dtype} {variant}"):
+        _claims(changes)
 
 
 @pytest.mark.claim_mutation("pretrained-control-detected-float32", "pretrained-control-detected-float64")
@@ -384,8 +385,9 @@ def test_architecture_claim_fails_for_one_handled_row_just_over_its_bound(record
     table = _arch_table()
     table.loc[table["model_type"] == "gpt2", "output_change"] = 1.9e-7 * 1.01
     record_mutation(_arch_claim(table))
-    table.loc[table["model_type"] == "gpt2", "output_change"] = float("nan")  # NaN never passes
-    assert not _arch_holds(table)
+    table.loc[table["model_type"] == "gpt2", "output_change"] = float("nan")  # NaN never passes: it raises
+    with pytest.raises(NonFiniteValues, match="output_change"):
+        _arch_holds(table)
 
 
 @pytest.mark.claim_mutation(ARCH_CLAIM)

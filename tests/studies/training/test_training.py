@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from keybias import verdict
+from keybias.core.reduce import NonFiniteValues
 from keybias.studies.training import judge as J
 from keybias.studies.training import measure as T
 from keybias.studies.training import model as M
@@ -299,8 +300,9 @@ def test_divergence_claim_fails_just_past_one_decade_of_the_larger_control(recor
                            "train-divergence-within-rounding-control"))
     # one seed's chaotic outlier (30x) beside an ordinary seed (0.25x) averages to 2.7x: holds
     assert _held(J.pair_results(_pairs(div_kept=1.2e-4))[0])["train-divergence-within-rounding-control"]
-    # a missing value fails, not skipped by max(); a kept run still identical to the removed one holds
-    assert _held(J.pair_results(_pairs(div_kept=float("nan")))[0])["train-divergence-within-rounding-control"] is False
+    # a missing value raises, never skipped by max(); a kept run still identical to the removed one holds
+    with pytest.raises(NonFiniteValues, match="divergences"):
+        J.pair_results(_pairs(div_kept=float("nan")))
     assert _held(J.pair_results(_pairs(div_kept=0.0))[0])["train-divergence-within-rounding-control"]
 
 
@@ -371,7 +373,8 @@ def test_sgd_and_adam_claims_fail_on_doctored_drift(record_mutation):
     assert _held(J.bias_results(unpowered)[0])["train-sgd-bk-stays-put"] is False
     nan_pred = _bias()
     nan_pred.loc[nan_pred["optimizer"] == "adam", "predicted_drift"] = np.nan
-    assert _held(J.bias_results(nan_pred)[0])["train-adam-drift-matches-noise-prediction"] is False
+    with pytest.raises(NonFiniteValues, match="Adam drift ratios: 2 of 4"):
+        J.bias_results(nan_pred)
 
 
 @pytest.mark.claim_mutation("train-adamw-bias-decay-shrinks-bk")

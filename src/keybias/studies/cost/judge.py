@@ -15,9 +15,25 @@ import numpy as np
 import pandas as pd
 
 from keybias.core.recorder import Claim
-from keybias.core.reduce import finite_reduce
+from keybias.core.reduce import (
+    finite_max,
+    finite_median,
+    finite_min,
+    finite_reduce,
+    require_columns,
+    require_finite,
+)
 from keybias.studies.cost.memory import OPTIMIZER_STATES, mha_param_count
 from keybias.studies.cost.stats import HEADLINE_PHASE, LEVEL
+
+
+def _max(values, what: str) -> float:
+    """A macro's maximum: raises on NaN or on an empty selection."""
+    return finite_max(values, what, strict=True)
+
+
+def _min(values, what: str) -> float:
+    return finite_min(values, what, strict=True)
 
 # Peak memory bandwidth of current data-centre GPUs, for the byte model's *prediction* only
 # (nothing here is measured on a GPU): macro tag -> (name, bytes/s).
@@ -147,6 +163,10 @@ def memory_claims(layer: pd.DataFrame, memory: pd.DataFrame) -> tuple[list[Claim
     arch = memory.set_index("architecture")
     if layer.empty or memory.empty:
         raise ValueError("memory_claims needs per-layer and per-architecture rows")
+    require_columns(memory, ["architecture", "embed_dim", "bk_params", "bk_training_adam_bytes"], "per-architecture counts")
+    # a missing flag would read as True under astype(bool) and hide a mismatch
+    require_finite(layer, ["match"], "per-layer counts")
+    require_finite(memory, ["match", "bk_fraction_of_model"], "per-architecture counts")
     mismatches = int((~layer["match"].astype(bool)).sum() + (~memory["match"].astype(bool)).sum())
     claims = [Claim(
         id="cost-memory-counts-match-modules",
@@ -161,8 +181,8 @@ def memory_claims(layer: pd.DataFrame, memory: pd.DataFrame) -> tuple[list[Claim
         "CostBkParamsBertBase": int(bert.bk_params),
         "CostBkParamsGptXL": int(xl.bk_params),
         "CostBkAdamBytesGptXL": int(xl.bk_training_adam_bytes),
-        "CostModelFractionMaxPercent": float(100 * memory.bk_fraction_of_model.max()),
-        "CostModelFractionMinPercent": float(100 * memory.bk_fraction_of_model.min()),
+        "CostModelFractionMaxPercent": 100 * _max(memory.bk_fraction_of_model, "b_k share of the model"),
+        "CostModelFractionMinPercent": 100 * _min(memory.bk_fraction_of_model, "b_k share of the model"),
         "CostArchitectureCount": len(memory),
     }
     return claims, macros
@@ -180,8 +200,10 @@ def bound_macros(bounds: pd.DataFrame) -> dict:
     """Macros of the counted saving bounds (`keybias.studies.cost.traffic`): deterministic."""
     if bounds.empty:
         raise ValueError("no saving bounds")
-    macros = {"CostSavingBoundMinPercent": 100 * float(bounds["saving_bound"].min()),
-              "CostSavingBoundMaxPercent": 100 * float(bounds["saving_bound"].max())}
+    require_columns(bounds, ["mode", "saving_bound", "kernels_with_bk", "kernels_without_bk", "removed_byte_share"],
+                    "saving bounds")
+    macros = {"CostSavingBoundMinPercent": 100 * _min(bounds["saving_bound"], "counted saving bounds"),
+              "CostSavingBoundMaxPercent": 100 * _max(bounds["saving_bound"], "counted saving bounds")}
     for mode, (kernels, removed, byte_share) in KERNEL_MACROS.items():
         rows = bounds[bounds["mode"] == mode]
         if rows.empty:
@@ -189,7 +211,7 @@ def bound_macros(bounds: pd.DataFrame) -> dict:
         first = rows.iloc[0]
         macros[kernels] = int(first.kernels_with_bk)
         macros[removed] = int(first.kernels_with_bk - first.kernels_without_bk)
-        macros[byte_share] = 100 * float(rows["removed_byte_share"].max())
+        macros[byte_share] = 100 * _max(rows["removed_byte_share"], f"{mode} removed byte shares")
     return macros
 
 
@@ -201,12 +223,13 @@ def saving_claims(model: pd.DataFrame, bounds: pd.DataFrame) -> tuple[list[Claim
     judges the byte model itself (`byte_model_claims`), of which this is the upper bound. Empty
     selections and missing bounds raise; a non-finite entry fails it.
     """
-    judged = byte_model_check(model, bounds) if "predicted_saving" in model else None
-    if judged is None:
+    if "predicted_saving" not in model.columns:
         raise ValueError("saving_claims needs the rows of predict_saving")
+    judged = byte_model_check(model, bounds)
     main = headline(model)
     low = judged["saving_ci_low_adjusted"].to_numpy(dtype=float)
     bound = judged["saving_bound"].to_numpy(dtype=float)
+    low_over_bound = _max(low / bound, "lower limit over the counted bound")  # raises on NaN before counting
     above = int((low > bound).sum())
     claims = [Claim(
         id="cost-saving-within-removed-work",
@@ -220,8 +243,8 @@ def saving_claims(model: pd.DataFrame, bounds: pd.DataFrame) -> tuple[list[Claim
               "CostComparisonsTraining": int((main["mode"] == "training").sum()),
               "CostComparisonsInference": int((main["mode"] == "inference").sum())}
     machine = {"CostSavingsAboveBound": above,
-               "CostSavingLowOverBoundMaxPercent": 100 * float(np.max(low / bound)),
-               "CostSavingUpperOverBoundMaxPercent": 100 * float(judged["upper_over_bound"].max())}
+               "CostSavingLowOverBoundMaxPercent": 100 * low_over_bound,
+               "CostSavingUpperOverBoundMaxPercent": 100 * _max(judged["upper_over_bound"], "upper limit over bound")}
     return claims, macros, machine
 
 
@@ -242,7 +265,10 @@ def byte_model_check(model: pd.DataFrame, bounds: pd.DataFrame, margin: float = 
     main = headline(model)
     if main.empty:
         raise ValueError("no headline rows (inference forward or training total) to judge")
-    cols = CONFIG_COLUMNS + ["saving_bound"] + [c for c in ("removed_kernel_share", "removed_byte_share") if c in bounds]
+    cols = CONFIG_COLUMNS + ["saving_bound", "removed_kernel_share", "removed_byte_share"]
+    require_columns(bounds, cols, "saving bounds")
+    require_columns(main, ["saving_ci_low_adjusted", "saving_ci_high_adjusted", "predicted_saving", "value",
+                           "ci_low_adjusted", "ci_high_adjusted"], "timing model")
     judged = main.merge(bounds[cols], on=CONFIG_COLUMNS, how="left", validate="one_to_one")
     if judged["saving_bound"].isna().any():
         missing = judged.loc[judged["saving_bound"].isna(), CONFIG_COLUMNS].to_dict("records")
@@ -286,7 +312,7 @@ def byte_model_claims(model: pd.DataFrame, bounds: pd.DataFrame, margin: float =
     """
     judged = byte_model_check(model, bounds, margin)
     points = f"{100 * margin:g}"
-    resolution = margin + float(judged["half_width"].max())  # the smallest departure these timings resolve
+    resolution = margin + _max(judged["half_width"], "interval half-widths")  # the smallest departure resolved
     why = ("1.5 times the largest distance of an interval limit from the prediction in three earlier paper-profile "
            "CPU runs (Intel, AMD Zen 5, Intel under load), none judged here" if margin == BYTE_MARGIN
            else "the profile's byte_margin")
@@ -310,10 +336,10 @@ def byte_model_claims(model: pd.DataFrame, bounds: pd.DataFrame, margin: float =
     percent = round(100 * margin, 9)
     macros = {"CostByteMarginPercent": int(percent) if percent.is_integer() else percent}
     machine = {
-        "CostByteExcessMaxPercent": 100 * float(judged["byte_excess"].max()),
-        "CostByteDeficitMaxPercent": 100 * float(judged["byte_deficit"].max()),
-        "CostByteExcessOverMarginMax": float(judged["byte_excess_over_margin"].max()),
-        "CostByteDeficitOverMarginMax": float(judged["byte_deficit_over_margin"].max()),
+        "CostByteExcessMaxPercent": 100 * _max(judged["byte_excess"], "excess over the byte prediction"),
+        "CostByteDeficitMaxPercent": 100 * _max(judged["byte_deficit"], "deficit under the byte prediction"),
+        "CostByteExcessOverMarginMax": _max(judged["byte_excess_over_margin"], "excess over the margin"),
+        "CostByteDeficitOverMarginMax": _max(judged["byte_deficit_over_margin"], "deficit over the margin"),
         "CostByteResolutionPercent": 100 * resolution,
     }
     return [within, not_below], macros, machine
@@ -325,7 +351,8 @@ def resolution_table(ratios: pd.DataFrame, configs: pd.DataFrame) -> pd.DataFram
     head = headline(ratios)
     wide = head.pivot_table(index=CONFIG_COLUMNS, columns="ratio", values="half_width").reset_index()
     wide = wide.rename(columns={"control": "control_half_width", "no_bk": "saving_half_width"})
-    keep = [c for c in ("reps", "stopped_by", "seconds_share", "seconds_spent") if c in configs]
+    keep = ["reps", "stopped_by", "seconds_share", "seconds_spent"]
+    require_columns(configs, CONFIG_COLUMNS + keep, "benchmark configurations")
     return wide.merge(configs[CONFIG_COLUMNS + keep], on=CONFIG_COLUMNS, how="left")
 
 
@@ -341,11 +368,18 @@ def timing_macros(ratios: pd.DataFrame, model: pd.DataFrame) -> dict:
     if ctrl.empty or main.empty:
         raise ValueError("no headline rows (inference forward or training total) to report")
     level_miss = f"{100 * (1 - LEVEL):g}"
+    # every flag and idxmax below reads these columns: a NaN must raise, not read as False or be skipped
+    require_finite(ctrl, ["half_width", "contains_one"], "control intervals")
+    require_finite(main, ["half_width", "measured_saving", "predicted_saving", "saving_ci_low_adjusted",
+                          "saving_ci_high_adjusted", "saving_ci_high", "resolved", "significantly_slower"],
+                   "timed savings")
+    sub = model[(model["mode"] == "training") & (model["phase"] != "total")]
+    require_finite(sub, ["resolved", "significantly_slower"], "timed sub-phases")
     excluded = len(ctrl) - int(ctrl["contains_one"].sum())
     macros = {
-        "CostMinDetectablePercent": 100 * float(np.median(main["half_width"])),
-        "CostControlHalfWidthMedianPercent": 100 * float(np.median(ctrl["half_width"])),
-        "CostControlHalfWidthMaxPercent": 100 * float(ctrl["half_width"].max()),
+        "CostMinDetectablePercent": 100 * finite_median(main["half_width"], "saving half-widths", strict=True),
+        "CostControlHalfWidthMedianPercent": 100 * finite_median(ctrl["half_width"], "control half-widths", strict=True),
+        "CostControlHalfWidthMaxPercent": 100 * _max(ctrl["half_width"], "control half-widths"),
         "CostControlContainsOne": int(ctrl["contains_one"].sum()),
         "CostControlExcludesOne": excluded,
         "CostControlVerdict": (rf"more than the nominal {level_miss}\%, so the intervals are optimistic on this machine"
@@ -357,10 +391,10 @@ def timing_macros(ratios: pd.DataFrame, model: pd.DataFrame) -> dict:
         "CostModelConsistent": int((main["model_direction"] == "consistent").sum()),
         "CostModelOverPredicts": int((main["model_direction"] == "over-predicts").sum()),
         "CostModelUnderPredicts": int((main["model_direction"] == "under-predicts").sum()),
-        "CostPredictedMaxPercent": 100 * float(main["predicted_saving"].max()),
-        "CostPredictedMinPercent": 100 * float(main["predicted_saving"].min()),
-        "CostMedianSavingPercent": 100 * float(np.median(main["measured_saving"])),
-        "CostSavingUpperAllPercent": 100 * float(main["saving_ci_high_adjusted"].max()),
+        "CostPredictedMaxPercent": 100 * _max(main["predicted_saving"], "byte predictions"),
+        "CostPredictedMinPercent": 100 * _min(main["predicted_saving"], "byte predictions"),
+        "CostMedianSavingPercent": 100 * finite_median(main["measured_saving"], "measured savings", strict=True),
+        "CostSavingUpperAllPercent": 100 * _max(main["saving_ci_high_adjusted"], "upper limits of the saving"),
     }
     point = main.loc[main["measured_saving"].idxmax()]
     macros.update({
@@ -370,7 +404,6 @@ def timing_macros(ratios: pd.DataFrame, model: pd.DataFrame) -> dict:
         "CostLargestPointSavingWhere": _where(point),
     })
     # sub-phases of the training step (forward, backward, optimizer step)
-    sub = model[(model["mode"] == "training") & (model["phase"] != "total")]
     for phase, (slower, faster) in SUBPHASE_MACROS.items():
         rows = sub[sub["phase"] == phase]
         macros[slower] = int(rows["significantly_slower"].sum())
@@ -390,7 +423,8 @@ def verdict_table(model: pd.DataFrame) -> pd.DataFrame:
     main = headline(model)
     cols = ["block", "attention", "mode", "seq_len", "batch", "reps", "denominator_median_s", "measured_saving",
             "saving_ci_low", "saving_ci_high", "resolved", "saving_upper_bound", "predicted_saving", "model_direction"]
-    out = main[[c for c in cols if c in main]].copy()
+    require_columns(main, cols, "timing model")
+    out = main[cols].copy()
     out.loc[out["resolved"], "saving_upper_bound"] = math.nan  # a resolved saving needs no bound
     return out.reset_index(drop=True)
 
@@ -406,8 +440,8 @@ def gpu_macros(gpu: pd.DataFrame) -> dict:
     for tag, rows in gpu.groupby("gpu_tag", sort=False):
         name, bandwidth, low, high = GPU_MACROS[tag]
         out[name] = str(rows["gpu"].iloc[0])
-        out[bandwidth] = float(rows["bandwidth_bytes_per_s"].iloc[0]) / 1e12
-        out[low] = float(rows["predicted_saving_us"].min())
-        out[high] = float(rows["predicted_saving_us"].max())
+        out[bandwidth] = _max(rows["bandwidth_bytes_per_s"].iloc[:1], f"{tag} bandwidth") / 1e12
+        out[low] = _min(rows["predicted_saving_us"], f"{tag} predicted savings")
+        out[high] = _max(rows["predicted_saving_us"], f"{tag} predicted savings")
     return out
 

@@ -9,13 +9,12 @@ two apart. Pure: DataFrames and dicts in, `Claim`s and macros out, so tests hand
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import numpy as np
 import pandas as pd
 
 from keybias.core.recorder import Claim
-from keybias.core.reduce import finite_max, finite_min
+from keybias.core.reduce import NonFiniteValues, finite_max, finite_min, require_finite
 from keybias.studies.cost import judge as cost_judge
 from keybias.studies.precision import judge as precision_judge
 
@@ -90,7 +89,8 @@ def precision_macros(errors: pd.DataFrame, law: pd.DataFrame, pooled: pd.DataFra
     return {
         "GpuPrecPaths": int(ok["path"].nunique()), "GpuPrecFusedPaths": len(fused),
         "GpuPrecFusedDtypes": ", ".join(fused_dtypes), "GpuPrecRows": len(ok),
-        "GpuPrecSlopeMin": float(np.min(slopes)), "GpuPrecSlopeMax": float(np.max(slopes)),
+        "GpuPrecSlopeMin": finite_min(slopes, "pooled slopes", strict=True),
+        "GpuPrecSlopeMax": finite_max(slopes, "pooled slopes", strict=True),
         "GpuPrecNotRun": int((~errors["status"].eq("ok")).groupby([errors["dtype"], errors["path"]]).any().sum()),
     }
 
@@ -103,6 +103,7 @@ def cost_results(model: pd.DataFrame, bounds: pd.DataFrame) -> dict:
     claims = [*claims, *byte_claims]
     main = cost_judge.headline(model).merge(bounds[cost_judge.CONFIG_COLUMNS + ["saving_bound"]],
                                            on=cost_judge.CONFIG_COLUMNS, how="left", validate="one_to_one")
+    require_finite(main, ["saving_ci_low_adjusted", "saving_ci_high_adjusted", "saving_bound"], "GPU timings")
     resolved = main[(main["saving_ci_low_adjusted"] > 0) | (main["saving_ci_high_adjusted"] < 0)]
     faster = main[main["saving_ci_low_adjusted"] > 0]
     slower = main[main["saving_ci_high_adjusted"] < 0]
@@ -111,7 +112,7 @@ def cost_results(model: pd.DataFrame, bounds: pd.DataFrame) -> dict:
         "GpuCostSlower": len(slower),
         "GpuCostSavingMaxPercent": 100 * finite_max(main["measured_saving"], "measured saving"),
         "GpuCostUpperMaxPercent": 100 * finite_max(main["saving_ci_high_adjusted"], "upper end of the saving"),
-        "GpuCostBoundMinPercent": 100 * float(main["saving_bound"].min()),
+        "GpuCostBoundMinPercent": 100 * finite_min(main["saving_bound"], "counted bounds", strict=True),
         "GpuCostLowOverBoundMaxPercent": float(machine["CostSavingLowOverBoundMaxPercent"]),
         "GpuCostPredictedMinPercent": 100 * finite_min(main["predicted_saving"], "byte prediction"),
         "GpuCostPredictedMaxPercent": 100 * finite_max(main["predicted_saving"], "byte prediction"),
@@ -137,9 +138,9 @@ def memory_claims(allocator: pd.DataFrame) -> tuple[list[Claim], dict]:
         bound_origin="exact count: 4 bytes times E times (parameter + gradient + optimizer states)",
         statement="On the GPU, the bytes the caching allocator holds for b_k's parameter, gradient and optimizer state "
                   "equal four bytes per entry times the count of those tensors, for every width and optimizer measured.",
-        value=float(off.max()) if off.notna().all() else math.nan, bound=0.0, comparison="<=")
+        value=finite_max(off, "allocator bytes off the count"), bound=0.0, comparison="<=")
     macros = {"GpuMemoryRows": len(ran), "GpuMemoryWidths": ", ".join(str(int(e)) for e in sorted(ran["embed_dim"].unique())),
-              "GpuMemoryBytesMax": int(ran["measured_bytes"].max())}
+              "GpuMemoryBytesMax": int(finite_max(ran["measured_bytes"], "allocator bytes", strict=True))}
     return [claim], macros
 
 
@@ -152,7 +153,7 @@ def invariance_results(rows: pd.DataFrame, mags: pd.DataFrame) -> dict:
     out = invariance_judge.invariance_claims(rows, mags, min_configs=0)
     tests = [c for c in map(Claim.from_any, out["claims"]) if c.kind == "test"]
     ok = invariance_judge.valid(rows)
-    known = ok[ok["verdict_float64"].eq("not_redundant")] if "verdict_float64" in ok else ok.iloc[0:0]
+    known = ok[ok["verdict_float64"].eq("not_redundant")]
     missed = known[known["verdict"].eq("redundant")]
     macros = {
         "GpuInvMeasured": int(rows["status"].eq("measured").sum()), "GpuInvValid": len(ok),
@@ -170,11 +171,14 @@ def failure_details(invariance: dict, precision: dict) -> dict:
     largest crossing deviation and of the largest b_k cosine, and the power-control cells the
     verdict rule did not see a break in. Macros for the paper's sentences about the GPU."""
     checks = precision["checks"]
-    ratio = checks["deviation_log10"] / checks["allowance_log10"]
-    worst = checks.loc[ratio.idxmax()]
+    ratio = checks["deviation_log10"] / checks["allowance_log10"]  # inf for a one-sided crossing: the worst
     gsum = precision["gsum"]
     ok = gsum[gsum["status"].eq("ok")]
     cos_ratio = ok["bk_mean_cos"].abs() / ok["cos_bound"]
+    for what, values in (("crossing deviation over allowance", ratio), ("b_k cosine over bound", cos_ratio)):
+        if values.isna().any() or not len(values):  # idxmax would skip a NaN and name another case
+            raise NonFiniteValues(f"{what}: {int(values.isna().sum())} of {len(values)} entries are NaN")
+    worst = checks.loc[ratio.idxmax()]
     cos_worst = ok.loc[cos_ratio.idxmax()]
     power = invariance["power"]
     blind = power[power["undetected"] > 0]

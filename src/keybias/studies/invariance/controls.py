@@ -15,10 +15,24 @@ import pandas as pd
 import torch
 
 from keybias import verdict as VD
-from keybias.studies.fixtures import variants as V
-from keybias.studies.fixtures.hf_attention import EXPECTED as HF_EXPECTED
 from keybias.studies.invariance import cases as C
 from keybias.studies.invariance import judge as J
+from keybias.studies.invariance import measure as M
+
+# the power probe and the power categories live with the cases (`measure` runs the probe and
+# marks the cells; this module calibrates them), so that measure never imports this module
+from keybias.studies.invariance.cases import (  # noqa: F401  (names of this module's interface)
+    BREAK_GROUPS,
+    BREAK_OPTIONS,
+    POOLS,
+    POWER_CASES_MHA,
+    POWER_DTYPES,
+    _pool_of,
+    has_power,
+    has_power_control,
+    min_detectable_break,
+    power_group,
+)
 
 CALIBRATION_CASES = 48
 FAMILY_ALPHA = 0.05  # family-wise false-alarm rate of the low-precision tests of one dtype and magnitude
@@ -31,111 +45,8 @@ CALIBRATION_SHAPES = (
     (12, 3, 4, 8, 2, "eval", "none"), (4, 1, 5, 5, 2, "inference_no_fastpath", "float"),
     (16, 16, 5, 5, 2, "eval", "is_causal"),
 )
-EPS_GRID = J.EPS_GRID  # per-key score perturbations of the power control, 100 down to 10^-15
-POWER_BOUND = J.POWER_BOUND  # a break of this size must be seen; a state that does not see it has no power
-
-
-# ----------------------------------------------------------------------------- power
-POWER_CASES_MHA = ("MHA shapes", "MHA add_bias_kv", "MHA add_zero_attn", "MHA add_bias_kv_zero_attn")
-
-
-def has_power_control(cfg: dict) -> bool:
-    """The size-matched positive control runs on MHA without a mask of its own (it adds one; MHA pads
-    it for the slots add_bias_kv / add_zero_attn append), plain or with a breaking option, with at
-    least two keys (over one key softmax is 1 whatever the score)."""
-    return cfg["src_len"] >= 2 and (cfg["family"] in ("sizes", "realistic") and cfg["option"] == "plain") or (
-        cfg["family"] == "mha" and cfg["case"] in POWER_CASES_MHA and cfg["mask"] == "none"
-        and not cfg["need_weights"])
-
-
-def min_detectable_break(cfg: dict, null_factor: dict | None = None, magnitudes=(),
-                         unpowered: frozenset = frozenset()) -> dict:
-    """The smallest per-key score perturbation the verdict rule of this configuration detects.
-
-    The control breaks assumption (A1) by a known amount: key j's score gets eps * r_j for every
-    query (r_j standard normal, fixed seed), through a float attn_mask, so the attention weights
-    change by a relative eps * (r_j - mean) and no shift can undo it. It is judged exactly as the
-    b_k change is (same dtype, same tolerance rule, null measured with a zero float mask), for eps
-    on the decade grid EPS_GRID (100 down to 10^-15: its top lies above the claim's bound POWER_BOUND = 1,
-    so a rule that sees only breaks of 10 or 100 is measured as such and fails the claim); the answer is
-    the smallest eps whose change exceeds the tolerance, found by bisection (detection grows with eps).
-    NaN if not even the largest is detected. The score bound S of the analytic tolerance includes the
-    probe's own perturbation, max(eps, 1) max|r| (for eps <= 1 the value at eps = 1, as before the grid
-    was extended).
-    Below float64 the factor is the largest calibrated over the magnitudes (conservative).
-
-    Below float32 the rounding null grows with the state, so the probe also runs at each perturbed
-    state the sweep judges (b_k moved by magnitude m, for every m of a cell with power):
-    `min_detectable_eps_perturbed` is the worst over the states where a break of at most POWER_BOUND
-    was seen, and `blind_magnitudes` lists the states where not even eps = POWER_BOUND was: the sweep's verdict of this
-    configuration at those magnitudes had no power and becomes `invalid` (`measure.run_sweep`)."""
-    dtype = C.TORCH_DTYPES[cfg["dtype"]]
-    low = dtype != torch.float64
-    kappa = C.null_factor_for(null_factor, cfg["dtype"]) if low else math.nan
-    case = C.case(cfg)
-    r = torch.randn(cfg["src_len"], generator=torch.Generator().manual_seed(cfg["seed"] + 13), dtype=torch.float64)
-    with C.mode_context(cfg):
-        obj, inp = case["build"](dtype)
-        out = _probe(cfg, case, obj, inp, r, dtype, low, kappa)
-        states = [m for m in magnitudes if has_power(unpowered, cfg, m)] if cfg["dtype"] in POWER_DTYPES else []
-        if states:
-            bk = case["roles"](obj)["b_k"]
-            typical = C.tolerance_stats(*case["stats"](obj, inp)[:4], cfg["num_heads"])["norm_k"]
-            gen = torch.Generator().manual_seed(cfg["seed"] + 7)
-            worst, blind = math.nan, []
-            for mag in states:
-                direction = torch.randn(bk[0].numel(), generator=gen, dtype=torch.float64)
-                with C.perturbed(bk, direction / direction.norm() * mag * typical):
-                    eps = _probe(cfg, case, obj, inp, r, dtype, low, C.null_factor_for(null_factor, cfg["dtype"], mag))
-                if eps["min_detectable_eps"] <= POWER_BOUND:  # NaN (nothing seen) is blind too
-                    worst = eps["min_detectable_eps"] if not math.isfinite(worst) else max(worst, eps["min_detectable_eps"])
-                else:
-                    blind.append(float(mag))
-            out["min_detectable_eps_perturbed"] = worst
-            out["blind_magnitudes"] = blind
-        out["power_probe_states"] = len(states)
-    return out
-
-
-def _probe(cfg, case, obj, inp, r, dtype, low, kappa) -> dict:
-    """The bisection of `min_detectable_break` at the module's current state."""
-    lq, lk, dev = cfg["tgt_len"], cfg["src_len"], cfg["device"]
-
-    def run_eps(eps):
-        mask = (eps * r).expand(lq, lk).to(dev, dtype).contiguous()
-        return C.first_output(case["run"](obj, {**inp, "attn_mask": mask}))
-
-    base = run_eps(0.0)
-    y_abs = C.finite_abs_max(base)
-    zero = {**inp, "attn_mask": torch.zeros(lq, lk, dtype=dtype, device=dev)}
-    q, k, v, w_o, n_slots = case["stats"](obj, inp)
-    st = C.tolerance_stats(q, k, v, w_o, cfg["num_heads"])
-    null = C.rounding_null(case, obj, zero, base) if low else math.nan
-    r_max = float(r.abs().max())
-
-    def tolerance(eps):
-        # the score bound with the probe's own perturbation; for eps <= POWER_BOUND its value at the bound
-        analytic = C.output_tolerance_for(dtype, {**st, "S": st["S"] + max(eps, POWER_BOUND) * r_max}, n_slots, y_abs)
-        return VD.null_tolerance(analytic, null_base=null, null_perturbed=null, factor=kappa) if low else analytic
-
-    tol = tolerance(POWER_BOUND)
-    detected = {}
-
-    def seen(i):
-        if i not in detected:
-            detected[i] = C.change(run_eps(EPS_GRID[i]), base) > tolerance(EPS_GRID[i])
-        return detected[i]
-
-    lo, hi = 0, len(EPS_GRID) - 1  # EPS_GRID descends: find the last index still detected
-    if not seen(lo):
-        return {"min_detectable_eps": math.nan, "power_tolerance_rel": tol / y_abs}
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if seen(mid):
-            lo = mid
-        else:
-            hi = mid - 1
-    return {"min_detectable_eps": EPS_GRID[lo], "power_tolerance_rel": tol / y_abs}
+EPS_GRID = C.EPS_GRID  # per-key score perturbations of the power control, 100 down to 10^-15
+POWER_BOUND = C.POWER_BOUND  # a break of this size must be seen; a state that does not see it has no power
 
 
 # ----------------------------------------------------------------------------- calibration
@@ -243,50 +154,6 @@ def tail_quantile(ratios: np.ndarray, tests: int, *, alpha: float = FAMILY_ALPHA
 MAX_MISS_RATE = J.MAX_MISS_RATE
 MIN_HELD_OUT_BREAKS = 10  # fewer known breaks with a verdict than this: the cell's power is not shown
 POWER_CASES = 32  # held-out known-break cases per breaking category and half-precision dtype
-# float32 resolves breaks three orders of magnitude below the smallest the sweep has (its miss-rate claim
-# still judges it); the cells in question are those of the 8- and 11-bit significands
-POWER_DTYPES = ("bfloat16", "float16")
-BREAK_OPTIONS = ("add_bias_kv", "add_zero_attn")  # the options that break (A1) (and both together)
-# power group -> its family pool; every breaking category is its own group, judged on its own
-# held-out breaks. A category the proof calls redundant has no breaks of its own to miss: it takes
-# its family's pool, all the family's breaking categories' held-out cases together.
-BREAK_GROUPS = {
-    "MHA add_bias_kv": "MHA", "MHA add_zero_attn": "MHA", "MHA add_bias_kv_zero_attn": "MHA",
-    **{f"variant {v}": "variants" for v in V.VARIANTS if not V.DROP_IS_EXACT[v][0]},
-    **{f"HF {m}": "HF" for m, (verdict, _) in HF_EXPECTED.items() if verdict == VD.NOT_REDUNDANT},
-}
-POOLS = ("MHA", "variants", "HF")
-
-
-def power_group(cfg: dict) -> str:
-    """The category whose held-out known breaks decide this configuration's power: its own for a
-    breaking option, variant or model, else its family's pool ('MHA', 'variants', 'HF')."""
-    fam = cfg["family"]
-    if fam == "variants":
-        group = f"variant {cfg['variant']}"
-        return group if group in BREAK_GROUPS else "variants"
-    if fam == "hf":
-        group = f"HF {cfg['variant']}"
-        return group if group in BREAK_GROUPS else "HF"
-    if cfg.get("add_bias_kv") and cfg.get("add_zero_attn"):
-        return "MHA add_bias_kv_zero_attn"
-    if cfg.get("add_bias_kv"):
-        return "MHA add_bias_kv"
-    if cfg.get("add_zero_attn"):
-        return "MHA add_zero_attn"
-    return "MHA"
-
-
-def has_power(unpowered: frozenset, cfg: dict, magnitude: float) -> bool:
-    """False where the held-out calibration found this configuration's category blind at this
-    dtype and magnitude (`calibrate_power`)."""
-    return (power_group(cfg), cfg["dtype"], float(magnitude)) not in unpowered
-
-
-def _pool_of(group: str) -> str:
-    return BREAK_GROUPS.get(group, group)
-
-
 def _as_group(cfg: dict, group: str) -> dict:
     """A template configuration turned into one of `group` (same shape, mask and mode)."""
     if group.startswith("MHA "):
@@ -340,8 +207,6 @@ def calibrate_power(configs: list[dict], magnitudes, null_factor: dict, *, cases
     proof calls redundant is judged on its family's pool (all of that family's breaking categories
     together). The sweep marks the verdicts of cells without power `invalid`, before it runs.
     Returns (frozenset of unpowered (group, dtype, magnitude), one row per held-out case and magnitude)."""
-    from keybias.studies.invariance import measure as M  # measure imports this module
-
     magnitudes = [float(m) for m in magnitudes]
     low = [d for d in dict.fromkeys(c["dtype"] for c in configs if c["family"] != "device") if d in POWER_DTYPES]
     rows = []

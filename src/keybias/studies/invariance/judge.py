@@ -10,14 +10,16 @@ Claim kinds (keybias.core.recorder.Recorder.claim):
   `TIE_RULE`), the float64 separation of breaks and redundant changes from the tolerance (both
   sides), the float32 break margin, the joint bias_k verdict, the drop, the float64 noise floor,
   the float64 twin, the gradient and the power control (grid to 100, bound 1). Each has a
-  mutation test in tests/studies/invariance/test_invariance.py.
+  mutation test in tests/test_sweep.py.
 - `implied`: the per-category and overall "matches the proof" claims, which partition the same
   rows the per-dtype claims count.
 - `consistency`: the number of measured configurations against the profile's target, that
   every float64 noise floor is finite, and that no float32/float64 verdict is unexpectedly
   `invalid` (power bookkeeping).
-Every reduction goes through keybias.core.reduce: NaN fails unless the caller names its
-exclusion, and an empty selection gives NaN, which fails the claim and names it.
+Every reduction goes through keybias.core.reduce: NaN raises unless the caller names its
+exclusion and records it, and an empty selection gives NaN, which fails the claim and names it.
+Every column is read by name and a missing one raises (`R.require_columns`): the only optional
+ones are `decision_margin_min` and `decision_margin`, which this module does not read.
 """
 
 from __future__ import annotations
@@ -149,8 +151,17 @@ def category(row) -> str:
     return row["case"]
 
 
+# the columns of MODULE_COLUMNS that hold numbers (the others are labels, some legitimately empty)
+NUMERIC_MODULE_COLUMNS = ["embed_dim", "num_heads", "kdim", "vdim", "tgt_len", "src_len", "batch", "batch_first",
+                          "bias", "add_bias_kv", "add_zero_attn", "dropout", "need_weights", "self_attention", "seed"]
+
+
 def measured(df: pd.DataFrame) -> pd.DataFrame:
+    R.require_columns(df, ["status", "verdict", "expected", "family", "case", "mask", "option", "variant", "device",
+                           "dtype"], "invariance table")
     m = df[df.status == "measured"]
+    # a measured configuration has every number of its configuration (a NaN would split its module)
+    R.require_finite(m, NUMERIC_MODULE_COLUMNS, "measured configurations")
     return m.assign(category=m.apply(category, axis=1)) if len(m) else m.assign(category=pd.Series(dtype=str))
 
 
@@ -171,11 +182,13 @@ def verdict_table(df: pd.DataFrame) -> pd.DataFrame:
     ok = valid(df)
     agree = ok.groupby("category").apply(lambda g: int((g.verdict == g.expected).sum()), include_groups=False)
     n = ok.groupby("category").size()
-    joint = d.groupby("category")["verdict_joint"].agg(lambda s: ",".join(sorted(set(s.dropna())))) if "verdict_joint" in d else None
+    R.require_columns(d, ["verdict_joint"], "invariance table")
+    # the joint (b_k with bias_k) verdict is a label of the add_bias_kv configurations only (no label
+    # elsewhere): a category without one prints "--"
+    joint = d.groupby("category")["verdict_joint"].agg(lambda s: ",".join(sorted(set(s[s.notna()]))))
     out = counts.reset_index()
     out["matches_theory"] = [f"{agree.get(c, 0)}/{n.get(c, 0)}" for c in out["category"]]
-    if joint is not None:
-        out["joint"] = [joint.get(c, "") or "--" for c in out["category"]]
+    out["joint"] = [joint.get(c, "") or "--" for c in out["category"]]
     return out
 
 
@@ -211,7 +224,11 @@ def magnitude_cells(df: pd.DataFrame, mags: pd.DataFrame) -> pd.DataFrame:
     m = measured(df)
     if not len(m) or not len(mags):
         return pd.DataFrame(columns=cols)
-    key = [c for c in MODULE_COLUMNS if c in m]
+    key = list(MODULE_COLUMNS)
+    R.require_columns(m, ["config_id", *key], "invariance table")
+    R.require_columns(mags, ["config_id", "magnitude", "verdict", "verdict_float64", "bk_abs",
+                             "tolerance_abs", "cell_powered"], "magnitude table")
+    R.require_finite(mags, ["config_id", "magnitude", "cell_powered"], "magnitude table")
     j = mags.merge(m[["config_id", *[c for c in key if c not in mags]]], on="config_id")
     j = j.assign(ratio=j.bk_abs / j.tolerance_abs, module=module_ids(j, key))
     out = []
@@ -223,11 +240,11 @@ def magnitude_cells(df: pd.DataFrame, mags: pd.DataFrame) -> pd.DataFrame:
         missed = int(miss.sum())
         ties = int((miss & (known.bk_abs == known.tolerance_abs)).sum())
         modules = known.assign(miss=miss).groupby("module").miss.any()
-        powered = bool(g["cell_powered"].any()) if "cell_powered" in g else True
+        powered = bool(g["cell_powered"].astype(bool).any())
         out.append({"dtype": dt, "magnitude": mag, "rows": len(g), "valid": len(ok), "known_breaks": len(known),
                     "missed": missed, "tie_misses": ties, "miss_rate": missed / len(known) if len(known) else math.nan,
                     "known_modules": len(modules), "missed_modules": int(modules.sum()),
-                    "module_miss_rate": float(modules.mean()) if len(modules) else math.nan,
+                    "module_miss_rate": R.finite_mean(modules, f"{dt} m={mag:g} module misses"),
                     "redundant_over_tol": R.finite_max(red.ratio, f"{dt} m={mag:g} redundant change over tolerance"),
                     "break_over_tol": R.finite_min(known.ratio, f"{dt} m={mag:g} known break over tolerance"),
                     "powered": powered})
@@ -283,7 +300,8 @@ def miss_rate_lower_limit(missed: int, known: int, cells: int = 1) -> float:
 
 def module_ids(rows: pd.DataFrame, key=None) -> pd.Series:
     """One label per distinct module (`MODULE_COLUMNS`: everything but the mode and the mask)."""
-    key = [c for c in (key or MODULE_COLUMNS) if c in rows]
+    key = list(key or MODULE_COLUMNS)
+    R.require_columns(rows, key, "module rows")
     if not len(rows):
         return pd.Series(dtype=str, index=rows.index)
     return rows[key].map(lambda v: "" if pd.isna(v) else str(v)).agg("|".join, axis=1)
@@ -295,21 +313,28 @@ def power_table(df: pd.DataFrame) -> pd.DataFrame:
     of the magnitudes with power; how many saw no break at all at the unperturbed state (NaN), and
     at how many perturbed states no break was seen (those verdicts are `invalid`)."""
     cols = ["dtype", *SIZE_COLUMNS, "rows", "min_detectable_eps", "undetected", "blind_states"]
-    if "min_detectable_eps" not in df:
-        return pd.DataFrame(columns=cols)
+    R.require_columns(df, ["min_detectable_eps", "power_tolerance_rel", "min_detectable_eps_perturbed",
+                           "power_blind_states", "dtype", *SIZE_COLUMNS], "invariance table")
     m = measured(df)
-    m = m[m.min_detectable_eps.notna() | m.get("power_tolerance_rel", pd.Series(dtype=float)).notna()]
+    # the power-control rows: those the probe ran on (it records its tolerance and states; a probe
+    # that saw no break leaves min_detectable_eps NaN, counted as `undetected`)
+    R.require_columns(df, ["power_probe_states"], "invariance table")
+    m = m[m.min_detectable_eps.notna() | m.power_tolerance_rel.notna() | m.power_probe_states.notna()]
+    R.require_finite(m, ["power_tolerance_rel", "power_probe_states"], "power-control rows")
     if not len(m):
         return pd.DataFrame(columns=cols)
     out = []
     for key, g in m.groupby(["dtype", *SIZE_COLUMNS], sort=False):
         eps = g.min_detectable_eps.astype(float)
-        # the probe at the perturbed states (half precision): the worst where it saw a break; a state
-        # where it saw none made that magnitude's verdict invalid, and is counted apart
-        if "min_detectable_eps_perturbed" in g:
+        # the probe at the perturbed states runs in half precision only (NaN in float32 and float64
+        # by design): the worst where it saw a break; a state where it saw none made that
+        # magnitude's verdict invalid, and is counted apart
+        if key[0] not in HIGH_PRECISION:
+            R.require_finite(g, ["min_detectable_eps_perturbed"], f"{key[0]} power probe at the perturbed states")
             pert = g.min_detectable_eps_perturbed.astype(float)
-            eps = pd.Series(np.fmax(eps.to_numpy(), pert.to_numpy()), index=g.index).where(eps.notna())
-        blind = pd.to_numeric(g["power_blind_states"], errors="coerce").fillna(0) if "power_blind_states" in g else 0
+            eps = pd.Series(np.maximum(eps.to_numpy(), pert.to_numpy()), index=g.index).where(eps.notna())
+        R.require_finite(g, ["power_blind_states"], f"{key[0]} power probe")
+        blind = g["power_blind_states"].astype(float)
         out.append({**dict(zip(["dtype", *SIZE_COLUMNS], key, strict=True)), "rows": len(g),
                     "min_detectable_eps": R.finite_max(eps, "smallest detected eps") if eps.notna().all() else math.nan,
                     "undetected": int(eps.isna().sum()), "blind_states": int(np.sum(blind))})
@@ -329,11 +354,13 @@ def min_detectable_by_dtype(power: pd.DataFrame) -> dict:
 
 def summary(df: pd.DataFrame, mags: pd.DataFrame | None = None) -> dict:
     """Headline numbers for macros and claims (`configs` counts measured rows, `total` all rows)."""
+    R.require_columns(df, ["status", "verdict", "expected", "dtype", "mask", "grad_verdict", "code_path",
+                           "masked_row_output", "nonfinite_outputs"], "invariance table")
     m = measured(df)
     ok = valid(df)
-    both = ok[ok.grad_verdict.isin([VD.REDUNDANT, VD.NOT_REDUNDANT])] if "grad_verdict" in ok else ok.iloc[:0]
+    both = ok[ok.grad_verdict.isin([VD.REDUNDANT, VD.NOT_REDUNDANT])]
     masked = m[m["mask"] == "fully_masked_row"]
-    col = (lambda d, c: d[c] if c in d else pd.Series("", index=d.index))  # noqa: E731
+    R.require_finite(m, ["nonfinite_outputs"], "measured configurations")  # a count, never NaN when measured
     out = {
         "configs": len(m), "total": len(df), "measured": len(m),
         "rejected": int((df.status == "rejected").sum()),
@@ -346,15 +373,15 @@ def summary(df: pd.DataFrame, mags: pd.DataFrame | None = None) -> dict:
         "unexpected_invalid": int(((m.verdict == VD.INVALID) & (m.expected != VD.INVALID)).sum()),
         "invalid_low_precision": int(((m.verdict == VD.INVALID) & ~m.dtype.isin(HIGH_PRECISION)).sum()),
         "grad_disagree": int((both.verdict != both.grad_verdict).sum()),
-        "fast_path_rows": int((m.code_path == "mha_fast_path").sum()) if "code_path" in m else 0,
+        "fast_path_rows": int((m.code_path == "mha_fast_path").sum()),
         "masked_rows": len(masked),
-        "masked_row_nan": int((col(masked, "masked_row_output") == "nan").sum()),
-        "masked_row_bias": int((col(masked, "masked_row_output") == "out_proj_bias").sum()),
-        "masked_row_appended": int((col(masked, "masked_row_output") == "appended_slots").sum()),
-        "nonfinite_other": int(((pd.to_numeric(col(m, "nonfinite_outputs"), errors="coerce").fillna(0) > 0)
-                                & (m["mask"] != "fully_masked_row")).sum()) if len(m) else 0,
+        "masked_row_nan": int((masked["masked_row_output"] == "nan").sum()),
+        "masked_row_bias": int((masked["masked_row_output"] == "out_proj_bias").sum()),
+        "masked_row_appended": int((masked["masked_row_output"] == "appended_slots").sum()),
+        "nonfinite_other": int(((m["nonfinite_outputs"].astype(float) > 0) & (m["mask"] != "fully_masked_row")).sum()),
     }
     if mags is not None and len(mags):
+        R.require_columns(mags, ["config_id", "verdict", "bk_abs", "tolerance_abs"], "magnitude table")
         j = mags.merge(m[["config_id"]], on="config_id")
         ratio = j.bk_abs / j.tolerance_abs
         out["max_bk_over_tol_redundant"] = R.finite_max(ratio[j.verdict == VD.REDUNDANT], "redundant change over tolerance")
@@ -441,8 +468,9 @@ def invariance_claims(df: pd.DataFrame, mags: pd.DataFrame, *, min_configs: int,
         claims.append(claim)
     for dt in [d for d in SEPARATION_DTYPES if d in set(cells.dtype)]:
         g = cells[(cells.dtype == dt) & cells.powered]
-        brk = R.finite_min(g.break_over_tol, f"{dt} smallest known break over tolerance")
-        red = R.finite_max(g.redundant_over_tol, f"{dt} largest redundant change over tolerance")
+        # a cell without a known break or a redundant verdict is an empty selection (NaN): the claim fails
+        brk = R.reduce_selections(g.break_over_tol, R.finite_min, f"{dt} smallest known break over tolerance")
+        red = R.reduce_selections(g.redundant_over_tol, R.finite_max, f"{dt} largest redundant change over tolerance")
         claims.append({
             "claim_id": f"invariance-separation-{dt}",
             "statement": f"At every magnitude in {dt}, the smallest float64-known break is at least {SEPARATION:g}x "
@@ -452,7 +480,7 @@ def invariance_claims(df: pd.DataFrame, mags: pd.DataFrame, *, min_configs: int,
             "bound_origin": "the issue: a break at least 2x and a redundant change at most 0.5x the tolerance"})
     for dt in [d for d in BREAK_MARGIN_DTYPES if d in set(cells.dtype)]:
         g = cells[(cells.dtype == dt) & cells.powered]
-        brk = R.finite_min(g.break_over_tol, f"{dt} smallest known break over tolerance")
+        brk = R.reduce_selections(g.break_over_tol, R.finite_min, f"{dt} smallest known break over tolerance")
         claims.append({
             "claim_id": f"invariance-break-margin-{dt}",
             "statement": f"At every magnitude in {dt}, the smallest float64-known break is at least {SEPARATION:g}x "
@@ -461,7 +489,11 @@ def invariance_claims(df: pd.DataFrame, mags: pd.DataFrame, *, min_configs: int,
                          "not claimed).",
             "value": SEPARATION / brk, "bound": 1.0, "comparison": "<=", "kind": "test",
             "bound_origin": "the issue: a break at least 2x the tolerance"})
-    joint = m[m.option.eq("add_bias_kv") & m.get("verdict_joint", pd.Series(index=m.index, dtype=object)).notna()]
+    R.require_columns(df, ["option", "verdict_joint", "drop_verdict", "verdict_float64", "noise_floor_over_tol64",
+                           "max_rel_bk", "family", "variant", "embed_dim", "src_len"], "invariance table")
+    R.require_columns(mags, ["magnitude"], "magnitude table")
+    # the joint verdict is a label of the add_bias_kv configurations; one that was not judged has none
+    joint = m[m.option.eq("add_bias_kv") & m.verdict_joint.notna()]
     joint = joint[joint.verdict_joint != VD.INVALID] if len(joint) else joint
     if m.option.eq("add_bias_kv").any():
         _mismatch_claim("invariance-add-bias-kv-joint-redundant",
@@ -506,7 +538,7 @@ def invariance_claims(df: pd.DataFrame, mags: pd.DataFrame, *, min_configs: int,
                    "bound": 0, "comparison": "<=", "kind": "consistency",
                    "bound_origin": "the results contract: NaN never passes a claim"})
     twin = m[m.verdict_float64.isin([VD.REDUNDANT, VD.NOT_REDUNDANT])
-             & m.expected.isin([VD.REDUNDANT, VD.NOT_REDUNDANT])] if "verdict_float64" in m else m.iloc[:0]
+             & m.expected.isin([VD.REDUNDANT, VD.NOT_REDUNDANT])]
     _mismatch_claim("invariance-float64-twin-matches-theory",
                     "The float64 twin of every configuration (any dtype) gets the verdict the proof predicts.",
                     # for float64 rows the twin is the row itself, for the others a rerun of the same
@@ -538,12 +570,17 @@ def invariance_claims(df: pd.DataFrame, mags: pd.DataFrame, *, min_configs: int,
     if len(power):
         worst = (R.finite_max(power.min_detectable_eps, "smallest detected eps over the power table")
                  if (power.undetected == 0).all() else math.nan)
+        undetected = int(power.undetected.sum())
+        # a probe that saw no break on the grid has no smallest detected size (NaN): counted, and it fails
+        power_excluded = [R.Exclusion("power control", "no break detected on the grid", undetected,
+                                      int(power.rows.sum()))] if undetected else []
         claims.append({"claim_id": "invariance-power",
                        "statement": f"In every dtype and size of the power control, the verdict rule detects a per-key "
                                     f"score break of size {POWER_BOUND:g} or smaller (value: the largest smallest "
                                     f"detected size, on a grid reaching {decade(max(EPS_GRID))}; none detected is "
                                     "NaN and fails).",
                        "value": worst, "bound": POWER_BOUND, "comparison": "<=", "kind": "control",
+                       "exclusions": power_excluded,
                        "protects": [f"invariance-independent-{d}" for d in DTYPES if d in set(m.dtype)],
                        "bound_origin": "the issue: a break of relative size 1 must be seen"})
     else:
@@ -566,10 +603,10 @@ def invariance_claims(df: pd.DataFrame, mags: pd.DataFrame, *, min_configs: int,
         "InvMaskedRowBias": s["masked_row_bias"], "InvMaskedRowAppended": s["masked_row_appended"],
         "InvNonfiniteOther": s["nonfinite_other"],
         "InvDtypeCount": int(m.dtype.nunique()),
-        "InvEmbedMin": int(m.embed_dim.min()) if len(m) else NOT_RUN,
-        "InvEmbedMax": int(m.embed_dim.max()) if len(m) else NOT_RUN,
-        "InvKeysMin": int(m.src_len.min()) if len(m) else NOT_RUN,
-        "InvKeysMax": int(m.src_len.max()) if len(m) else NOT_RUN,
+        "InvEmbedMin": int(R.finite_min(m.embed_dim, "embed_dim", strict=True)) if len(m) else NOT_RUN,
+        "InvEmbedMax": int(R.finite_max(m.embed_dim, "embed_dim", strict=True)) if len(m) else NOT_RUN,
+        "InvKeysMin": int(R.finite_min(m.src_len, "src_len", strict=True)) if len(m) else NOT_RUN,
+        "InvKeysMax": int(R.finite_max(m.src_len, "src_len", strict=True)) if len(m) else NOT_RUN,
         "InvVariantCount": int(m[(m.family == "variants") & (m.variant != "softmax")].variant.nunique()),
         "InvFamilyCount": int(m[m.family == "hf"].variant.nunique()),
         "InvDropRows": len(drops_high),
@@ -585,9 +622,9 @@ def invariance_claims(df: pd.DataFrame, mags: pd.DataFrame, *, min_configs: int,
     macros.update({
         "InvRealisticRows": len(real), "InvRealisticValid": len(real_ok),
         "InvRealisticMismatches": int((real_ok.verdict != real_ok.expected).sum()),
-        "InvRealisticEmbedMin": int(real.embed_dim.min()) if len(real) else NOT_RUN,
-        "InvRealisticEmbedMax": int(real.embed_dim.max()) if len(real) else NOT_RUN,
-        "InvRealisticKeysMax": int(real.src_len.max()) if len(real) else NOT_RUN,
+        "InvRealisticEmbedMin": int(R.finite_min(real.embed_dim, "embed_dim", strict=True)) if len(real) else NOT_RUN,
+        "InvRealisticEmbedMax": int(R.finite_max(real.embed_dim, "embed_dim", strict=True)) if len(real) else NOT_RUN,
+        "InvRealisticKeysMax": int(R.finite_max(real.src_len, "src_len", strict=True)) if len(real) else NOT_RUN,
     })
     by_dtype = counts.set_index("dtype")
     for dt, names in DTYPE_MACROS.items():
@@ -601,13 +638,9 @@ def invariance_claims(df: pd.DataFrame, mags: pd.DataFrame, *, min_configs: int,
             macros[names["null_factor"]] = kappa if math.isfinite(kappa) else NOT_RUN
     for cat, names in CATEGORY_MACROS.items():
         rows = ok[ok.category == cat]
-        rel = rows.max_rel_bk
-        # a printed range: rows without a finite change (rejected configurations) are left out
-        unprinted: list = []
-        macros[names["min"]] = (R.finite_min(rel, f"{cat} change", exclude_nonfinite="not measured",
-                                             excluded=unprinted) if len(rows) else NOT_RUN)
-        macros[names["max"]] = (R.finite_max(rel, f"{cat} change", exclude_nonfinite="not measured",
-                                             excluded=unprinted) if len(rows) else NOT_RUN)
+        rel = rows.max_rel_bk  # valid (measured) rows only: a NaN change there raises
+        macros[names["min"]] = R.finite_min(rel, f"{cat} change", strict=True) if len(rows) else NOT_RUN
+        macros[names["max"]] = R.finite_max(rel, f"{cat} change", strict=True) if len(rows) else NOT_RUN
         macros[names["rows"]] = len(rows)
     indexed = cells.set_index(["dtype", "magnitude"]) if len(cells) else None
     for key, names in CELL_MACROS.items():

@@ -40,7 +40,6 @@ from keybias.studies.config import StudyConfig
 from keybias.studies.fixtures import variants as V
 from keybias.studies.fixtures.hf_attention import MODELS as HF_MODELS
 from keybias.studies.invariance import cases as C
-from keybias.studies.invariance import controls as K
 from keybias.studies.params import DTYPES, Param, ParameterError
 
 FAMILIES = ("mha", "sizes", "realistic", "layers", "sdpa", "variants", "hf")
@@ -423,7 +422,7 @@ def measure(cfg: dict, magnitudes, null_factor: dict | None = None,
             st = {**st0, "S": smax["b_k"]}
             tol, analytic = judged_tolerance(st, null_pert.get("b_k", math.nan), mag)
             tol64 = C.output_tolerance_for(work64, st, n_slots, y64_abs)
-            cell_powered = K.has_power(unpowered, cfg, mag)
+            cell_powered = C.has_power(unpowered, cfg, mag)
             entry = {
                 "magnitude": mag, "bk_abs": ch["b_k"], "control_abs": control, "tolerance_abs": tol,
                 "bk_rel": ch["b_k"] / y_abs, "control_rel": control / y_abs, "tolerance_rel": tol / y_abs,
@@ -586,8 +585,8 @@ def run_sweep(configs: list[dict], magnitudes, *, null_factor: dict | None = Non
         else:
             try:
                 row, per_mag = measure(cfg, magnitudes, null_factor, unpowered)
-                if row["status"] == "measured" and K.has_power_control(cfg):
-                    probe = K.min_detectable_break(cfg, null_factor, magnitudes, unpowered)
+                if row["status"] == "measured" and C.has_power_control(cfg):
+                    probe = C.min_detectable_break(cfg, null_factor, magnitudes, unpowered)
                     blind = set(probe.pop("blind_magnitudes", []))
                     row.update(probe, power_blind_states=len(blind))
                     if blind:  # the probe at that perturbed state saw no break: no power there
@@ -622,7 +621,19 @@ def run_sweep(configs: list[dict], magnitudes, *, null_factor: dict | None = Non
         if progress and config_id % 500 == 0:
             print(f"{config_id}/{len(configs)}", flush=True)
     torch.set_num_threads(threads)
-    return pd.DataFrame(rows), pd.DataFrame(mags), pd.DataFrame(times)
+    return (_declared(pd.DataFrame(rows), "data/invariance.csv"),
+            _declared(pd.DataFrame(mags), "data/invariance_magnitudes.csv"), pd.DataFrame(times))
+
+
+def _declared(frame: pd.DataFrame, table: str) -> pd.DataFrame:
+    """`frame` with every column its schema declares: a quantity no configuration of this sweep
+    measured (say the power probe, in a profile without a power-control configuration) is a
+    column of NaN ("not measured"), so the judge reads every column by name and a missing one
+    stops it instead of passing."""
+    from keybias.studies.invariance.schema import TABLES
+
+    missing = [c for c in TABLES[table] if c not in frame.columns]
+    return frame.assign(**dict.fromkeys(missing, math.nan)) if missing else frame
 
 
 TARGET_CONFIGS = 2000  # the issue: the paper profile measures at least this many configurations

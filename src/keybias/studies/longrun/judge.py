@@ -18,7 +18,14 @@ import numpy as np
 import pandas as pd
 
 from keybias.core.recorder import Claim
-from keybias.core.reduce import finite_max, finite_mean, finite_min
+from keybias.core.reduce import (
+    finite_max,
+    finite_mean,
+    finite_median,
+    finite_min,
+    finite_values,
+    require_finite,
+)
 from keybias.studies.training import judge as training_judge
 
 # The factor within which notebook 04 holds its noise law (ADAM_FACTOR_BOUND); here it is the
@@ -41,12 +48,12 @@ BOOTSTRAP_SEED = 0
 
 
 def _finite(values, name: str) -> np.ndarray:
-    """Values as floats; an empty selection raises. NaN entries are kept, so a reduction over them
-    (`keybias.core.reduce`) is NaN and the claim fails."""
-    arr = np.asarray(values, dtype=float)
-    if arr.size == 0:
-        raise ValueError(f"{name}: empty selection")
-    return arr
+    """Values as floats; an empty selection or a NaN entry raises (`keybias.core.reduce`)."""
+    return finite_values(values, name)
+
+
+def _mean(values, what: str) -> float:
+    return finite_mean(values, what, strict=True)
 
 
 def _require(frame: pd.DataFrame, name: str, columns) -> None:
@@ -60,7 +67,9 @@ def _require(frame: pd.DataFrame, name: str, columns) -> None:
 def noise_sum_curve(traj: pd.DataFrame) -> pd.DataFrame:
     """Per layer and logged step, the noise sum S(t) averaged over the runs (seeds) in `traj`."""
     _require(traj, "traj", ["step", "layer", "noise_sum"])
-    return traj.groupby(["layer", "step"], sort=True)["noise_sum"].mean().reset_index()
+    require_finite(traj, ["step", "layer", "noise_sum"], "traj")
+    return traj.groupby(["layer", "step"], sort=True)["noise_sum"].agg(
+        lambda v: _mean(v, "noise sums over seeds")).reset_index()
 
 
 def predict_drift(grid: pd.DataFrame, *, dtype: str, eps: float, steps, lr: float, n_bias: int) -> pd.DataFrame:
@@ -108,6 +117,7 @@ def law_exponent(long: pd.DataFrame, *, window: int = EXPONENT_WINDOW) -> float:
     lr sqrt(n S(t)), over the same last decade (max over layers): the walk's own exponent when the
     noise level changes during the run."""
     _require(long, "long", ["step", "layer", "noise_sum"])
+    require_finite(long, ["step", "layer", "noise_sum"], "long")
     values = []
     for _, g in long.groupby("layer", sort=True):
         late = g[g["step"] >= g["step"].max() / window]
@@ -133,7 +143,12 @@ def macros(*, comparison: pd.DataFrame, exponents: pd.DataFrame, long: pd.DataFr
            grid: pd.DataFrame) -> dict[str, object]:
     """Numbers the paper prints about this build's long run (letters-only names). Nothing is
     extrapolated beyond the measured steps."""
-    _require(comparison, "comparison", ["step", "layer", "drift_b_k", "predicted_drift"])
+    _require(comparison, "comparison", ["step", "layer", "drift_b_k", "predicted_drift", "grid_steps",
+                                        "log2_vs_predicted"])
+    _require(probes, "probes", ["step", "key_norm", "norm_b_k", "output_change_rms", "predicted_change_rms"])
+    _require(exponents, "exponents", ["exponent", "exponent_low", "exponent_high", "window_start"])
+    require_finite(comparison, ["step", "grid_steps"], "comparison")
+    require_finite(probes, ["step"], "probes")
     end = comparison[comparison["step"] == comparison["step"].max()]
     beyond = comparison.loc[comparison["step"] > comparison["grid_steps"], "log2_vs_predicted"]
     last = probes[probes["step"] == probes["step"].max()]
@@ -151,7 +166,7 @@ def macros(*, comparison: pd.DataFrame, exponents: pd.DataFrame, long: pd.DataFr
         "LongExponentSeparating": SEPARATING_EXPONENT,
         "LongExponentSeparation": exponent_separation(exponents),
         "LongDriftVerdict": drift_verdict(exponents),
-        "LongExponentWindowStart": int(exponents["window_start"].min()),
+        "LongExponentWindowStart": int(finite_min(exponents["window_start"], "exponent windows", strict=True)),
         "LongLawExponent": law_exponent(long),
     }
     out["LongBkOverKeyEnd"] = finite_max(last["norm_b_k"] / last["key_norm"], "final ||b_k|| / ||k||")
@@ -169,19 +184,25 @@ def grid_summary(grid: pd.DataFrame, grid_probes: pd.DataFrame, *, lr: float) ->
     _require(grid, "grid", ["dtype", "eps", "seed", "layer", "step", "drift_b_k", "grad_rms_b_k", "noise_sum",
                             "n_bias"])
     _require(grid_probes, "grid_probes", ["dtype", "eps", "step", "key_norm"])
+    _require(grid, "grid", ["loss"])
+    require_finite(grid, ["eps", "step"], "grid")
+    require_finite(grid_probes, ["eps", "step"], "grid_probes")
     rows = []
     for (dtype, eps), g in grid.groupby(["dtype", "eps"], sort=False):
+        what = f"{dtype} eps={eps:g}"
         t_end = g["step"].max()
         end = g[g["step"] == t_end]
         t_half = g.loc[g["step"] <= t_end / 2, "step"].max()
         half = g[g["step"] == t_half]
-        rate = (end["noise_sum"].mean() - half["noise_sum"].mean()) / (t_end - t_half)
+        rate = (_mean(end["noise_sum"], f"{what} final noise sums")
+                - _mean(half["noise_sum"], f"{what} half-way noise sums")) / (t_end - t_half)
         p = grid_probes[(grid_probes["dtype"] == dtype) & (grid_probes["eps"] == eps)]
-        key = float(p.loc[p["step"] == p["step"].max(), "key_norm"].mean())
+        key = _mean(p.loc[p["step"] == p["step"].max(), "key_norm"], f"{what} key norms")
         rows.append({"dtype": dtype, "eps": eps, "steps": int(t_end), "seeds": g["seed"].nunique(),
-                     "drift_b_k": float(end["drift_b_k"].mean()), "grad_rms_b_k": float(g["grad_rms_b_k"].median()),
+                     "drift_b_k": _mean(end["drift_b_k"], f"{what} drifts"),
+                     "grad_rms_b_k": finite_median(g["grad_rms_b_k"], f"{what} gradient RMS", strict=True),
                      "noise_rate": float(rate), "key_norm": key,
-                     "loss": float(end["loss"].mean()) if "loss" in end else math.nan})
+                     "loss": _mean(end["loss"], f"{what} final losses")})
     return pd.DataFrame(rows)
 
 
@@ -220,6 +241,7 @@ def drift_exponent(entries: pd.DataFrame, *, window: int = EXPONENT_WINDOW, draw
     units under the walk hypothesis, so a few entries that drift systematically widen the interval.
     Also the law-free extrapolation rate: the measured ||drift||^2 per step over the same window."""
     _require(entries, "entries", ["step", "layer", "entry", "displacement"])
+    require_finite(entries, ["step", "layer", "entry"], "entries")
     rng = np.random.default_rng(seed)
     rows = []
     for layer, g in entries.groupby("layer", sort=True):
@@ -227,9 +249,9 @@ def drift_exponent(entries: pd.DataFrame, *, window: int = EXPONENT_WINDOW, draw
         t_end = float(table.index.max())
         late = table[table.index >= t_end / window]
         steps = late.index.to_numpy(float)
-        sq = _finite(late.to_numpy(float) ** 2, f"layer {layer} displacements")
+        sq = _finite(late.to_numpy(float) ** 2, f"layer {layer} displacements")  # a NaN raises
         sq = sq.reshape(len(steps), -1)
-        if len(steps) < 3 or not np.isfinite(sq).all():
+        if len(steps) < 3:  # too short a window to fit: NaN, and the claim fails by name
             value, lo, hi = math.nan, math.nan, math.nan
         else:
             value = _exponent(steps, sq.mean(axis=1))
@@ -256,10 +278,11 @@ def drift_verdict(exponents: pd.DataFrame) -> str:
     """What the long run's data support: "systematic drift" when every layer's interval lies above 3/4,
     "random walk" when every one lies below, "undecided" otherwise (or on NaN)."""
     _require(exponents, "exponents", ["exponent_low", "exponent_high"])
-    low, high = exponents["exponent_low"].to_numpy(float), exponents["exponent_high"].to_numpy(float)
-    if np.isfinite(low).all() and (low > SEPARATING_EXPONENT).all():
+    low, high = _finite(exponents["exponent_low"], "exponent intervals"), _finite(exponents["exponent_high"],
+                                                                                   "exponent intervals")
+    if (low > SEPARATING_EXPONENT).all():
         return "systematic drift"
-    if np.isfinite(high).all() and (high < SEPARATING_EXPONENT).all():
+    if (high < SEPARATING_EXPONENT).all():
         return "random walk"
     return "undecided"
 

@@ -31,7 +31,15 @@ import pandas as pd
 from scipy import stats
 
 from keybias.core.recorder import Claim
-from keybias.core.reduce import finite_max, finite_median, finite_min
+from keybias.core.reduce import (
+    finite_max,
+    finite_mean,
+    finite_median,
+    finite_min,
+    finite_std,
+    finite_values,
+    require_finite,
+)
 
 WINDOW = 10  # the last decade of a run
 SMALL_EPS, DEFAULT_EPS = 1e-12, 1e-8
@@ -52,8 +60,9 @@ def _require(frame: pd.DataFrame, name: str, columns) -> None:
 
 
 def _slope(x, y) -> float:
-    x, y = np.asarray(x, float), np.asarray(y, float)
-    ok = np.isfinite(x) & np.isfinite(y) & (x > 0) & (y > 0)
+    x, y = finite_values(x, "slope abscissae"), finite_values(y, "slope ordinates")  # a NaN raises
+    # log-log: a non-positive entry has no logarithm (a displacement still exactly zero)
+    ok = (x > 0) & (y > 0)
     if ok.sum() < 3:
         return math.nan
     return float(np.polyfit(np.log(x[ok]), np.log(y[ok]), 1)[0])
@@ -66,6 +75,9 @@ def units(traj: pd.DataFrame, probes: pd.DataFrame, entries: pd.DataFrame, *, wi
                                          "noise_sum", "lr", "n_bias"])
     _require(probes, "probes", UNIT + ["step", "key_norm", "norm_b_k", "cos_b_k_mean_query"])
     _require(entries, "entries", UNIT + ["step", "entry", "displacement"])
+    require_finite(traj, ["step", "noise_sum", "drift_b_k", "grad_rms_b_k", "norm_b_k", "lr", "n_bias"], "trajectory")
+    require_finite(entries, ["step", "displacement"], "entries")
+    require_finite(probes, ["step", "key_norm", "norm_b_k", "cos_b_k_mean_query"], "probes")
     shortest = traj.groupby(UNIT)["step"].max().groupby(level="size").min()  # the bfloat16 runs' length
     sq = (entries.assign(sq=entries["displacement"] ** 2)
           .groupby(UNIT + ["step"], sort=True)["sq"].mean().reset_index())
@@ -83,9 +95,12 @@ def units(traj: pd.DataFrame, probes: pd.DataFrame, entries: pd.DataFrame, *, wi
         elastic_rows = late[late["step"].isin(e_late["step"])]
         elasticity = _slope(elastic_rows["norm_b_k"], elastic_rows["grad_rms_b_k"])
         eps, lr = float(key[2]), float(g["lr"].iloc[0])
-        along = late["grad_along_drift"].to_numpy(float)
+        # the bias along the drift is undefined at the first logged step (no drift yet: NaN by design),
+        # which lies before the last decade; in the window a NaN raises
+        what = f"{dict(zip(UNIT, key, strict=True))} last decade"
+        along = finite_values(late["grad_along_drift"], f"{what} gradient along the drift")
         sigma = late["grad_rms_b_k"].to_numpy(float)
-        predicted = float(np.nanmean(along * sigma / (sigma + eps)))
+        predicted = finite_mean(along * sigma / (sigma + eps), f"{what} predicted velocity", strict=True)
         d0, d1 = float(late["drift_b_k"].iloc[0]), float(late["drift_b_k"].iloc[-1])
         measured = (d1 - d0) / (float(late["step"].iloc[-1]) - float(late["step"].iloc[0])) / lr
         p = probes[(probes[UNIT] == pd.Series(key, index=UNIT)).all(axis=1)]
@@ -95,9 +110,10 @@ def units(traj: pd.DataFrame, probes: pd.DataFrame, entries: pd.DataFrame, *, wi
         rows.append({**dict(zip(UNIT, key, strict=True)), "steps": int(t_end),
                      "window_start": int(e_late["step"].min()) if len(e_late) else 0,
                      "window_points": len(e_late), "n_bias": n, "exponent": alpha, "step_rate": rate,
-                     "noise_elasticity": elasticity, "grad_rms_late": float(np.median(sigma)),
-                     "grad_along_drift": float(np.nanmean(along)),
-                     "grad_along_drift_se": float(np.nanstd(along, ddof=1) / math.sqrt(np.isfinite(along).sum())),
+                     "noise_elasticity": elasticity,
+                     "grad_rms_late": finite_median(sigma, f"{what} gradient RMS", strict=True),
+                     "grad_along_drift": finite_mean(along, f"{what} gradient along the drift", strict=True),
+                     "grad_along_drift_se": finite_std(along, f"{what} gradient along the drift") / math.sqrt(len(along)),
                      "velocity_measured": measured, "velocity_predicted": predicted,
                      "drift_end": d1, "drift_at_short": float(at["drift_b_k"].iloc[-1]),
                      "short_step": int(at["step"].iloc[-1]),
@@ -109,7 +125,8 @@ def units(traj: pd.DataFrame, probes: pd.DataFrame, entries: pd.DataFrame, *, wi
 
 def per_seed(table: pd.DataFrame, column: str) -> pd.DataFrame:
     """`column` averaged over the layers of each run: one value per (size, dtype, eps, seed)."""
-    return table.groupby(SETTING + ["seed"], sort=False)[column].mean().reset_index()
+    return table.groupby(SETTING + ["seed"], sort=False)[column].agg(
+        lambda v: finite_mean(v, f"{column} over the layers of a run", strict=True)).reset_index()
 
 
 def intervals(table: pd.DataFrame, column: str = "exponent", *, confidence: float = CONFIDENCE) -> pd.DataFrame:
@@ -121,10 +138,11 @@ def intervals(table: pd.DataFrame, column: str = "exponent", *, confidence: floa
     for key, g in seeds.groupby(SETTING, sort=False):
         v = g[column].to_numpy(float)
         k = len(v)
-        mean = float(v.mean())
-        half = float(stats.t.ppf(0.5 + confidence / 2, k - 1) * v.std(ddof=1) / math.sqrt(k)) if k > 1 else math.inf
+        what = f"{column} over the seeds of {dict(zip(SETTING, key, strict=True))}"
+        mean = finite_mean(v, what, strict=True)
+        half = float(stats.t.ppf(0.5 + confidence / 2, k - 1) * finite_std(v, what) / math.sqrt(k)) if k > 1 else math.inf
         rows.append({**dict(zip(SETTING, key, strict=True)), "seeds": k, "column": column, "mean": mean,
-                     "low": mean - half, "high": mean + half, "min": float(v.min()), "max": float(v.max())})
+                     "low": mean - half, "high": mean + half, "min": finite_min(v, what), "max": finite_max(v, what)})
     return pd.DataFrame(rows)
 
 

@@ -4,7 +4,8 @@ Pure functions: measurements from `keybias.studies.precision.measure` (DataFrame
 (`keybias.core.recorder.Claim`) and macros out, so that a test can hand them doctored data or the
 measurements of a mutated model. Every bound is fixed before the data (theory, the verdict
 rule, a held-out calibration) and every reduction is over an explicit, checked selection
-(`keybias.core.reduce.finite_max`): an empty selection or a NaN fails the claim.
+(`keybias.core.reduce`): a NaN in a measured row raises, an empty selection fails the claim, and
+rows left out on purpose (a crossing that cannot exist) are recorded with the claim.
 """
 
 from __future__ import annotations
@@ -16,7 +17,17 @@ import pandas as pd
 
 from keybias import verdict
 from keybias.core.recorder import Claim
-from keybias.core.reduce import finite_max, finite_min
+from keybias.core.reduce import (
+    Exclusion,
+    finite_max,
+    finite_mean,
+    finite_median,
+    finite_min,
+    finite_std,
+    reduce_selections,
+    require_columns,
+    require_finite,
+)
 from keybias.studies.precision.measure import RHO, PrecisionConfig
 
 # Law fit (method constants, printed in the paper as macros): fit where the change is at
@@ -65,10 +76,12 @@ def add_floor(df: pd.DataFrame, floor_ratio: float = FLOOR_RATIO) -> pd.DataFram
     out = df.copy()
     out["floor_rms"] = math.nan
     ok = out["status"].eq("ok")
-    for _, g in out[ok].groupby(["dtype", "path"], sort=False):
+    # a measured (ok) row has every number; the others carry NaN by design and are never read
+    require_finite(out[ok], ["ratio", "delta_rms"], "measured error rows")
+    for (dtype, path), g in out[ok].groupby(["dtype", "path"], sort=False):
         low = g[g["ratio"] <= floor_ratio]
         low = low if len(low) else g.nsmallest(1, "ratio")
-        out.loc[g.index, "floor_rms"] = float(low["delta_rms"].median())
+        out.loc[g.index, "floor_rms"] = finite_median(low["delta_rms"], f"{dtype} {path} floor", strict=True)
     excess = (out["delta_rms"] ** 2 - out["floor_rms"] ** 2).clip(lower=0.0)
     resolved = out["delta_rms"] >= FLOOR_RESOLUTION * out["floor_rms"]
     out["delta_bias_rms"] = np.sqrt(excess).where(resolved, 0.0).where(ok)
@@ -79,8 +92,12 @@ def fit_mask(df: pd.DataFrame, *, dominance: float = DOMINANCE, validity: float 
     """Rows where the law is fitted: the change exceeds `dominance` times the measured floor
     (so subtracting the floor is well conditioned) and the first-order model is valid
     (RMS predicted score-error std at most `validity`)."""
-    if "floor_rms" not in df:
+    if "floor_rms" not in df.columns:
         raise ValueError("call add_floor(df) first")
+    require_columns(df, ["status", "delta_bias_rms", "delta_rms", "score_std_rms", "ratio", "pred_rms"], "errors")
+    # a NaN in a measured row must not drop it from the fit silently
+    require_finite(df[df["status"].eq("ok")], ["delta_bias_rms", "delta_rms", "floor_rms", "score_std_rms",
+                                               "ratio", "pred_rms"], "measured error rows")
     ok = df["status"].eq("ok") & df["delta_bias_rms"].gt(0)
     return ok & (df["delta_rms"] >= dominance * df["floor_rms"]) & (df["score_std_rms"] <= validity)
 
@@ -114,14 +131,15 @@ def fit_law(df: pd.DataFrame, *, mask: pd.Series | None = None) -> pd.DataFrame:
         y = np.log10(g["delta_bias_rms"].to_numpy())
         fit = _linear_fit(x, y)
         c = np.log10(g["delta_rms"].to_numpy() / g["pred_rms"].to_numpy())
+        what = f"{dtype} {path} log10 C"
         rows.append({
             "dtype": dtype, "path": path, "points": fit["points"],
             "slope": fit["slope"], "slope_se": fit["slope_se"],
             "const": 10 ** fit["intercepts"][0], "const_over_u": 10 ** fit["intercepts"][0] / verdict.unit_roundoff(dtype),
             "resid_log10": fit["resid_log10"],
-            "model_constant": float(10 ** c.mean()),
-            "model_scatter_log10": float(c.std(ddof=1)) if len(c) > 1 else math.nan,
-            "ratio_min": float(g["ratio"].min()), "ratio_max": float(g["ratio"].max()),
+            "model_constant": float(10 ** finite_mean(c, what, strict=True)),
+            "model_scatter_log10": finite_std(c, what, ddof=1),  # NaN for a single point
+            "ratio_min": finite_min(g["ratio"], what, strict=True), "ratio_max": finite_max(g["ratio"], what, strict=True),
         })
     return pd.DataFrame(rows)
 
@@ -139,7 +157,7 @@ def pooled_slope(df: pd.DataFrame, *, mask: pd.Series | None = None) -> pd.DataF
                           g["path"].to_numpy())
         # the first-order model drops terms of relative size ~ sigma (score-error std); over the
         # fitted range they can tilt the slope by up to the largest sigma present there
-        second_order = float(g["score_std_rms"].max())
+        second_order = finite_max(g["score_std_rms"], f"{dtype} score-error std", strict=True)
         rows.append({"dtype": dtype, "points": fit["points"], "slope": fit["slope"],
                      "slope_se": fit["slope_se"], "resid_log10": fit["resid_log10"],
                      "second_order": second_order,
@@ -157,7 +175,9 @@ def accuracy_crossing(df: pd.DataFrame, law: pd.DataFrame, factor: float = CROSS
     the fitted model constant of that dtype and path."""
     law = law.set_index(["dtype", "path"])
     rows = []
-    for (dtype, path), g in df[df["status"].eq("ok")].groupby(["dtype", "path"], sort=False):
+    ok = df[df["status"].eq("ok")]
+    require_finite(ok, ["ratio", "err0_rms", "err_rms", "pred_bias_rms", "ref_rms"], "measured error rows")
+    for (dtype, path), g in ok.groupby(["dtype", "path"], sort=False):
         g = g.sort_values("ratio")
         err0 = float(g["err0_rms"].iloc[0])
         r = g["ratio"].to_numpy()
@@ -200,15 +220,28 @@ def crossing_check(crossing: pd.DataFrame, law: pd.DataFrame, grid_step_log10: f
     """Compare measured and predicted accuracy crossings (float64 is the reference and has
     none). The allowance is half a grid step (the measured crossing is interpolated on the
     grid) plus z times the scatter of the model constant in that fit (z = `normal_quantile`).
-    A row where only one of the two crosses within the grid gets deviation inf."""
+    A row where only one of the two crosses within the grid gets deviation inf. Rows where
+    neither crosses are left out, and recorded in `checks.attrs["exclusions"]` (the claim lists them):
+    a kernel with no error without b_k (err0 = 0) has none to double, and otherwise neither the
+    measurement nor the model reaches the doubling within the grid. A judged row needs the
+    scatter of its fit (two points or more): a missing one raises instead of shrinking the allowance."""
     z = normal_quantile()
+    require_columns(crossing, ["dtype", "path", "err0_rms", "crossing", "crossing_pred"], "crossing")
     m = crossing.merge(law[["dtype", "path", "model_scatter_log10"]], on=["dtype", "path"], how="left")
     measured, predicted = np.isfinite(m["crossing"]), np.isfinite(m["crossing_pred"])
-    # neither crosses (no error to double): nothing to compare; only one crosses: a miss (inf)
+    neither = ~(measured | predicted)
+    exact = neither & (m["err0_rms"] == 0)
+    exclusions = [Exclusion("accuracy crossings", reason, int(sel.sum()), len(m))
+                  for sel, reason in ((exact, "no error without b_k to double: err0 = 0"),
+                                      (neither & ~exact, "neither measured nor predicted within the grid"))
+                  if sel.any()]
+    # only one crosses: a miss (inf)
     m = m[measured | predicted].copy()
+    require_finite(m, ["model_scatter_log10"], "scatter of the model constant of the judged crossings")
     both = np.isfinite(m["crossing"]) & np.isfinite(m["crossing_pred"])
     m["deviation_log10"] = np.where(both, np.abs(np.log10(m["crossing"] / m["crossing_pred"])), np.inf)
-    m["allowance_log10"] = grid_step_log10 / 2 + z * m["model_scatter_log10"].fillna(0.0)
+    m["allowance_log10"] = grid_step_log10 / 2 + z * m["model_scatter_log10"]
+    m.attrs["exclusions"] = exclusions
     return m
 
 
@@ -233,6 +266,14 @@ def _span_tex(dtypes) -> str:
     return f"2^{round(span)}" if math.isfinite(span) else "an undefined range"
 
 
+def _per_fit_max(values, what: str) -> float:
+    """max over one entry per dtype or (dtype, path); NaN, so that the claim fails by name, where one
+    of them has no fit (too few points) or no calibrated constant: NaN by construction there, the
+    missing selection of policy 3 in `keybias.core.reduce`. The measured rows under the fits
+    were checked for NaN before fitting (`fit_mask`)."""
+    return reduce_selections(values, finite_max, what)
+
+
 def _ratio_max(num, den, what: str) -> float:
     """max(num / den) over the selection; NaN if empty or not finite (the claim then fails)."""
     return finite_max(np.asarray(num, dtype=float) / np.asarray(den, dtype=float), what)
@@ -253,6 +294,7 @@ def powered_outputs(errors: pd.DataFrame) -> pd.DataFrame:
     """The measured rows (dtype, path, magnitude) of OUTPUT_CLAIM_DTYPES whose rounding tolerance is at
     most OUTPUT_TOLERANCE_FRACTION of the RMS output: there a change of 5% of the output would exceed it."""
     ok = errors[errors["status"].eq("ok") & errors["dtype"].isin(OUTPUT_CLAIM_DTYPES)]
+    require_finite(ok, ["tolerance", "ref_rms", "delta_max"], "measured error rows")  # never dropped by NaN
     return ok[ok["tolerance"] <= OUTPUT_TOLERANCE_FRACTION * ok["ref_rms"]]
 
 
@@ -260,10 +302,11 @@ def output_exclusions(errors: pd.DataFrame) -> list[str]:
     """The measured rows of OUTPUT_CLAIM_DTYPES that the 5% rule leaves out, one entry per (dtype,
     path) with the count, the magnitudes and the largest tolerance as a share of the RMS output."""
     ok = errors[errors["status"].eq("ok") & errors["dtype"].isin(OUTPUT_CLAIM_DTYPES)]
+    require_finite(ok, ["tolerance", "ref_rms", "ratio"], "measured error rows")
     out = ok[~(ok["tolerance"] <= OUTPUT_TOLERANCE_FRACTION * ok["ref_rms"])]
     reasons = []
     for (dtype, path), g in out.groupby(["dtype", "path"], sort=False):
-        share = (g["tolerance"] / g["ref_rms"]).max()
+        share = finite_max(g["tolerance"] / g["ref_rms"], f"{dtype} {path} tolerance over output", strict=True)
         reasons.append(
             f"{dtype} {path}: {len(g)} magnitude(s) |b_k|/|k| in [{g['ratio'].min():.3g}, {g['ratio'].max():.3g}] "
             f"left out, their tolerance exceeds {100 * OUTPUT_TOLERANCE_FRACTION:g}% of the RMS output "
@@ -289,7 +332,10 @@ def calibration_scatter(law_calibration: pd.DataFrame | None) -> float:
         return math.nan
     dof = (law_calibration["points"].astype(float) - 1).clip(lower=0)
     s = law_calibration["model_scatter_log10"].astype(float)
-    ok = np.isfinite(s) & (dof > 0)
+    # a fit of one point has no scatter (NaN, and no degree of freedom); any other NaN raises
+    require_finite(pd.DataFrame({"model_scatter_log10": s[dof > 0], "points": dof[dof > 0]}),
+                   ["model_scatter_log10", "points"], "calibration fits")
+    ok = dof > 0
     if not ok.any():
         return math.nan
     return float(math.sqrt(float((dof[ok] * s[ok] ** 2).sum() / dof[ok].sum())))
@@ -319,7 +365,9 @@ def powered_gradients(gsum: pd.DataFrame) -> pd.DataFrame:
     """The (dtype, path) rows where the b_q gradient, the positive control, exceeds the
     rounding tolerance in every batch: only there could the tolerance see a gradient of the
     size a real bias has, so only there does "within tolerance" say anything."""
-    ok = gsum[gsum["status"].eq("ok")] if "status" in gsum else gsum.iloc[0:0]
+    require_columns(gsum, ["status", "control_over_tol_min"], "gradient summary")
+    ok = gsum[gsum["status"].eq("ok")]
+    require_finite(ok, ["control_over_tol_min"], "measured gradient rows")  # NaN must not read as "unpowered"
     return ok[ok["control_over_tol_min"] > 1]
 
 
@@ -336,8 +384,11 @@ def precision_claims(law, pooled, errors, checks, gsum, grads, seq_len, law_cali
     """
     ok_err = errors[errors["status"].eq("ok")]
     judged = powered_outputs(errors)
-    ok_g = gsum[gsum["status"].eq("ok")] if "status" in gsum else gsum.iloc[0:0]
-    ok_b = grads[grads["status"].eq("ok")] if "status" in grads else grads.iloc[0:0]
+    require_columns(gsum, ["status", "dtype", "ratio_over_u", "cos_bound", "bk_mean_cos", "bq_mean_cos",
+                           "grad_over_tol_max"], "gradient summary")
+    require_columns(grads, ["status", "ratio", "unit_roundoff"], "gradient rows")
+    ok_g = gsum[gsum["status"].eq("ok")]
+    ok_b = grads[grads["status"].eq("ok")]
     powered = powered_gradients(gsum)
     p_tex = f"{verdict.FAILURE_PROBABILITY:g}"
     run_dtypes = list(dict.fromkeys(ok_err["dtype"]))
@@ -363,20 +414,22 @@ def precision_claims(law, pooled, errors, checks, gsum, grads, seq_len, law_cali
              bound=1.0, comparison="<="),
         Claim(id="precision-law-slope-one", kind="test",
              bound_origin="fixed margin: the first-order model's validity limit VALIDITY, set before the run",
-             min_detectable=finite_max(detectable, "detectable slope deviation per dtype"),
+             min_detectable=_per_fit_max(detectable, "detectable slope deviation per dtype"),
              statement=f"For every dtype, the pooled log-log slope of the b_k-induced output change against |b_k|/|k| is within the fixed margin of 1 that the first-order model allows; a true slope farther from 1 than the margin plus z standard errors (z for p = {p_tex}), the smallest detectable deviation, would have failed it.",
-             value=finite_max(slope_dev, "slope deviation per dtype") / SLOPE_MARGIN, bound=1.0, comparison="<="),
+             value=_per_fit_max(slope_dev, "slope deviation per dtype") / SLOPE_MARGIN, bound=1.0, comparison="<="),
         Claim(id="precision-rounding-model-constant", kind="test",
              bound_origin=f"held-out calibration: z = {z_tex} (two-sided normal quantile at p = {p_tex}, the failure probability of every notebook-03 claim) times sqrt(2) times the scatter of log10 C in the calibration seed's fits, pooled over dtypes and paths",
              statement=f"For every dtype and code path, the constant C by which the measured change exceeds the first-order rounding model reproduces the constant calibrated on a held-out seed (fresh inputs and b_k direction) within z = {z_tex} times the scatter of that calibration (pooled over its fits, times sqrt(2) for a difference of two draws): C is a property of the dtype and kernel, not of the data.",
-             value=_ratio_max(covered["deviation_log10"], covered["allowance_log10"], "model constant deviation over allowance")
-             if len(covered) else math.nan,
+             value=_per_fit_max(covered["deviation_log10"] / covered["allowance_log10"],
+                                "model constant deviation over allowance") if len(covered) else math.nan,
              bound=1.0, comparison="<="),
         Claim(id="precision-accuracy-crossing-law", kind="test",
              bound_origin="half a grid step plus z times the scatter of the model constant calibrated on a held-out seed",
              statement="The magnitude |b_k|/|k| at which the error against float64 doubles agrees with the prediction of the rounding model calibrated on a held-out seed, within half a grid step plus z times the scatter of that calibration.",
              value=_ratio_max(checks["deviation_log10"], checks["allowance_log10"], "crossing deviation over allowance")
              if len(checks) else math.nan,
+             # checks made by crossing_check carry the crossings it left out; a hand-built table has none
+             exclusions=checks.attrs.get("exclusions", ()),
              bound=1.0, comparison="<="),
         Claim(id="precision-bk-gradient-within-tolerance", kind="test",
              bound_origin="verdict rule's rounding bound from the measured query, value and upstream-gradient magnitudes (theory)",
@@ -458,10 +511,10 @@ def law_macros(errors: pd.DataFrame, law: pd.DataFrame, pooled: pd.DataFrame,
         for name, sel in [("PrecModelConstWide", ~half), ("PrecModelConstSdpaHalf", half & sdpa),
                           ("PrecModelConstOtherHalf", half & ~sdpa)]:
             if sel.any():
-                out[name] = (float(law.loc[sel, "model_constant"].mean()), 2)
-        out["PrecModelConstMin"] = (float(law["model_constant"].min()), 2)
-        out["PrecModelConstMax"] = (float(law["model_constant"].max()), 2)
-        out["PrecLawResidMax"] = (float(law["resid_log10"].max()), 2)
+                out[name] = (finite_mean(law.loc[sel, "model_constant"], name, strict=True), 2)
+        out["PrecModelConstMin"] = (finite_min(law["model_constant"], "model constants", strict=True), 2)
+        out["PrecModelConstMax"] = (finite_max(law["model_constant"], "model constants", strict=True), 2)
+        out["PrecLawResidMax"] = (finite_max(law["resid_log10"], "law residuals", strict=True), 2)
     ok = errors[errors["status"].eq("ok")]
     judged = powered_outputs(errors)
     out["PrecOutputTolMax"] = (_ratio_max(judged["delta_max"], judged["tolerance"], "output change over tolerance"), 2)
@@ -489,20 +542,22 @@ def crossing_macros(errors: pd.DataFrame, crossing: pd.DataFrame, checks: pd.Dat
     """Macros of the accuracy crossing: range per dtype and overall, the largest deviation
     from the prediction, the largest relative error per half dtype. name -> (value, digits)."""
     out: dict[str, tuple] = {}
+    require_columns(crossing, ["dtype", "err0_rms", "crossing"], "crossing")
+    # a kernel with no error without b_k (err0 = 0) has none to double: its crossing is NaN by
+    # definition and is left out here (the crossing claim records it); any other NaN crossing raises
+    crossing = crossing[crossing["err0_rms"] != 0]
     for dtype, c in crossing.groupby("dtype", sort=False):
-        c = c["crossing"].dropna()
-        if len(c) and dtype in CROSSING_MACROS:
+        if dtype in CROSSING_MACROS:
             cross_min, cross_max = CROSSING_MACROS[dtype]
-            out[cross_min] = (float(c.min()), 2)
-            out[cross_max] = (float(c.max()), 2)
+            out[cross_min] = (finite_min(c["crossing"], f"{dtype} crossings", strict=True), 2)
+            out[cross_max] = (finite_max(c["crossing"], f"{dtype} crossings", strict=True), 2)
     ok = errors[errors["status"].eq("ok")]
     for dtype, name in ERROR_MACROS.items():
         e = ok[ok["dtype"] == dtype]
         if len(e):
-            out[name] = (float(e["err_rms"].max()), 2)
-    fin = crossing["crossing"].dropna() if len(crossing) else pd.Series(dtype=float)
-    out["PrecCrossMin"] = (finite_min(fin, "crossings"), 2)
-    out["PrecCrossMax"] = (finite_max(fin, "crossings"), 2)
+            out[name] = (finite_max(e["err_rms"], f"{dtype} errors", strict=True), 2)
+    out["PrecCrossMin"] = (finite_min(crossing["crossing"], "crossings"), 2)
+    out["PrecCrossMax"] = (finite_max(crossing["crossing"], "crossings"), 2)
     out["PrecCrossDevMax"] = (finite_max(checks["deviation_log10"], "crossing deviations"), 2)
     return out
 

@@ -18,7 +18,13 @@ import numpy as np
 import pandas as pd
 
 from keybias.core.recorder import Claim
-from keybias.core.reduce import finite_max, finite_min
+from keybias.core.reduce import (
+    finite_max,
+    finite_min,
+    finite_values,
+    require_columns,
+    require_finite,
+)
 
 # Per (dtype, variant) of the embedding-change table, the macros of its max |change|, 1 - min
 # cosine, tolerance and change over the noise floor, in that order.
@@ -89,20 +95,29 @@ def pretrained_claims(changes: pd.DataFrame, norms: pd.DataFrame, info: dict,
     * parameter counts against the configs (consistency: they check module discovery).
     Missing rows raise: a claim is never silently dropped.
     """
+    require_columns(changes, ["dtype", "variant", "max_abs_diff", "min_cosine", "tolerance", "over_noise_floor",
+                              "tolerance_kind", "parameters_saved"], "changes")
+    require_columns(norms, ["bk_norm", "bq_norm", "bv_norm", "bk_over_key_norm", "key_norm_median"], "norms")
+    require_columns(savings, ["model", "key_bias_parameters", "total_parameters", "fraction_key_bias",
+                              "config_count"], "savings")
     rows = {(r.dtype, r.variant): r for r in changes.itertuples()}
     # an empty or non-finite norm table raises: the norms come from the weights, never from a failed run
     ratio_max = finite_max(norms["bk_norm"] / norms["bq_norm"], "||b_k|| / ||b_q|| per layer", strict=True)
+
+    def norm(column, reduce):
+        return reduce(norms[column], f"{column} per layer", strict=True)
+
     claims = [_claim("pretrained-bk-smaller-than-bq",
                      "In every layer of all-MiniLM-L6-v2 the learned key bias is smaller than the query bias.",
                      ratio_max, 1.0, "<", "test", "the ratio one: the claim compares the two sizes")]
     macros: dict[str, Any] = {
         "PretSentences": info["sentences"], "PretLayers": info["n_layers"], "PretHidden": info["hidden_size"],
         "PretParams": info["n_parameters"], "PretThreads": info["num_threads"],
-        "PretBkNormMin": norms["bk_norm"].min(), "PretBkNormMax": norms["bk_norm"].max(),
-        "PretBqNormMin": norms["bq_norm"].min(), "PretBqNormMax": norms["bq_norm"].max(),
-        "PretBvNormMin": norms["bv_norm"].min(), "PretBvNormMax": norms["bv_norm"].max(),
-        "PretBkOverKeyMax": norms["bk_over_key_norm"].max(),
-        "PretKeyNormMin": norms["key_norm_median"].min(), "PretKeyNormMax": norms["key_norm_median"].max(),
+        "PretBkNormMin": norm("bk_norm", finite_min), "PretBkNormMax": norm("bk_norm", finite_max),
+        "PretBqNormMin": norm("bq_norm", finite_min), "PretBqNormMax": norm("bq_norm", finite_max),
+        "PretBvNormMin": norm("bv_norm", finite_min), "PretBvNormMax": norm("bv_norm", finite_max),
+        "PretBkOverKeyMax": norm("bk_over_key_norm", finite_max),
+        "PretKeyNormMin": norm("key_norm_median", finite_min), "PretKeyNormMax": norm("key_norm_median", finite_max),
         "PretBkOverBqMax": ratio_max,
     }
     dtypes = sorted({d for d, _ in rows})
@@ -114,8 +129,14 @@ def pretrained_claims(changes: pd.DataFrame, norms: pd.DataFrame, info: dict,
         for name, quantity in zip(names, CHANGE_QUANTITIES, strict=True):
             if r is None:
                 macros[name] = r"\text{(not run)}"
+            elif quantity == "over_noise_floor" and not math.isfinite(r.over_noise_floor):
+                # the noise floor comes from a rebatched rerun, which this dtype did not have (NaN by design)
+                if any(v == "rebatch_unchanged" for d, v in rows if d == dtype):
+                    raise ValueError(f"changes: {dtype} {variant} has no ratio to the measured noise floor")
+                macros[name] = r"\text{(not measured)}"
             else:
-                macros[name] = float(1 - r.min_cosine if quantity == "cosine_gap" else getattr(r, quantity))
+                value = 1 - r.min_cosine if quantity == "cosine_gap" else getattr(r, quantity)
+                macros[name] = float(finite_values([value], f"{dtype} {variant} {quantity}")[0])
     for dtype in dtypes:
         control = rows.get((dtype, "random_query_bias_control"))
         if control is None:
@@ -130,8 +151,8 @@ def pretrained_claims(changes: pd.DataFrame, norms: pd.DataFrame, info: dict,
             claim_id = f"pretrained-{variant.replace('_', '-')}-within-rounding-{dtype}"
             statement = (f"{what} changes the {dtype} sentence embeddings of all-MiniLM-L6-v2 by no more than "
                          "the rounding tolerance.")
-            value = r.max_abs_diff if np.isfinite(r.max_abs_diff) else math.inf
-            extra = {"min_detectable": float(control.max_abs_diff)}
+            value = float(finite_values([r.max_abs_diff], f"{dtype} {variant} change")[0])
+            extra = {"min_detectable": float(finite_values([control.max_abs_diff], f"{dtype} control change")[0])}
             if dtype == "float32" and r.tolerance_kind == "measured":
                 parent = f"pretrained-{variant.replace('_', '-')}-within-rounding-float64"
                 claims.append(_claim(claim_id, statement, value, r.tolerance, "<=", "implied",
@@ -162,20 +183,23 @@ def pretrained_claims(changes: pd.DataFrame, norms: pd.DataFrame, info: dict,
         "the analytic bound of the verdict rule instead.")
     saved = int(info["strip_report"]["parameters_saved"])
     macros["PretSavedStrip"] = saved
-    macros["PretSavedBoth"] = int(changes.loc[changes["variant"] == "strip_and_fold", "parameters_saved"].max())
+    macros["PretSavedBoth"] = int(finite_max(changes.loc[changes["variant"] == "strip_and_fold", "parameters_saved"],
+                                             "parameters saved by strip_and_fold", strict=True))
     claims.append(_claim("pretrained-strip-saves-layers-times-hidden",
                          "strip_key_bias removes one hidden-size vector per layer from all-MiniLM-L6-v2.",
                          saved, info["n_layers"] * info["hidden_size"], "==", "consistency",
                          "the config: layers times hidden size"))
     for s in savings[savings["model"].isin(MODEL_MACROS)].itertuples():
         saved_name, total_name, fraction_name = MODEL_MACROS[s.model]
-        macros[saved_name] = int(s.key_bias_parameters)
+        found, count, fraction = finite_values([s.key_bias_parameters, s.config_count, s.fraction_key_bias],
+                                               f"{s.model} parameter counts")
+        macros[saved_name] = int(found)
         macros[total_name] = int(s.total_parameters)
-        macros[fraction_name] = 100 * float(s.fraction_key_bias)
+        macros[fraction_name] = 100 * float(fraction)
         claims.append(_claim(f"pretrained-saved-{s.model}-matches-config",
                              f"The attention modules found in a {s.model} model built from its standard config hold "
                              "layers times hidden size key-bias entries.",
-                             s.key_bias_parameters, s.config_count, "==", "consistency",
+                             int(found), int(count), "==", "consistency",
                              "the config: layers times hidden size"))
     return claims, macros
 
@@ -189,9 +213,11 @@ def family_claims(table: pd.DataFrame) -> tuple[list[Claim], dict]:
     * control (test): zeroing b_q by hand moves every handled model beyond that bound, so the
       check could see an edit of the same kind (its smallest such change is the power);
     * refusals needed (test): zeroing b_k by hand moves every refused model beyond the bound.
-    Non-finite or empty selections fail the claims."""
+    A non-finite change or bound of a judged family raises; an empty selection fails the claims."""
     if table.empty:
         raise ValueError("family table is empty")
+    require_columns(table, ["expected", "strip", "whole_change", "forced_change", "bound", "certified_max_ratio"],
+                    "family table")
     handled = table[table["expected"] == "handled"]
     refused = table[table["expected"] == "refused"]
     if handled.empty or refused.empty:
@@ -199,7 +225,7 @@ def family_claims(table: pd.DataFrame) -> tuple[list[Claim], dict]:
     decided = np.where(table["strip"] == "refused", "refused", "handled")
     wrong = int((decided != table["expected"]).sum())
 
-    # a NaN change or bound makes the ratio NaN, and the claim on it fails
+    # a NaN change or bound raises (the refused families have no whole-model change: NaN by design)
     handled_ratio = finite_max(handled["whole_change"] / handled["bound"], "handled families' change / bound")
     control_ratio = finite_min(handled["forced_change"] / handled["bound"], "handled families' control / bound")
     refused_ratio = finite_min(refused["forced_change"] / refused["bound"], "refused families' change / bound")
@@ -211,7 +237,7 @@ def family_claims(table: pd.DataFrame) -> tuple[list[Claim], dict]:
         _claim("pretrained-families-handled-unchanged-float64",
                "Removing b_k and folding b_v leaves the float64 outputs of every handled family within float32 "
                "rounding.", handled_ratio, 1.0, "<=", "test", origin,
-               min_detectable=float((handled["forced_change"]).min())),
+               min_detectable=finite_min(handled["forced_change"], "handled families' control changes")),
         _claim("pretrained-families-control-detected",
                "Zeroing the query bias by hand moves every handled family's outputs beyond float32 rounding: "
                "the power of the no-change test.",
@@ -224,7 +250,9 @@ def family_claims(table: pd.DataFrame) -> tuple[list[Claim], dict]:
         "PretFamilies": len(table), "PretFamiliesHandled": len(handled), "PretFamiliesRefused": len(refused),
         "PretFamiliesWrong": wrong, "PretFamiliesHandledRatio": handled_ratio,
         "PretFamiliesControlRatio": control_ratio, "PretFamiliesRefusedRatio": refused_ratio,
-        "PretFamiliesCertifiedMax": float(np.nanmax(table["certified_max_ratio"].to_numpy(dtype=float))),
+        # the tool certifies the handled families only (a refused family has no ratio: NaN by design)
+        "PretFamiliesCertifiedMax": finite_max(handled["certified_max_ratio"], "handled families' certified ratios",
+                                               strict=True),
     }
     return claims, macros
 
@@ -241,10 +269,15 @@ def architecture_violations(table: pd.DataFrame) -> tuple[int, int, int]:
     Handled: the tool changed the model (status "removed exactly", or a fold that was kept);
     its float64 output change must be <= 2^-24 max|y|. Refused: editing b_k by hand (zeroed, or
     shifted) must move the whole model's output, or the refused module's own output on its real
-    calls, beyond that module's or model's bound. NaN counts as a violation."""
+    calls, beyond that module's or model's bound. A NaN change or bound of a judged row raises."""
+    require_columns(table, ["status", "fold", "output_change", "output_bound", "naive_change",
+                            "naive_unit_change", "naive_unit_bound"], "architecture table")
     handled = table[(table["status"] == "removed exactly") | (table["fold"] == "folded")]
+    require_finite(handled, ["output_change", "output_bound"], "handled architectures")
     over = ~(handled["output_change"].astype(float) <= handled["output_bound"].astype(float))
     refused = table[table["status"] == "refused"]
+    require_finite(refused, ["naive_change", "output_bound", "naive_unit_change", "naive_unit_bound"],
+                   "refused architectures")
     needed = ((refused["naive_change"].astype(float) > refused["output_bound"].astype(float))
               | (refused["naive_unit_change"].astype(float) > refused["naive_unit_bound"].astype(float)))
     return int(over.sum()), int((~needed).sum()), len(handled)

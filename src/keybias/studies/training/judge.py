@@ -14,7 +14,15 @@ import pandas as pd
 
 from keybias import verdict
 from keybias.core.recorder import Claim, format_number, latex_escape
-from keybias.core.reduce import finite_max, finite_mean, finite_median, finite_min
+from keybias.core.reduce import (
+    finite_max,
+    finite_mean,
+    finite_median,
+    finite_min,
+    finite_sum,
+    require_columns,
+    require_finite,
+)
 from keybias.studies.params import check_choice
 from keybias.studies.training.measure import DEFAULT_EPS, OPTIMIZERS, TRAIN_DTYPES, TrainingConfig
 
@@ -69,9 +77,12 @@ _OPTIMIZER_MACRO = {"sgd": "Sgd", "sgd_momentum": "SgdMomentum", "adam": "Adam",
 
 
 def _require_columns(frame: pd.DataFrame, name: str, columns) -> None:
-    missing = [c for c in columns if c not in frame.columns]
-    if missing:
-        raise ValueError(f"{name} lacks columns {missing}")
+    require_columns(frame, columns, name)
+
+
+def _mean(values, what: str) -> float:
+    """A macro's mean over seeds: raises on NaN or on an empty selection."""
+    return finite_mean(values, what, strict=True)
 
 
 def bound_macros() -> dict[str, object]:
@@ -134,9 +145,10 @@ def pair_results(pairs: pd.DataFrame) -> tuple[list[Claim], dict[str, object]]:
     macros: dict[str, object] = {}
     for opt, g in pairs.groupby("optimizer", sort=False):
         key = _OPTIMIZER_MACRO[opt]
-        macros[f"TrainIdenticalSteps{key}"] = int(g["identical_steps"].min())
-        macros[f"TrainAccRemoved{key}"] = float(g["test_acc_removed"].mean())
-        macros[f"TrainAccKept{key}"] = float(g["test_acc_kept"].mean())
+        macros[f"TrainIdenticalSteps{key}"] = int(finite_min(g["identical_steps"], f"{opt} identical steps",
+                                                             strict=True))
+        macros[f"TrainAccRemoved{key}"] = _mean(g["test_acc_removed"], f"{opt} accuracies, b_k removed")
+        macros[f"TrainAccKept{key}"] = _mean(g["test_acc_kept"], f"{opt} accuracies, b_k kept")
         macros[f"TrainMaxAccDiff{key}"] = finite_max(g["acc_diff"], f"{opt} accuracy differences")
         macros[f"TrainLossRelDiff{key}"] = finite_max(g["max_loss_rel_diff"], f"{opt} loss differences")
         macros[f"TrainLossRelDiffControl{key}"] = finite_max(g["max_loss_rel_diff_control"],
@@ -145,8 +157,9 @@ def pair_results(pairs: pd.DataFrame) -> tuple[list[Claim], dict[str, object]]:
         macros[f"TrainDivergenceControl{key}"] = finite_max(
             np.maximum(g["final_divergence_control"], g["final_divergence_control_down"]),
             f"{opt} control divergences")
-    discordant = int(pairs["kept_only_correct"].sum() + pairs["removed_only_correct"].sum())
-    n_images = int(pairs["n_test"].sum())
+    discordant = int(finite_sum(pairs["kept_only_correct"], "images right only with b_k kept", strict=True)
+                     + finite_sum(pairs["removed_only_correct"], "images right only with b_k removed", strict=True))
+    n_images = int(finite_sum(pairs["n_test"], "paired test images", strict=True))
     bound = discordant_bound(n_images)
     # per run, kept over the larger control; per optimizer, the geometric mean over seeds: one seed's
     # chaotic amplification (a single run's ratio swings by up to a decade between CPUs) is averaged
@@ -158,7 +171,8 @@ def pair_results(pairs: pd.DataFrame) -> tuple[list[Claim], dict[str, object]]:
                      for opt, r in ratio.groupby(pairs["optimizer"], sort=False)]
     div_ratio = finite_max(per_optimizer, "kept / control divergence ratios")
     macros.update({"TrainAccDiscordant": discordant, "TrainAccDiscordantBound": bound,
-                   "TrainAccDiscordantControl": int(pairs["control_discordant"].sum()),
+                   "TrainAccDiscordantControl": int(finite_sum(pairs["control_discordant"],
+                                                               "control discordant images", strict=True)),
                    "TrainAccPairedImages": n_images, "TrainDivergenceRatio": div_ratio})
     claims = [
         Claim(id="train-accuracy-agrees-kept-removed",
@@ -204,6 +218,8 @@ def bias_results(bias: pd.DataFrame) -> tuple[list[Claim], dict[str, object]]:
         raise ValueError("bias is empty: no bias-study run to summarize")
     claims: list[Claim] = []
     macros: dict[str, object] = {}
+    # a NaN count must not read as "not powered", nor a NaN eps or seed drop a run from its setting
+    require_finite(bias, ["powered_steps", "eps", "seed"], "bias")
     powered = bias[bias["powered_steps"] > 0]
     grad_ratio = finite_max(powered["max_grad_over_tolerance_powered"], "powered runs' gradient ratios")
     detectable = finite_median(powered["detectable_gradient_fraction"], "powered runs' detectable fractions")
@@ -229,6 +245,7 @@ def bias_results(bias: pd.DataFrame) -> tuple[list[Claim], dict[str, object]]:
     if len(sgd):
         # powered: b_q, whose gradient is real, moved farther than the bound allows b_k to move, so a b_k
         # gradient as real as b_q's would have failed the claim
+        require_finite(sgd, ["sgd_walk_ratio_b_q"], "SGD runs")  # NaN must not read as "not powered"
         sgd_powered = sgd[sgd["sgd_walk_ratio_b_q"] > SGD_WALK_BOUND]
         sgd_ratio = finite_max(sgd_powered["sgd_walk_ratio"], "powered SGD runs' walk ratios")
         macros["TrainSgdWalkRatio"] = sgd_ratio
@@ -244,7 +261,8 @@ def bias_results(bias: pd.DataFrame) -> tuple[list[Claim], dict[str, object]]:
                        "(max drift / walk)."),
             value=sgd_ratio, bound=SGD_WALK_BOUND, comparison="<=", kind="test",
             bound_origin="tail of an n-entry random walk of the verdict rule's per-step tolerances (theory)",
-            min_detectable=float(1.0 / sgd_powered["sgd_walk_ratio_b_q"].max()) if len(sgd_powered) else None))
+            min_detectable=float(1.0 / finite_max(sgd_powered["sgd_walk_ratio_b_q"], "powered SGD runs' b_q walks"))
+            if len(sgd_powered) else None))
     noise = bias[bias["optimizer"].isin(ADAM_NOISE_OPTIMIZERS)]
     if len(noise):
         log_err = finite_max(np.abs(np.log2(noise["drift_b_k"] / noise["predicted_drift"])), "Adam drift ratios")
@@ -281,15 +299,17 @@ def bias_results(bias: pd.DataFrame) -> tuple[list[Claim], dict[str, object]]:
         macros["TrainDriftAdamMax"] = finite_max(adam_family["drift_b_k"], "Adam-family drifts")
     for (opt, eps, dtype), g in bias.groupby(["optimizer", "eps", "dtype"], sort=False):
         name = setting_macro_name(opt, float(eps), dtype)
-        macros[f"TrainDrift{name}"] = float(g["drift_b_k"].mean())
-        if g["predicted_drift"].notna().all():
-            macros[f"TrainPred{name}"] = float(g["predicted_drift"].mean())
-        macros[f"TrainAcc{name}"] = float(g["test_acc"].mean())
+        macros[f"TrainDrift{name}"] = _mean(g["drift_b_k"], f"{name} drifts")
+        # the noise model predicts the drift of the Adam family only (the other rows carry NaN by design)
+        if opt.startswith("adam"):
+            macros[f"TrainPred{name}"] = _mean(g["predicted_drift"], f"{name} predicted drifts")
+        macros[f"TrainAcc{name}"] = _mean(g["test_acc"], f"{name} accuracies")
     for dtype, word in (("float32", "FloatThirtyTwo"), ("bfloat16", "BfloatSixteen")):
         d = bias[bias["dtype"] == dtype]
         if len(d):
-            macros[f"TrainGradRmsKey{word}"] = float(d["grad_rms_b_k"].median())
-            macros[f"TrainGradRmsQuery{word}"] = float(d["grad_rms_b_q"].median())
+            macros[f"TrainGradRmsKey{word}"] = finite_median(d["grad_rms_b_k"], f"{dtype} b_k gradient RMS", strict=True)
+            macros[f"TrainGradRmsQuery{word}"] = finite_median(d["grad_rms_b_q"], f"{dtype} b_q gradient RMS",
+                                                               strict=True)
     return claims, macros
 
 
@@ -310,10 +330,16 @@ def _tabular(header: list[str], rows: list[list[str]]) -> str:
 def bias_table(bias: pd.DataFrame) -> pd.DataFrame:
     """Per setting, means over seeds: test accuracy, final ||b_q||, ||b_v||, drift of b_k, predicted
     drift (Adam family; NaN otherwise) and the RMS of the b_k gradient."""
-    return bias.groupby("setting", sort=False).agg(
-        acc=("test_acc", "mean"), norm_q=("norm_b_q", "mean"), norm_v=("norm_b_v", "mean"),
-        drift=("drift_b_k", "mean"), predicted=("predicted_drift", "mean"),
-        grad_k=("grad_rms_b_k", "mean")).reset_index()
+    require_columns(bias, ["setting", "optimizer", "test_acc", "norm_b_q", "norm_b_v", "drift_b_k",
+                           "predicted_drift", "grad_rms_b_k"], "bias")
+    rows = []
+    for setting, g in bias.groupby("setting", sort=False):
+        adam = bool(g["optimizer"].str.startswith("adam").all())  # the noise model's predictions (NaN otherwise)
+        rows.append({"setting": setting, **{out: _mean(g[col], f"{setting} {col}") for out, col in (
+            ("acc", "test_acc"), ("norm_q", "norm_b_q"), ("norm_v", "norm_b_v"), ("drift", "drift_b_k"))},
+            "predicted": _mean(g["predicted_drift"], f"{setting} predicted drifts") if adam else math.nan,
+            "grad_k": _mean(g["grad_rms_b_k"], f"{setting} b_k gradient RMS")})
+    return pd.DataFrame(rows)
 
 
 def bias_table_latex(table: pd.DataFrame) -> str:
@@ -328,13 +354,15 @@ def bias_table_latex(table: pd.DataFrame) -> str:
 def verdict_table(verdicts: pd.DataFrame) -> pd.DataFrame:
     """Per setting, over seeds and layers: counts of each verdict and the largest output change,
     tolerance and logit change."""
+    require_columns(verdicts, ["setting", "verdict", "delta", "tolerance", "logit_delta"], "verdicts")
     return verdicts.groupby("setting", sort=False).agg(
         layers=("verdict", "size"),
         redundant=("verdict", lambda v: int((v == verdict.REDUNDANT).sum())),
         invalid=("verdict", lambda v: int((v == verdict.INVALID).sum())),
         not_redundant=("verdict", lambda v: int((v == verdict.NOT_REDUNDANT).sum())),
-        max_delta=("delta", "max"), max_tolerance=("tolerance", "max"),
-        max_logit_delta=("logit_delta", "max")).reset_index()
+        max_delta=("delta", lambda v: finite_max(v, "output changes", strict=True)),
+        max_tolerance=("tolerance", lambda v: finite_max(v, "tolerances", strict=True)),
+        max_logit_delta=("logit_delta", lambda v: finite_max(v, "logit changes", strict=True))).reset_index()
 
 
 def verdict_table_latex(table: pd.DataFrame) -> str:
@@ -365,7 +393,8 @@ def verdict_results(verdicts: pd.DataFrame) -> tuple[list[Claim], dict[str, obje
         "TrainVerdictInvalid": int(counts.get(verdict.INVALID, 0)),
         "TrainVerdictTotal": len(verdicts),
         "TrainMaxLogitDelta": finite_max(verdicts["logit_delta"], "logit changes"),
-        "TrainPredictionChanges": int(verdicts.groupby(["setting", "seed"])["prediction_changes"].first().sum()),
+        "TrainPredictionChanges": int(finite_sum(verdicts.groupby(["setting", "seed"])["prediction_changes"].first(),
+                                                 "prediction changes", strict=True)),
     }
     claims: list[Claim] = [Claim(
         id="train-drifted-bk-never-changes-function",
