@@ -63,7 +63,9 @@ def atomic_write_text(path: Path, text: str) -> None:
 
 
 def format_number(value: float, digits: int = 3) -> str:
-    """Format a number for LaTeX: plain for moderate values, `a\\times10^{b}` otherwise."""
+    """Format a number for LaTeX as a person writes it: `digits` significant figures without
+    trailing zeros (0.01, not 0.0100), plain for moderate values, `a\\times10^{b}` otherwise, and
+    `10^{b}` where the mantissa is 1."""
     if isinstance(value, bool):
         return "yes" if value else "no"
     if isinstance(value, int):
@@ -73,9 +75,19 @@ def format_number(value: float, digits: int = 3) -> str:
     exponent = math.floor(math.log10(abs(value)))
     if -3 <= exponent < 5:
         decimals = max(digits - 1 - exponent, 0)
-        return f"{value:.{decimals}f}"
-    mantissa = value / 10**exponent
-    return f"{mantissa:.{max(digits - 1, 0)}f}\\times10^{{{exponent}}}"
+        return _without_trailing_zeros(f"{value:.{decimals}f}")
+    mantissa = f"{value / 10**exponent:.{max(digits - 1, 0)}f}"
+    if abs(float(mantissa)) >= 10:  # 9.996 rounds up to 10.0: one more power of ten
+        exponent += 1
+        mantissa = f"{value / 10**exponent:.{max(digits - 1, 0)}f}"
+    mantissa = _without_trailing_zeros(mantissa)
+    if mantissa in ("1", "-1"):
+        return f"{mantissa[:-1]}10^{{{exponent}}}"
+    return f"{mantissa}\\times10^{{{exponent}}}"
+
+
+def _without_trailing_zeros(text: str) -> str:
+    return text.rstrip("0").rstrip(".") if "." in text else text
 
 
 def _check_file_name(name: str) -> str:
