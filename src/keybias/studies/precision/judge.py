@@ -514,7 +514,12 @@ def law_macros(errors: pd.DataFrame, law: pd.DataFrame, pooled: pd.DataFrame,
                 out[name] = (finite_mean(law.loc[sel, "model_constant"], name, strict=True), 2)
         out["PrecModelConstMin"] = (finite_min(law["model_constant"], "model constants", strict=True), 2)
         out["PrecModelConstMax"] = (finite_max(law["model_constant"], "model constants", strict=True), 2)
-        out["PrecLawResidMax"] = (finite_max(law["resid_log10"], "law residuals", strict=True), 2)
+        # a fit with fewer points than parameters has no residual; how many is a macro of its own
+        excluded: list = []
+        out["PrecLawResidMax"] = (finite_max(law["resid_log10"], "law residuals", strict=True,
+                                             exclude_nonfinite="a fit with too few points has no residual",
+                                             excluded=excluded), 2)
+        out["PrecLawFitsWithoutResidual"] = (sum(e.dropped for e in excluded), 0)
     ok = errors[errors["status"].eq("ok")]
     judged = powered_outputs(errors)
     out["PrecOutputTolMax"] = (_ratio_max(judged["delta_max"], judged["tolerance"], "output change over tolerance"), 2)
