@@ -3,7 +3,7 @@
 A table for a reader has no index column, headers in words (PyTorch keywords stay as code),
 numbers right-aligned with thousands separators and 3 significant figures, "—" for a missing
 value, and whole text: nothing is masked or cut. A long table shows its first rows and links
-to the CSV that holds every row.
+to the CSV that holds every row (a table without one is shown whole).
 """
 
 from __future__ import annotations
@@ -124,10 +124,12 @@ def _frame(frame):
     if not isinstance(frame, pd.DataFrame):
         frame = pd.DataFrame(frame)
     index = frame.index
-    if not (isinstance(index, pd.RangeIndex) and index.name is None) and not (
-            index.name is None and list(index) == list(range(len(index)))):
-        frame = frame.reset_index()
-    return frame
+    if all(name is None for name in index.names):
+        # an unnamed index is row numbering (kept by a filter or a sort), never data
+        if not pd.api.types.is_integer_dtype(index.dtype) and not isinstance(index, pd.RangeIndex):
+            return frame.reset_index()
+        return frame.reset_index(drop=True)
+    return frame.reset_index()
 
 
 def table_html(frame, *, csv: str | None = None, max_rows: int = MAX_ROWS, caption: str | None = None,
@@ -144,7 +146,10 @@ def table_html(frame, *, csv: str | None = None, max_rows: int = MAX_ROWS, capti
         f'<th class="{"kb-num" if numeric[c] else "kb-text"}" scope="col">'
         f'{"<code>" + e(labels[c]) + "</code>" if str(c) in KEYWORDS and c not in headers else e(labels[c])}'
         "</th>" for c in columns)
-    shown = frame if len(frame) <= max_rows else frame.head(max_rows)
+    # a long table is cut only where the CSV that holds every row can be linked; without one it
+    # is shown whole, so that no row is lost
+    trimmed = bool(csv) and len(frame) > max_rows
+    shown = frame.head(max_rows) if trimmed else frame
     rows = []
     for _, row in shown.iterrows():
         cells = []
@@ -158,10 +163,9 @@ def table_html(frame, *, csv: str | None = None, max_rows: int = MAX_ROWS, capti
                 cells.append(f'<td class="kb-text" data-label="{e(labels[c])}">{breakable(e(text))}</td>')
         rows.append("<tr>" + "".join(cells) + "</tr>")
     note = ""
-    if len(frame) > max_rows:
-        where = (f'; every row is in <a href="../data/{e(csv)}.csv">data/{e(csv)}.csv</a>' if csv
-                 else "")
-        note = f'<p class="kb-trimmed">The first {max_rows} of {len(frame):,} rows{where}.</p>'
+    if trimmed:
+        note = (f'<p class="kb-trimmed">The first {max_rows} of {len(frame):,} rows; every row is in '
+                f'<a href="../data/{e(csv)}.csv">data/{e(csv)}.csv</a>.</p>')
     elif csv:
         note = f'<p class="kb-trimmed">As CSV: <a href="../data/{e(csv)}.csv">data/{e(csv)}.csv</a>.</p>'
     cap = f"<caption>{e(caption)}</caption>" if caption else ""
@@ -181,7 +185,7 @@ class Table:
         return table_html(self.frame, **self.options)
 
     def __repr__(self) -> str:
-        shown = self.frame.head(self.options.get("max_rows", MAX_ROWS))
+        shown = self.frame.head(self.options.get("max_rows", MAX_ROWS)) if self.options.get("csv") else self.frame
         return shown.map(lambda v: format_number(v) if is_number(v) or is_missing(v) else str(v)).to_string(index=False)
 
 
