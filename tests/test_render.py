@@ -453,7 +453,7 @@ def test_table_formatter_numbers_headers_missing_and_no_index():
     frame = pd.DataFrame({"n_keys": [1, 20000], "max_err": [1e-16, None], "verdict": ["not_redundant", "--"]})
     page = tables.show_table(frame, csv="demo")._repr_html_()
     soup = BeautifulSoup(page, "html.parser")
-    assert [th.get_text() for th in soup.find_all("th")] == ["Number of keys", "Largest err", "Verdict"]
+    assert [th.get_text() for th in soup.find_all("th")] == ["Number of keys", "Largest error", "Verdict"]
     assert [td.get_text() for td in soup.find_all("td")] == ["1", "1\u00d710\u207b\u00b9\u2076", "not_redundant",
                                                              "20,000", "\u2014", "\u2014"]
     assert soup.find("td")["class"] == ["kb-num"] and "<wbr>" in page

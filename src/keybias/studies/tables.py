@@ -22,6 +22,11 @@ KEYWORDS = frozenset({
     "dropout", "need_weights", "dtype", "device", "is_causal", "attn_mask", "key_padding_mask",
     "model_type", "eps", "lr",
 })
+# abbreviations in column names, spelled out for a reader
+ABBREVIATIONS = {"se": "standard error", "pred": "predicted", "resid": "residual", "const": "constant",
+                 "cos": "cosine", "eff": "effective", "dev": "deviation", "err0": "error without b_k",
+                 "err": "error", "reps": "repetitions", "params": "parameters", "frac": "fraction",
+                 "std": "standard deviation", "avg": "average", "seconds_share": "share of seconds"}
 _SUPERSCRIPT = str.maketrans("0123456789-", "\u2070\u00b9\u00b2\u00b3\u2074\u2075\u2076\u2077\u2078\u2079\u207b")
 _NUMBER = re.compile(r"^[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)?(?:\.\d+)?(?:[eE][-+]?\d+)?$")
 _BIAS = re.compile(r"\bb_([kqvo])\b")
@@ -47,7 +52,7 @@ def format_number(value, digits: int = 3) -> str:
     figures (scientific as 1.2×10⁻³ outside 10⁻³…10⁶), "—" when missing; anything else as text."""
     if is_missing(value):
         return MISSING
-    if isinstance(value, bool):
+    if _is_bool(value):
         return "yes" if value else "no"
     try:
         number = float(value)
@@ -80,6 +85,17 @@ def is_number(value) -> bool:
         return False
 
 
+def _is_bool(value) -> bool:
+    if isinstance(value, bool):
+        return True
+    try:
+        import numpy as np
+
+        return isinstance(value, np.bool_)
+    except ImportError:
+        return False
+
+
 def header_text(name) -> str:
     """A column name for a reader: snake_case to words; PyTorch keywords and b_k stay as code."""
     name = str(name)
@@ -94,6 +110,15 @@ def header_text(name) -> str:
     words = re.sub(r"\bgrad\b", "gradient", words)
     words = re.sub(r"\b(?:B|b)([kqvo])\b", r"b_\1", re.sub(r"^b([kqvo])\b", r"b_\1", words))
     words = re.sub(r"\bdim\b", "dimension", words)
+    for short, long in ABBREVIATIONS.items():
+        words = re.sub(rf"\b{short}\b", long, words)
+    words = re.sub(r"\bmin\b", "smallest", words)
+    words = re.sub(r"\btol\b", "tolerance", words)
+    words = re.sub(r"\blen\b", "length", words)
+    words = re.sub(r"\btgt\b", "target", words)
+    words = re.sub(r"\bsrc\b", "source", words)
+    words = re.sub(r"\bci\b", "interval", words)
+    words = re.sub(r"\bus\b", "(\u00b5s)", words)
     if not words or re.match(r"b_[kqvo]\b", words):
         return words
     return words[:1].upper() + words[1:]
@@ -158,7 +183,8 @@ def table_html(frame, *, csv: str | None = None, max_rows: int = MAX_ROWS, capti
             if numeric[c]:
                 cells.append(f'<td class="kb-num" data-label="{e(labels[c])}">{e(format_number(value))}</td>')
             else:
-                text = MISSING if is_missing(value) else (format_number(value) if is_number(value) else str(value))
+                text = MISSING if is_missing(value) else (
+                    format_number(value) if is_number(value) or _is_bool(value) else str(value))
                 text = COMPARISONS.get(text, text)
                 cells.append(f'<td class="kb-text" data-label="{e(labels[c])}">{breakable(e(text))}</td>')
         rows.append("<tr>" + "".join(cells) + "</tr>")
