@@ -54,6 +54,7 @@ article.finding figure{margin:0}article.finding img{max-width:100%;height:auto;d
 article.finding figcaption{font-size:.88rem;color:var(--muted);margin-top:.3rem}
 .statement{font-size:1rem}.links{font-size:.9rem}.links a{margin-right:.2rem}
 .lead{margin:.4rem 0 .2rem}
+@media (max-width:30rem){h1{font-size:1.3rem}}
 .abstract{background:var(--soft);padding:.8rem 1rem;border-radius:4px}
 ol.notebooks li{margin:.3rem 0}
 .filter{display:flex;flex-wrap:wrap;gap:.5rem 1rem;align-items:center;font-size:.92rem;margin:.6rem 0}
@@ -345,7 +346,7 @@ def retired_html(predictions: list[dict]) -> str:
             f"failed on {'them' if len(failed) > 1 else 'it'}.")
     items = "".join(
         f'<li>{statement_html(p["statement"])} Measured {_number(p["value"])} against the bound '
-        f'{_number(p["bound"])}; <a href="notebooks/{_esc(p["notebook"])}.html">notebook '
+        f'{p["bound"]:g}; <a href="notebooks/{_esc(p["notebook"])}.html">notebook '
         f'{_esc(p["notebook"])}</a> reports it.</li>' for p in failed)
     return (f'<section id="retired" aria-labelledby="retired-h"><h2 id="retired-h">What failed</h2>'
             f"<p>{head} A claim the data contradict would fail the build, so each was retired as a claim; "
@@ -449,7 +450,8 @@ def render_index(results: Path, steps: list[dict], claims: list[dict], provenanc
                 f'<p class="statement">{statement_html(f.get("statement") or "")}</p>',
                 f'<p class="links">See {", ".join(links[:-1])} and {links[-1]}. '
                 f'<span class="meta">Basis: {_esc(basis.get(f.get("basis"), f.get("basis", "")))}'
-                + (f'; <a href="#group-{_esc(f["id"])}">its {_count(len(mine), "claim")}</a>' if mine else "")
+                + (f'; <a href="#group-{_esc(f["id"])}">its {"claim" if len(mine) == 1 else _count(len(mine), "claim")}</a>'
+                   if mine else "")
                 + ".</span></p></div>"]
         figure = ""
         if has_figure:
