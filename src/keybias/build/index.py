@@ -276,6 +276,19 @@ def _paper_link(label: str | None, pages: dict[str, dict]) -> str:
     return '<a href="../paper/main.pdf">the paper (PDF)</a>'
 
 
+def _claim_numbers(c: dict, sign: str) -> str:
+    """`value sign bound` with as many digits as it takes to tell a value from its bound."""
+    value, bound = c.get("value"), c.get("bound")
+    digits = 3
+    try:
+        while (digits < 12 and float(value) != float(bound)
+               and format_number(value, digits) == format_number(bound, digits)):
+            digits += 1
+        return f"{_esc(format_number(value, digits))} {sign} {_esc(format_number(bound, digits))}"
+    except (TypeError, ValueError):
+        return f"{_esc(_number(value))} {sign} {_esc(_number(bound))}"
+
+
 def _claim_item(c: dict, name_of_finding: str) -> str:
     holds = bool(c.get("holds"))
     sign = SIGNS.get(c.get("comparison", "<="), _esc(c.get("comparison", "")))
@@ -284,7 +297,7 @@ def _claim_item(c: dict, name_of_finding: str) -> str:
             f'data-holds="{"yes" if holds else "no"}" data-text="{_esc(words.lower())}">'
             f'<span>{_esc(c.get("statement", ""))} <a href="notebooks/{_esc(c.get("notebook", ""))}.html#claim-'
             f'{_esc(c["id"])}">where it is judged</a></span>'
-            f'<span class="check">{_esc(_number(c.get("value")))} {sign} {_esc(_number(c.get("bound")))}'
+            f'<span class="check">{_claim_numbers(c, sign)}'
             + (' <span class="holds">holds</span>' if holds else ' <span class="fails">FAILS</span>') + "</span>"
             f'<span class="kind">{_esc(c.get("kind") or "")}</span></li>')
 

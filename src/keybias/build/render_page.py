@@ -148,7 +148,7 @@ def paper_figures(paper: Path = ROOT / "paper") -> dict[str, dict]:
     return found
 
 
-def number_text(value) -> str:
+def number_text(value, digits: int = 3) -> str:
     if isinstance(value, bool) or value is None:
         return str(value)
     if isinstance(value, int):
@@ -159,7 +159,7 @@ def number_text(value) -> str:
         return str(value)
     if number == int(number) and abs(number) < 1e15:
         return f"{int(number):,}"
-    text = f"{number:.3g}"
+    text = f"{number:.{digits}g}"
     if "e" in text:
         mantissa, exponent = text.split("e")
         return f"{mantissa}\u00d710<sup>{int(exponent)}</sup>"
@@ -169,7 +169,16 @@ def number_text(value) -> str:
 def claim_line(claim: dict) -> str:
     """`value ≤ bound` for a claim, numbers formatted for reading (HTML)."""
     sign = COMPARISON_SIGNS.get(claim.get("comparison", "<="), html.escape(str(claim.get("comparison"))))
-    return f"{number_text(claim.get('value'))} {sign} {number_text(claim.get('bound'))}"
+    value, bound = claim.get("value"), claim.get("bound")
+    digits = 3
+    # a value that differs from its bound is printed with the digits that show the difference
+    # (0.5004 > 0.5, not "0.5 > 0.5")
+    try:
+        while digits < 12 and float(value) != float(bound) and number_text(value, digits) == number_text(bound, digits):
+            digits += 1
+    except (TypeError, ValueError):
+        digits = 3
+    return f"{number_text(value, digits)} {sign} {number_text(bound, digits)}"
 
 
 def claims_box(claims: list[dict], findings: dict[str, dict] | None = None) -> str:

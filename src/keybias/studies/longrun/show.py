@@ -329,7 +329,7 @@ def regimes_text(claims) -> str:
     return (f"With eps = 1e-12 in float32 every run's step rate is at least {_n(v['adam-full-steps-float32-small-eps'])}"
             f", and with the default eps in bfloat16 at least {_n(v['adam-full-steps-bfloat16-default-eps'])}: "
             "full-size steps on rounding noise. In float32 at the default eps it is at most "
-            f"{_n(v['adam-sgd-steps-float32-default-eps'])}, steps of about "
+            f"{_n(v['adam-sgd-steps-float32-default-eps'])}, steps of at most "
             f"{_n(math.sqrt(v['adam-sgd-steps-float32-default-eps']), 2)} of full size, and at the end the drift is at "
             f"most {_n(v['adam-default-eps-damps-drift'], 2)} of the same seed's drift with eps = 1e-12. The same "
             f"ratio for bfloat16, whose steps are full-size again, is at least "
@@ -365,4 +365,4 @@ def output_error_caption(probes: pd.DataFrame) -> str:
     return ("The attention-output change that b_k causes in this build's long run, one marker per probe and layer, "
             f"against notebook 03's rounding law: across the probes the measured change is {_n(ratio.min(), 2)} to "
             f"{_n(ratio.max(), 2)} times the predicted one. At the last probe (step {int(last['step'].max()):,}) it is "
-            f"{_n(measured, 2)} against a predicted {_n(predicted, 2)}, with ||b_k|| / ||k|| = {_n(bk_over_k, 2)}.")
+            f"{_n(measured, 2)} against a predicted {_n(predicted, 2)}, with ||b_k|| / ||k|| = {_n(bk_over_k)}.")
