@@ -183,8 +183,11 @@ def table_html(frame, *, csv: str | None = None, max_rows: int = MAX_ROWS, capti
             if numeric[c]:
                 cells.append(f'<td class="kb-num" data-label="{e(labels[c])}">{e(format_number(value))}</td>')
             else:
-                text = MISSING if is_missing(value) else (
-                    format_number(value) if is_number(value) or _is_bool(value) else str(value))
+                if isinstance(value, str) and value.strip().lower() == "nan":
+                    text = "NaN"  # a category that names a NaN result, not a missing value
+                else:
+                    text = MISSING if is_missing(value) else (
+                        format_number(value) if is_number(value) or _is_bool(value) else str(value))
                 text = COMPARISONS.get(text, text)
                 cells.append(f'<td class="kb-text" data-label="{e(labels[c])}">{breakable(e(text))}</td>')
         rows.append("<tr>" + "".join(cells) + "</tr>")
