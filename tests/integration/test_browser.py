@@ -71,13 +71,14 @@ def test_reader_check_flags_plumbing_raw_outputs_cuts_and_bare_figures():
 step = rec.finish()</div>
     <div class="jp-OutputArea"><div class="jp-OutputArea-output jp-OutputArea-executeResult"><pre>'1.00'</pre></div>
     <div class="jp-OutputArea-output"><table><tr><td>every key slot of a softmax row goes through t...</td></tr></table></div>
+    <div class="jp-OutputArea-output"><table class="dataframe"><tr><td>0</td><td>raw</td></tr></table></div>
     <div class="jp-OutputArea-output"><img src="x.png" alt="a plot"></div></div></div>
     <div class="jp-Cell jp-CodeCell"><div class="jp-InputArea-editor">x = compute()</div>
     <div class="jp-OutputArea"><figure><img src="y.png" alt="y"><figcaption>Figure 1. Y.</figcaption></figure></div></div>
     </main>"""
     problems = " | ".join(browser.reader_problems(dom))
     for expected in ("visible code cell that only records", "raw output \"'1.00'\"", "truncated cell",
-                     "figure without a caption: 'a plot'"):
+                     "a pandas table not shown through keybias.studies.tables", "figure without a caption: 'a plot'"):
         assert expected in problems, (expected, problems)
     assert "x = compute()" not in problems and "'y'" not in problems
 
@@ -111,27 +112,32 @@ def test_the_check_fails_a_page_that_breaks_every_rule(tmp_path):
 # -- the site at 1280 and 390 px: sideways scroll, links, cells, plumbing ----------------------------
 def test_the_layout_check_catches_every_fault_it_exists_for(tmp_path):
     """Negative control: a page too wide for a phone, a cut cell, "#" for a number, a config
-    repr, "uncommitted", a dangling link and anchor; and a clean page that passes."""
+    repr, "uncommitted", two titles, two commits, a sha256 digest, a dangling link and anchor;
+    and a clean page (one title, one commit named twice, short and long) that passes."""
     site = tmp_path / "results"
     (site / "notebooks").mkdir(parents=True)
     (site / "index.html").write_text(
-        '<html><body><p>Fine.</p><a href="notebooks/good.html#here">ok</a> <a href="notebooks/good.html#gone">x</a>'
+        '<html><body><h1>Site</h1><p>Fine, at commit 4444404f7245; bundle keybias-4444404.tar.gz.</p>'
+        '<a href="notebooks/good.html#here">ok</a> <a href="notebooks/good.html#gone">x</a>'
         ' <a href="figures/missing.png">y</a> <a href="../paper/main.pdf#page=3">paper</a></body></html>')
-    (site / "notebooks" / "good.html").write_text('<html><body><p id="here">A short page.</p></body></html>')
+    (site / "notebooks" / "good.html").write_text('<html><body><h1>Good</h1><p id="here">A short page.</p></body></html>')
     (site / "notebooks" / "bad.html").write_text(
-        '<html><body><div style="width:900px">wide</div><p>(with uncommitted changes)</p>'
+        '<html><body><h1>Bad</h1><h1>Bad again</h1><div style="width:900px">wide</div><p>(with uncommitted changes)</p>'
+        '<p>Built at commit 4444404f7245, recorded at commit 24b10b8; sha256 '
+        + "ab12" * 16 + '.</p>'
         '<table><tr><td style="max-width:40px;overflow:hidden;white-space:nowrap">a very long reason cut</td>'
         '<td>a change of # against the bound #</td></tr></table>'
         '<div class="jp-OutputArea-output"><pre>DemoConfig(size=2, seeds=[0])</pre></div></body></html>')
     narrow = browser.layout_problems(site, 390, CHROMIUM)
     bad = " | ".join(narrow["notebooks/bad.html"])
     for expected in ("scrolls sideways", "cell cut off: a very long reason cut", '"#" in place of a number',
-                     "config repr: DemoConfig(", 'says "uncommitted"'):
+                     "config repr: DemoConfig(", 'says "uncommitted"', "2 titles (h1) instead of one",
+                     "names 2 commits: 24b10b8, 4444404f7245", "a sha256 digest in view"):
         assert expected in bad, (expected, bad)
     assert narrow["index.html"] == [] and narrow["notebooks/good.html"] == []
     assert browser.layout_problems(site, 1280, CHROMIUM)["notebooks/good.html"] == []
     (site / "notebooks" / "wide.html").write_text(
-        '<html><body><div class="kb-table" style="overflow-x:auto;max-width:300px"><table><tr>'
+        '<html><body><h1>Wide</h1><div class="kb-table" style="overflow-x:auto;max-width:300px"><table><tr>'
         + "<td>12345678</td>" * 40 + "</tr></table></div></body></html>")
     wide = browser.layout_problems(site, 1280, CHROMIUM)["notebooks/wide.html"]
     assert wide and all(p.startswith("note: table scrolls inside its box") for p in wide), wide

@@ -213,3 +213,19 @@ def test_readme_block_prints_the_budgets_and_the_last_verify_run():
     assert "12 min on this machine kind and 15 min on a 2-core AVX2-only machine" in text
     assert "`ATEN_CPU_CAPABILITY=avx2`" in text and "took 14 s" in text and "passed" in text
     assert "| `01_a` | 12 s | 14 s |" in text and "| `02_b` | 50 s | not run |" in text
+
+
+def test_failed_predictions_are_told_on_the_entry_page():
+    """A registered prediction that the data contradicted is named, with its value and bound, in a
+    section of its own that the top of the page links to; none failed, no section."""
+    from keybias.pipeline import index as idx
+
+    failed = [{"notebook": "02_invariance", "statement": "At most 5% missed.", "value": 0.0833, "bound": 0.05,
+               "holds": False},
+              {"notebook": "08_longrun", "statement": "More than 3 standard errors.", "value": 2.51, "bound": 3.0,
+               "holds": False}]
+    text = idx.retired_html(failed)
+    assert 'id="retired"' in text and text.startswith("<section") and "Two predictions" in text
+    assert "Measured 0.0833 against the bound 0.05" in text and 'href="notebooks/08_longrun.html"' in text
+    assert "One prediction" in idx.retired_html(failed[:1]) and "failed on it." in idx.retired_html(failed[:1])
+    assert idx.retired_html([{**failed[0], "holds": True}]) == ""

@@ -453,7 +453,7 @@ def test_table_formatter_numbers_headers_missing_and_no_index():
     frame = pd.DataFrame({"n_keys": [1, 20000], "max_err": [1e-16, None], "verdict": ["not_redundant", "--"]})
     page = tables.show_table(frame, csv="demo")._repr_html_()
     soup = BeautifulSoup(page, "html.parser")
-    assert [th.get_text() for th in soup.find_all("th")] == ["Number of keys", "Largest err", "Verdict"]
+    assert [th.get_text() for th in soup.find_all("th")] == ["Number of keys", "Largest error", "Verdict"]
     assert [td.get_text() for td in soup.find_all("td")] == ["1", "1\u00d710\u207b\u00b9\u2076", "not_redundant",
                                                              "20,000", "\u2014", "\u2014"]
     assert soup.find("td")["class"] == ["kb-num"] and "<wbr>" in page
@@ -480,3 +480,28 @@ def test_cut_text_is_shown_back_to_its_last_whole_clause():
     cut = "the output depends on b_k: a change beyond the bound; rotary embeddings rotate each key, so t"
     assert whole_clauses(cut, cut_at=60) == "the output depends on b_k: a change beyond the bound; rotary embeddings rotate each key."
     assert whole_clauses("short, whole", cut_at=60) == "short, whole"
+
+
+def test_every_cell_that_records_claims_shows_them():
+    """A cell that records claims gets the box of the claims it judges: none of them is shown at an
+    earlier cell, before its data exist (the executed notebooks in results/)."""
+    import json
+    import re
+
+    from keybias.pipeline.render_clean import cell_source, code_cells
+
+    source = ROOT / "results"
+    pages = sorted((source / "notebooks").glob("*.ipynb"))
+    if not pages:
+        pytest.skip("no executed notebooks in results/notebooks")
+    empty = []
+    for page in pages:
+        step = source / "steps" / f"{page.stem}.json"
+        if not step.is_file():
+            continue
+        nb = json.loads(page.read_text())
+        claims = json.loads(step.read_text())["claims"]
+        boxed = set(render.claim_cells(nb, claims).values())
+        recording = [i for i, c in code_cells(nb) if re.search(r"\.claims?(?:_from)?\(", cell_source(c))]
+        empty += [f"{page.stem}: cell {i}" for i in recording if i not in boxed]
+    assert not empty, "cells that record claims but show none (end the cell with rec.claims_from(...)): " + ", ".join(empty)

@@ -249,8 +249,9 @@ _RAW_SCALAR = re.compile(r"""^(?:'[^'\n]*'|"[^"\n]*"|[-+]?\d[\d_]*(?:\.\d+)?(?:[
 
 def reader_problems(dom: str) -> list[str]:
     """What a reader should not meet: a visible code cell that only records, a raw scalar
-    output (`'1.00'`, `2900`), a table cell or text output cut with "..." or "…", a figure
-    without a visible caption."""
+    output (`'1.00'`, `2900`), a table cell or text output cut with "..." or "…", a pandas
+    table that did not go through `keybias.studies.tables.show_table`, a figure without a
+    visible caption."""
     from bs4 import BeautifulSoup
 
     from keybias.pipeline import render
@@ -272,6 +273,10 @@ def reader_problems(dom: str) -> list[str]:
         text = node.get_text().strip()
         if len(text) > 3 and text.endswith(("...", "\u2026")):
             problems.append(f"truncated cell {text[-60:]!r}")
+    for table in soup.select(".jp-OutputArea-output table"):
+        if "dataframe" in (table.get("class") or []):
+            problems.append("a pandas table not shown through keybias.studies.tables: "
+                            f"{' '.join(table.get_text(' ').split())[:60]!r}")
     for img in soup.select(".jp-OutputArea img"):
         figure = img.find_parent("figure")
         caption = figure.find("figcaption") if figure else None
@@ -389,7 +394,9 @@ def check_folder(folder: Path, shots: Path | None, chromium: str | None = None,
 LAYOUT_WIDTHS = (1280, 390)
 # Measured inside an iframe of the given width: headless windows are at least 500 px wide.
 # For each page: does it scroll sideways, cells cut off (content wider than the cell, or a table
-# wider than its box at desktop width), "#" standing in for a number, config reprs, "uncommitted".
+# wider than its box at desktop width), "#" standing in for a number, config reprs, "uncommitted",
+# a title count other than one, more than one commit named (hex strings of 7 to 40 characters that
+# are not prefixes of one another), a sha256 digest.
 _LAYOUT_SCRIPT = r"""
 var pages = %(pages)s, width = %(width)d, out = [], i = 0, frame = document.getElementById('f');
 function measure(doc) {
@@ -410,7 +417,17 @@ function measure(doc) {
     var t = o.textContent;
     if (/(^|\n)\s*[A-Z]\w*(Config|Settings)\(\w+=/.test(t)) r.problems.push('config repr: ' + t.trim().slice(0, 60));
   });
-  if (/uncommitted/i.test(doc.body ? doc.body.innerText : '')) r.problems.push('says "uncommitted"');
+  var text = doc.body ? doc.body.innerText : '';
+  if (/uncommitted/i.test(text)) r.problems.push('says "uncommitted"');
+  var titles = doc.querySelectorAll('h1').length;
+  if (titles !== 1) r.problems.push(titles + ' titles (h1) instead of one');
+  var hashes = (text.match(/\b(?=[0-9a-f]*[0-9])(?=[0-9a-f]*[a-f])[0-9a-f]{7,40}\b/g) || []).sort(
+    function (a, b) { return a.length - b.length; }), commits = [];
+  hashes.forEach(function (h) {
+    if (!commits.some(function (c) { return h.indexOf(c) === 0 || c.indexOf(h) === 0; })) commits.push(h);
+  });
+  if (commits.length > 1) r.problems.push('names ' + commits.length + ' commits: ' + commits.slice(0, 4).join(', '));
+  if (/\b[0-9a-f]{64}\b/.test(text)) r.problems.push('a sha256 digest in view');
   return r;
 }
 function next() {

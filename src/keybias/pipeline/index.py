@@ -53,6 +53,8 @@ grid-template-columns:minmax(0,1fr)}
 article.finding figure{margin:0}article.finding img{max-width:100%;height:auto;display:block;border:1px solid var(--rule)}
 article.finding figcaption{font-size:.88rem;color:var(--muted);margin-top:.3rem}
 .statement{font-size:1rem}.links{font-size:.9rem}.links a{margin-right:.2rem}
+.lead{margin:.4rem 0 .2rem}
+@media (max-width:30rem){h1{font-size:1.3rem}}
 .abstract{background:var(--soft);padding:.8rem 1rem;border-radius:4px}
 ol.notebooks li{margin:.3rem 0}
 .filter{display:flex;flex-wrap:wrap;gap:.5rem 1rem;align-items:center;font-size:.92rem;margin:.6rem 0}
@@ -274,6 +276,19 @@ def _paper_link(label: str | None, pages: dict[str, dict]) -> str:
     return '<a href="../paper/main.pdf">the paper (PDF)</a>'
 
 
+def _claim_numbers(c: dict, sign: str) -> str:
+    """`value sign bound` with as many digits as it takes to tell a value from its bound."""
+    value, bound = c.get("value"), c.get("bound")
+    digits = 3
+    try:
+        while (digits < 12 and float(value) != float(bound)
+               and format_number(value, digits) == format_number(bound, digits)):
+            digits += 1
+        return f"{_esc(format_number(value, digits))} {sign} {_esc(format_number(bound, digits))}"
+    except (TypeError, ValueError):
+        return f"{_esc(_number(value))} {sign} {_esc(_number(bound))}"
+
+
 def _claim_item(c: dict, name_of_finding: str) -> str:
     holds = bool(c.get("holds"))
     sign = SIGNS.get(c.get("comparison", "<="), _esc(c.get("comparison", "")))
@@ -282,7 +297,7 @@ def _claim_item(c: dict, name_of_finding: str) -> str:
             f'data-holds="{"yes" if holds else "no"}" data-text="{_esc(words.lower())}">'
             f'<span>{_esc(c.get("statement", ""))} <a href="notebooks/{_esc(c.get("notebook", ""))}.html#claim-'
             f'{_esc(c["id"])}">where it is judged</a></span>'
-            f'<span class="check">{_esc(_number(c.get("value")))} {sign} {_esc(_number(c.get("bound")))}'
+            f'<span class="check">{_claim_numbers(c, sign)}'
             + (' <span class="holds">holds</span>' if holds else ' <span class="fails">FAILS</span>') + "</span>"
             f'<span class="kind">{_esc(c.get("kind") or "")}</span></li>')
 
@@ -298,6 +313,57 @@ g.hidden=!any;if(words||only||kind){g.open=any>0;}});n.textContent=shown+' shown
 [q,k,f].forEach(function(el){el.addEventListener('input',run);el.addEventListener('change',run);});
 document.getElementById('claim-tools').hidden=false;})();
 """
+
+
+NUMBER_WORDS = ("no", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
+
+
+def retired_predictions(results: Path, root: Path = ROOT) -> list[dict]:
+    """The predictions registered before the data that the data contradicted, judged again from the
+    results as they were registered (`invariance.judge.retired_predictions`,
+    `longrun.judge_full.failed_predictions`): one dict each with the notebook, id, statement, value,
+    bound and outcome. A study whose data are absent here (a partial or smoke build) adds none."""
+    import pandas as pd
+
+    out = []
+    data = Path(results) / "data"
+    try:
+        from keybias.studies.invariance import judge as inv_judge
+
+        if (data / "invariance.csv").is_file() and (data / "invariance_magnitudes.csv").is_file():
+            df = pd.read_csv(data / "invariance.csv", low_memory=False)
+            cells = inv_judge.magnitude_cells(df, pd.read_csv(data / "invariance_magnitudes.csv"))
+            out += [{**p, "notebook": "02_invariance"} for p in inv_judge.retired_predictions(cells)]
+    except (ValueError, KeyError, IndexError, TypeError, OSError):
+        pass  # not judged here: the page says nothing rather than something wrong
+    try:
+        from keybias.studies.longrun import judge_full, record
+
+        folder = Path(root) / "recorded" / "longrun-cpu"
+        if folder.is_dir():
+            full = record.load_recorded(folder)
+            units = judge_full.units(full["trajectory"], full["probes"], full["entries"])
+            out += [{**p, "notebook": "08_longrun"} for p in judge_full.failed_predictions(units)]
+    except (ValueError, KeyError, IndexError, TypeError, OSError):
+        pass  # not judged here: the page says nothing rather than something wrong
+    return out
+
+
+def retired_html(predictions: list[dict]) -> str:
+    """The failed predictions in words, for the entry page (empty when none failed)."""
+    failed = [p for p in predictions if not p.get("holds")]
+    if not failed:
+        return ""
+    count = NUMBER_WORDS[len(failed)] if len(failed) < len(NUMBER_WORDS) else str(len(failed))
+    head = (f"{count.capitalize()} prediction{'s' if len(failed) > 1 else ''}, registered before the data, "
+            f"failed on {'them' if len(failed) > 1 else 'it'}.")
+    items = "".join(
+        f'<li>{statement_html(p["statement"])} Measured {_number(p["value"])} against the bound '
+        f'{p["bound"]:g}; <a href="notebooks/{_esc(p["notebook"])}.html">notebook '
+        f'{_esc(p["notebook"])}</a> reports it.</li>' for p in failed)
+    return (f'<section id="retired" aria-labelledby="retired-h"><h2 id="retired-h">What failed</h2>'
+            f"<p>{head} A claim the data contradict would fail the build, so each was retired as a claim; "
+            f"every build still judges it as registered and reports the outcome.</p><ul>{items}</ul></section>")
 
 
 def site_commit(provenance: dict, steps: list[dict] | None = None) -> str:
@@ -336,6 +402,7 @@ def render_index(results: Path, steps: list[dict], claims: list[dict], provenanc
     alts = {stem: alt for s in steps for stem, alt in (s.get("figures_alt") or {}).items()}
     failing = [c for c in claims if not c.get("holds")]
     tests = [c for c in claims if c.get("kind") == "test"]
+    retired = retired_html(retired_predictions(results, root))
     out = _page_head(title)
     out += [
         f'<header><h1 id="top">{title}</h1>',
@@ -344,19 +411,31 @@ def render_index(results: Path, steps: list[dict], claims: list[dict], provenanc
         f'<a href="../paper/main.pdf">The paper (PDF)</a>.</p>',
         '<nav class="top" aria-label="On this page"><a href="#found">What we found</a><a href="#findings">'
         'The findings</a><a href="#notebooks">Notebooks</a><a href="#claims">Claims</a>'
-        '<a href="files.html">All files</a><a href="#cite">Cite</a></nav></header>',
+        '<a href="files.html">All files</a><a href="#cite">Cite</a></nav></header>'.replace(
+            '<a href="#findings">', '<a href="#retired">What failed</a><a href="#findings">' if retired else
+            '<a href="#findings">'),
     ]
     if failing:
         out.append(f'<p class="fails">{len(failing)} of {len(claims)} claims FAIL: '
                    + ", ".join(f'<a href="#claim-{_esc(c["id"])}">{_esc(c["id"])}</a>' for c in failing) + ".</p>")
 
     # what we found: one sentence with its number per finding
-    out.append('<section id="found" aria-labelledby="found-h"><h2 id="found-h">What we found</h2><ol class="found">')
+    found_lead = ""
+    if retired:
+        n_failed = retired.count("<li>")
+        word = NUMBER_WORDS[n_failed] if n_failed < len(NUMBER_WORDS) else str(n_failed)
+        found_lead = (f'<p class="lead">{"Every claim holds" if not failing else f"{len(failing)} claims FAIL"}; '
+                      f'{word} prediction{"s" if n_failed > 1 else ""} registered before the data failed and '
+                      f'{"are" if n_failed > 1 else "is"} reported, not claimed: <a href="#retired">what failed</a>.</p>')
+    out.append('<section id="found" aria-labelledby="found-h"><h2 id="found-h">What we found</h2>' + found_lead
+               + '<ol class="found">')
     for f in findings:
         statement = f.get("statement") or ""
         out.append(f'<li><strong><a href="#finding-{_esc(f["id"])}">{statement_html(f.get("title", f["id"]))}</a></strong>'
                    f"{statement_html(statement)}</li>")
     out.append("</ol></section>")
+    if retired:
+        out.append(retired)
 
     # each finding: its figure, its links, its claims
     out.append('<section id="findings"><h2>The findings</h2>')
@@ -384,7 +463,8 @@ def render_index(results: Path, steps: list[dict], claims: list[dict], provenanc
                 f'<p class="statement">{statement_html(f.get("statement") or "")}</p>',
                 f'<p class="links">See {", ".join(links[:-1])} and {links[-1]}. '
                 f'<span class="meta">Basis: {_esc(basis.get(f.get("basis"), f.get("basis", "")))}'
-                + (f'; <a href="#group-{_esc(f["id"])}">its {_count(len(mine), "claim")}</a>' if mine else "")
+                + (f'; <a href="#group-{_esc(f["id"])}">its {"claim" if len(mine) == 1 else _count(len(mine), "claim")}</a>'
+                   if mine else "")
                 + ".</span></p></div>"]
         figure = ""
         if has_figure:

@@ -11,7 +11,6 @@ lists of tuples into tables. `claim_cells` finds the cell that judges each claim
 from __future__ import annotations
 
 import ast
-import html
 import re
 
 from keybias.pipeline.render_clean import (
@@ -299,16 +298,23 @@ _MISSING = object()
 
 
 def _html_table(header: list[str] | None, rows: list[list]) -> str:
-    e = html.escape
-    head = "<thead><tr>" + "".join(f"<th>{e(str(h))}</th>" for h in header) + "</tr></thead>" if header else ""
-    body = "".join("<tr>" + "".join(f"<td>{e(_format_cell(v))}</td>" for v in row) + "</tr>" for row in rows)
-    return f'<table class="dataframe">{head}<tbody>{body}</tbody></table>'
+    """Rows a cell printed (a Series, a list of tuples) as a reader's table, through the one formatter."""
+    import pandas as pd
+
+    from keybias.studies.tables import table_html
+
+    width = len(rows[0]) if rows else len(header or [])
+    columns = [str(h) if str(h) else f"column {i + 1}" for i, h in enumerate(header)] if header else [
+        f"column {i + 1}" for i in range(width)]
+    return table_html(pd.DataFrame([[_cell_value(v) for v in row] for row in rows], columns=columns))
 
 
-def _format_cell(value) -> str:
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    return str(value)
+def _cell_value(value):
+    """A printed cell back to a number where it spells one, so that the formatter aligns it."""
+    if isinstance(value, str) and NUMBER.match(value.strip()):
+        number = float(value)
+        return int(number) if number.is_integer() and "." not in value and "e" not in value.lower() else number
+    return value
 
 
 def _series_table(text: str) -> str | None:

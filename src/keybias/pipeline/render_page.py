@@ -148,7 +148,7 @@ def paper_figures(paper: Path = ROOT / "paper") -> dict[str, dict]:
     return found
 
 
-def number_text(value) -> str:
+def number_text(value, digits: int = 3) -> str:
     if isinstance(value, bool) or value is None:
         return str(value)
     if isinstance(value, int):
@@ -159,7 +159,7 @@ def number_text(value) -> str:
         return str(value)
     if number == int(number) and abs(number) < 1e15:
         return f"{int(number):,}"
-    text = f"{number:.3g}"
+    text = f"{number:.{digits}g}"
     if "e" in text:
         mantissa, exponent = text.split("e")
         return f"{mantissa}\u00d710<sup>{int(exponent)}</sup>"
@@ -169,7 +169,16 @@ def number_text(value) -> str:
 def claim_line(claim: dict) -> str:
     """`value ≤ bound` for a claim, numbers formatted for reading (HTML)."""
     sign = COMPARISON_SIGNS.get(claim.get("comparison", "<="), html.escape(str(claim.get("comparison"))))
-    return f"{number_text(claim.get('value'))} {sign} {number_text(claim.get('bound'))}"
+    value, bound = claim.get("value"), claim.get("bound")
+    digits = 3
+    # a value that differs from its bound is printed with the digits that show the difference
+    # (0.5004 > 0.5, not "0.5 > 0.5")
+    try:
+        while digits < 12 and float(value) != float(bound) and number_text(value, digits) == number_text(bound, digits):
+            digits += 1
+    except (TypeError, ValueError):
+        digits = 3
+    return f"{number_text(value, digits)} {sign} {number_text(bound, digits)}"
 
 
 def claims_box(claims: list[dict], findings: dict[str, dict] | None = None) -> str:
@@ -329,6 +338,23 @@ def _heading_text(heading) -> str:
                    if not (s.parent.name == "a" and "anchor-link" in (s.parent.get("class") or []))).strip()
 
 
+def _code_caption(holder):
+    """The caption a figure's code displayed right after it: the next output of the same cell when it
+    is one paragraph in italics. Returns (that output's node, the <em>), or None."""
+    child = holder.find_parent(class_="jp-OutputArea-child")
+    following = child.find_next_sibling(class_="jp-OutputArea-child") if child is not None else None
+    markdown = following.find(class_="jp-RenderedMarkdown") if following is not None else None
+    if markdown is None:
+        return None
+    blocks = [c for c in markdown.children if getattr(c, "name", None)]
+    if len(blocks) != 1 or blocks[0].name != "p":
+        return None
+    inner = [c for c in blocks[0].contents if not (isinstance(c, str) and not c.strip())]
+    if len(inner) == 1 and getattr(inner[0], "name", None) == "em":
+        return following, inner[0]
+    return None
+
+
 def finish_page(page: str, *, header: str, name: str, claims: list[dict], judged: dict[str, int],
                  equations: dict[int, list[str]], kept: list[int], table_csv: dict[int, str],
                  figures: dict[str, dict], previous: str | None, following: str | None,
@@ -407,9 +433,18 @@ def finish_page(page: str, *, header: str, name: str, claims: list[dict], judged
             extra.append(f'<a href="../figures/{e(stem)}.png">PNG</a>')
             extra.append(f'<a href="../figures/{e(stem)}.pdf">PDF</a>')
         finding = finding_by_figure.get(stem)
-        # the caption says what to see: the finding's sentence, with the numbers the code computed;
-        # the picture itself is described by the alt text, which the caption does not repeat
-        if finding and finding.get("statement"):
+        # the caption says what to see: a caption the figure's own code wrote (an italic paragraph
+        # displayed right after the image, moved into the caption), else the finding's sentence, with
+        # the numbers the code computed; the alt text describes the picture and is not repeated
+        written = _code_caption(holder)
+        if written is not None:
+            output, em = written
+            said = em.decode_contents()
+            if finding:
+                said += (f' This figure shows the finding <a href="{INDEX_HREF}#finding-{e(finding["id"])}">'
+                         f'{e(finding.get("title") or finding["id"])}</a>.')
+            output.decompose()
+        elif finding and finding.get("statement"):
             said = (f'{e(finding.get("statement") or "")} <a href="{INDEX_HREF}#finding-{e(finding["id"])}">'
                     f"The finding</a>.")
         else:  # no finding shows this figure: the sentence its code wrote

@@ -3,7 +3,7 @@
 A table for a reader has no index column, headers in words (PyTorch keywords stay as code),
 numbers right-aligned with thousands separators and 3 significant figures, "—" for a missing
 value, and whole text: nothing is masked or cut. A long table shows its first rows and links
-to the CSV that holds every row.
+to the CSV that holds every row (a table without one is shown whole).
 """
 
 from __future__ import annotations
@@ -22,6 +22,11 @@ KEYWORDS = frozenset({
     "dropout", "need_weights", "dtype", "device", "is_causal", "attn_mask", "key_padding_mask",
     "model_type", "eps", "lr",
 })
+# abbreviations in column names, spelled out for a reader
+ABBREVIATIONS = {"se": "standard error", "pred": "predicted", "resid": "residual", "const": "constant",
+                 "cos": "cosine", "eff": "effective", "dev": "deviation", "err0": "error without b_k",
+                 "err": "error", "reps": "repetitions", "params": "parameters", "frac": "fraction",
+                 "std": "standard deviation", "avg": "average", "seconds_share": "share of seconds"}
 _SUPERSCRIPT = str.maketrans("0123456789-", "\u2070\u00b9\u00b2\u00b3\u2074\u2075\u2076\u2077\u2078\u2079\u207b")
 _NUMBER = re.compile(r"^[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)?(?:\.\d+)?(?:[eE][-+]?\d+)?$")
 _BIAS = re.compile(r"\bb_([kqvo])\b")
@@ -47,7 +52,7 @@ def format_number(value, digits: int = 3) -> str:
     figures (scientific as 1.2×10⁻³ outside 10⁻³…10⁶), "—" when missing; anything else as text."""
     if is_missing(value):
         return MISSING
-    if isinstance(value, bool):
+    if _is_bool(value):
         return "yes" if value else "no"
     try:
         number = float(value)
@@ -80,6 +85,17 @@ def is_number(value) -> bool:
         return False
 
 
+def _is_bool(value) -> bool:
+    if isinstance(value, bool):
+        return True
+    try:
+        import numpy as np
+
+        return isinstance(value, np.bool_)
+    except ImportError:
+        return False
+
+
 def header_text(name) -> str:
     """A column name for a reader: snake_case to words; PyTorch keywords and b_k stay as code."""
     name = str(name)
@@ -94,6 +110,15 @@ def header_text(name) -> str:
     words = re.sub(r"\bgrad\b", "gradient", words)
     words = re.sub(r"\b(?:B|b)([kqvo])\b", r"b_\1", re.sub(r"^b([kqvo])\b", r"b_\1", words))
     words = re.sub(r"\bdim\b", "dimension", words)
+    for short, long in ABBREVIATIONS.items():
+        words = re.sub(rf"\b{short}\b", long, words)
+    words = re.sub(r"\bmin\b", "smallest", words)
+    words = re.sub(r"\btol\b", "tolerance", words)
+    words = re.sub(r"\blen\b", "length", words)
+    words = re.sub(r"\btgt\b", "target", words)
+    words = re.sub(r"\bsrc\b", "source", words)
+    words = re.sub(r"\bci\b", "interval", words)
+    words = re.sub(r"\bus\b", "(\u00b5s)", words)
     if not words or re.match(r"b_[kqvo]\b", words):
         return words
     return words[:1].upper() + words[1:]
@@ -124,10 +149,12 @@ def _frame(frame):
     if not isinstance(frame, pd.DataFrame):
         frame = pd.DataFrame(frame)
     index = frame.index
-    if not (isinstance(index, pd.RangeIndex) and index.name is None) and not (
-            index.name is None and list(index) == list(range(len(index)))):
-        frame = frame.reset_index()
-    return frame
+    if all(name is None for name in index.names):
+        # an unnamed index is row numbering (kept by a filter or a sort), never data
+        if not pd.api.types.is_integer_dtype(index.dtype) and not isinstance(index, pd.RangeIndex):
+            return frame.reset_index()
+        return frame.reset_index(drop=True)
+    return frame.reset_index()
 
 
 def table_html(frame, *, csv: str | None = None, max_rows: int = MAX_ROWS, caption: str | None = None,
@@ -144,7 +171,10 @@ def table_html(frame, *, csv: str | None = None, max_rows: int = MAX_ROWS, capti
         f'<th class="{"kb-num" if numeric[c] else "kb-text"}" scope="col">'
         f'{"<code>" + e(labels[c]) + "</code>" if str(c) in KEYWORDS and c not in headers else e(labels[c])}'
         "</th>" for c in columns)
-    shown = frame if len(frame) <= max_rows else frame.head(max_rows)
+    # a long table is cut only where the CSV that holds every row can be linked; without one it
+    # is shown whole, so that no row is lost
+    trimmed = bool(csv) and len(frame) > max_rows
+    shown = frame.head(max_rows) if trimmed else frame
     rows = []
     for _, row in shown.iterrows():
         cells = []
@@ -153,15 +183,18 @@ def table_html(frame, *, csv: str | None = None, max_rows: int = MAX_ROWS, capti
             if numeric[c]:
                 cells.append(f'<td class="kb-num" data-label="{e(labels[c])}">{e(format_number(value))}</td>')
             else:
-                text = MISSING if is_missing(value) else (format_number(value) if is_number(value) else str(value))
+                if isinstance(value, str) and value.strip().lower() == "nan":
+                    text = "NaN"  # a category that names a NaN result, not a missing value
+                else:
+                    text = MISSING if is_missing(value) else (
+                        format_number(value) if is_number(value) or _is_bool(value) else str(value))
                 text = COMPARISONS.get(text, text)
                 cells.append(f'<td class="kb-text" data-label="{e(labels[c])}">{breakable(e(text))}</td>')
         rows.append("<tr>" + "".join(cells) + "</tr>")
     note = ""
-    if len(frame) > max_rows:
-        where = (f'; every row is in <a href="../data/{e(csv)}.csv">data/{e(csv)}.csv</a>' if csv
-                 else "")
-        note = f'<p class="kb-trimmed">The first {max_rows} of {len(frame):,} rows{where}.</p>'
+    if trimmed:
+        note = (f'<p class="kb-trimmed">The first {max_rows} of {len(frame):,} rows; every row is in '
+                f'<a href="../data/{e(csv)}.csv">data/{e(csv)}.csv</a>.</p>')
     elif csv:
         note = f'<p class="kb-trimmed">As CSV: <a href="../data/{e(csv)}.csv">data/{e(csv)}.csv</a>.</p>'
     cap = f"<caption>{e(caption)}</caption>" if caption else ""
@@ -181,7 +214,7 @@ class Table:
         return table_html(self.frame, **self.options)
 
     def __repr__(self) -> str:
-        shown = self.frame.head(self.options.get("max_rows", MAX_ROWS))
+        shown = self.frame.head(self.options.get("max_rows", MAX_ROWS)) if self.options.get("csv") else self.frame
         return shown.map(lambda v: format_number(v) if is_number(v) or is_missing(v) else str(v)).to_string(index=False)
 
 

@@ -253,5 +253,116 @@ def build_run_markdown(build: dict, full: dict, *, seed: int, steps: int, bound:
             f"(within-run interval {build['LongExponentLow']:.2f} to {build['LongExponentHigh']:.2f}): "
             f"{build['LongDriftVerdict']}, pointing {same} the recorded grid. The walk law predicts a drift of "
             f"{build['LongDriftPredictedEnd']:.3g} at the end; the run drifted {build['LongDriftMeasuredEnd']:.3g} "
-            f"(up to {build['LongDriftMaxFactor']:.1f} times the law beyond the grid's length). At its end "
+            f"(within a factor {build['LongDriftMaxFactor']:.1f} of the law beyond the grid's length). At its end "
             f"||b_k|| / ||k|| = {build['LongBkOverKeyEnd']:.2f}; nothing is extrapolated beyond the measured steps.")
+
+
+# ----------------------------------------------------------------------------- the page's words
+# Each caption and sentence below is computed from the frame that the figure or the claim reads,
+# so a page cannot say something its numbers contradict.
+
+FULL_DRIFT_ALT = ("Log-log panels, one per model size: the drift of the key bias against the training step, one "
+                  "line per seed and layer, coloured by Adam regime, with reference lines of slope 1/2 and 1.")
+EXPLANATION_ALT = ("Left: log-log scatter of the RMS of the key bias's gradient against the key bias's norm along "
+                   "the small model's float32 runs, beside a slope-1 line. Right: measured drift velocity against "
+                   "the velocity predicted from the gradient's bias, one marker per run, beside the diagonal.")
+BUILD_DRIFT_ALT = ("Left: log-log lines of the key bias's drift against the step in this build's short grid, one "
+                   "per dtype and eps. Right: this build's long run, per layer: measured drift (solid), the walk "
+                   "law's prediction (dashed) and the typical key norm (dotted), with a vertical line at the grid's "
+                   "length.")
+OUTPUT_ERROR_ALT = ("Log-log scatter, one marker per probe and layer: the measured RMS change of the attention "
+                    "output caused by the key bias against the change the rounding law predicts, beside the "
+                    "diagonal.")
+
+
+def _n(value, digits: int = 3) -> str:
+    from keybias.studies.tables import format_number
+
+    return format_number(float(value), digits)
+
+
+def _times(ratio: float) -> str:
+    """'2.3 times' or '0.43 of'; a ratio within 5% of 1 is 'about equal to'."""
+    if abs(ratio - 1) < 0.05:
+        return "about equal to"
+    return f"{_n(ratio, 2)} times" if ratio > 1 else f"{_n(ratio, 2)} of"
+
+
+def exponent_frame(units: pd.DataFrame, spans: pd.DataFrame) -> pd.DataFrame:
+    """The growth exponent per size and regime as a reader's table: mean over seeds, its 95% interval
+    across seeds, and each seed's value."""
+    from keybias.studies.longrun import judge_full
+
+    rows = []
+    for _, r in spans[spans["column"] == "exponent"].iterrows():
+        sel = judge_full._select(units, dtype=r["dtype"], eps=r["eps"], size=r["size"])
+        seeds = judge_full.per_seed(sel, "exponent")
+        rows.append({"size": r["size"], "regime": _regime(r["dtype"], r["eps"]),
+                     "exponent, mean over seeds": round(float(r["mean"]), 2),
+                     "95% interval across seeds": f"{r['low']:.2f} to {r['high']:.2f}",
+                     "each seed": ", ".join(f"{v:.2f}" for v in seeds["exponent"])})
+    return pd.DataFrame(rows)
+
+
+def rate_frame(spans: pd.DataFrame) -> pd.DataFrame:
+    """Adam's step rate r per size and regime (mean over seeds and the seeds' range), with the step's
+    size as a share of a full step (about sqrt r)."""
+    rows = []
+    for _, r in spans[spans["column"] == "step_rate"].iterrows():
+        rows.append({"size": r["size"], "regime": _regime(r["dtype"], r["eps"]), "step rate r": float(r["mean"]),
+                     "smallest over seeds": float(r["min"]), "largest over seeds": float(r["max"]),
+                     "step over a full step": math.sqrt(max(float(r["mean"]), 0.0))})
+    return pd.DataFrame(rows)
+
+
+def failed_prediction_text(prediction: dict) -> str:
+    """A prediction registered before the runs, judged as registered, in words."""
+    outcome = "held" if prediction["holds"] else "failed"
+    return (f"One prediction, registered before the grid ran, {outcome}: {prediction['statement']} "
+            f"The runs measured {_n(prediction['value'])} against the bound {_n(prediction['bound'])}, so it is "
+            "reported here and is no longer a claim.")
+
+
+def regimes_text(claims) -> str:
+    """Section 4's finding from the values of its claims (keyed by claim id)."""
+    v = {c.id: float(c.value) for c in claims}
+    return (f"With eps = 1e-12 in float32 every run's step rate is at least {_n(v['adam-full-steps-float32-small-eps'])}"
+            f", and with the default eps in bfloat16 at least {_n(v['adam-full-steps-bfloat16-default-eps'])}: "
+            "full-size steps on rounding noise. In float32 at the default eps it is at most "
+            f"{_n(v['adam-sgd-steps-float32-default-eps'])}, steps of at most "
+            f"{_n(math.sqrt(v['adam-sgd-steps-float32-default-eps']), 2)} of full size, and at the end the drift is at "
+            f"most {_n(v['adam-default-eps-damps-drift'], 2)} of the same seed's drift with eps = 1e-12. The same "
+            f"ratio for bfloat16, whose steps are full-size again, is at least "
+            f"{_n(v['adam-drift-ratio-control-bfloat16'], 2)}: the comparison sees a regime of full steps.")
+
+
+def build_drift_caption(comparison: pd.DataFrame) -> str:
+    """Figure caption for `plot_drift`: the long run's drift against the law at its end, and the
+    largest departure beyond the grid's length, both from `comparison`."""
+    end_step = int(comparison["step"].max())
+    end = comparison[comparison["step"] == end_step]
+    measured, predicted = float(end["drift_b_k"].mean()), float(end["predicted_drift"].mean())
+    grid_steps = int(comparison["grid_steps"].iloc[0])
+    beyond = comparison[comparison["step"] > grid_steps]
+    ratio = (beyond["drift_b_k"] / beyond["predicted_drift"]).replace([np.inf, -np.inf], np.nan).dropna()
+    far = ""
+    if len(ratio):
+        far = (f" Beyond the grid's {grid_steps:,} steps (vertical line) the measured drift is between "
+               f"{_n(ratio.min(), 2)} and {_n(ratio.max(), 2)} times the prediction.")
+    return ("Left: drift of b_k in this build's short grid, per dtype and eps, mean over seeds and layers. Right: "
+            "the long run's drift (solid), the walk law's prediction from the short grid (dashed) and the typical "
+            f"key norm ||k|| (dotted). At step {end_step:,} the drift is {_n(measured)}, {_times(measured / predicted)} "
+            f"the predicted {_n(predicted)}." + far)
+
+
+def output_error_caption(probes: pd.DataFrame) -> str:
+    """Figure caption for `plot_output_error`, from the probes it plots."""
+    g = probes[probes["step"] > 0]
+    ratio = (g["output_change_rms"] / g["predicted_change_rms"]).replace([np.inf, -np.inf], np.nan).dropna()
+    last = g[g["step"] == g["step"].max()]
+    measured, predicted = float(last["output_change_rms"].max()), float(last["predicted_change_rms"].max())
+    bk_over_k = float((last["norm_b_k"] / last["key_norm"]).max())
+    return ("The attention-output change that b_k causes in this build's long run, one marker per probe and layer, "
+            f"against notebook 03's rounding law: across the probes the measured change is {_n(ratio.min(), 2)} to "
+            f"{_n(ratio.max(), 2)} times the predicted one. At the last probe (step {int(last['step'].max()):,}) it is "
+            f"{_n(measured, 2)} against a predicted {_n(predicted, 2)}, with ||b_k|| / ||k|| = {_n(bk_over_k)}.")
