@@ -224,7 +224,8 @@ def crossing_check(crossing: pd.DataFrame, law: pd.DataFrame, grid_step_log10: f
     neither crosses are left out, and recorded in `checks.attrs["exclusions"]` (the claim lists them):
     a kernel with no error without b_k (err0 = 0) has none to double, and otherwise neither the
     measurement nor the model reaches the doubling within the grid. A judged row needs the
-    scatter of its fit (two points or more): a missing one raises instead of shrinking the allowance."""
+    scatter of its fit (two points or more): a row without one is left out and recorded the same
+    way, never judged with a shrunk allowance."""
     z = normal_quantile()
     require_columns(crossing, ["dtype", "path", "err0_rms", "crossing", "crossing_pred"], "crossing")
     m = crossing.merge(law[["dtype", "path", "model_scatter_log10"]], on=["dtype", "path"], how="left")
@@ -237,7 +238,13 @@ def crossing_check(crossing: pd.DataFrame, law: pd.DataFrame, grid_step_log10: f
                   if sel.any()]
     # only one crosses: a miss (inf)
     m = m[measured | predicted].copy()
-    require_finite(m, ["model_scatter_log10"], "scatter of the model constant of the judged crossings")
+    # a fit of one point has no scatter: its crossing cannot be judged, and is left out by name
+    # rather than judged with a shrunk allowance
+    unscattered = ~np.isfinite(m["model_scatter_log10"])
+    if unscattered.any():
+        exclusions.append(Exclusion("accuracy crossings", "its fit has one point, so no scatter to allow",
+                                    int(unscattered.sum()), len(crossing)))
+    m = m[~unscattered].copy()
     both = np.isfinite(m["crossing"]) & np.isfinite(m["crossing_pred"])
     m["deviation_log10"] = np.where(both, np.abs(np.log10(m["crossing"] / m["crossing_pred"])), np.inf)
     m["allowance_log10"] = grid_step_log10 / 2 + z * m["model_scatter_log10"]
