@@ -12,7 +12,7 @@ from keybias.studies import style
 
 def _eps_label(eps: float) -> str:
     exponent = int(round(math.log10(eps)))
-    return f"eps=1e{exponent}"
+    return rf"$\varepsilon=10^{{{exponent}}}$"
 
 
 def plot_drift(grid: pd.DataFrame, comparison: pd.DataFrame, probes_long: pd.DataFrame):
@@ -61,7 +61,7 @@ def plot_output_error(probes: pd.DataFrame):
     lo = float(np.nanmin(g[["predicted_change_rms", "output_change_rms"]].clip(lower=1e-12).to_numpy()))
     hi = float(np.nanmax(g[["predicted_change_rms", "output_change_rms"]].to_numpy()))
     ax.loglog([lo, hi], [lo, hi], color="0.4", lw=0.8, ls="--", label="equal")
-    ax.set(xlabel="predicted (notebook 03 law)", ylabel="measured RMS change")
+    ax.set(xlabel="predicted by the rounding law", ylabel="measured RMS change")
     style.legend_outside(ax)
     fig.tight_layout()
     return fig
@@ -89,8 +89,9 @@ def grid_table_latex(summary: pd.DataFrame) -> str:
 
 # ----------------------------------------------------------------------------- the recorded full grid
 
-REGIME_LABEL = {("float32", 1e-12): "float32, eps 1e-12", ("float32", 1e-8): "float32, eps 1e-8",
-                ("bfloat16", 1e-8): "bfloat16, eps 1e-8"}
+REGIME_LABEL = {("float32", 1e-12): r"float32, $\varepsilon=10^{-12}$",
+                ("float32", 1e-8): r"float32, $\varepsilon=10^{-8}$ (default)",
+                ("bfloat16", 1e-8): r"bfloat16, $\varepsilon=10^{-8}$ (default)"}
 
 
 def _regime(dtype, eps) -> str:
