@@ -217,7 +217,7 @@ def full_table_latex(units: pd.DataFrame) -> str:
               "bias along drift", "velocity", "predicted", "drift", r"$\|b_k\|/\|k\|$"]
     lines = [r"\begin{tabular}{lllrrrrrrrr}", r"\toprule", " & ".join(header) + r" \\", r"\midrule"]
     for _, r in g.iterrows():
-        cells = [str(r["size"]), _regime(r["dtype"], r["eps"]).replace("eps", r"$\epsilon$"), str(int(r["seed"]))]
+        cells = [str(r["size"]), _regime(r["dtype"], r["eps"]), str(int(r["seed"]))]
         cells += [_num(r[c]) for c in cols]
         lines.append(" & ".join(cells) + r" \\")
     lines += [r"\bottomrule", r"\end{tabular}"]
