@@ -21,7 +21,7 @@ def test_macro_names_and_formatting(tmp_path):
     rec = export.Recorder("99_test", tmp_path, profile="smoke", device="cpu")
     assert rec.macro("CountOfThings", 2048) == "2{,}048"
     assert rec.macro("Tiny", 1.5e-9) == r"1.5\times10^{-9}"
-    assert rec.macro("Plain", 0.25) == "0.250"
+    assert rec.macro("Plain", 0.25) == "0.25"
     with pytest.raises(ValueError, match="letters only"):
         rec.macro("Bad1", 1)
     step = rec.finish()

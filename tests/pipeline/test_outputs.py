@@ -141,7 +141,7 @@ def test_committed_results_fail_verify_when_one_exact_entry_moves(tmp_path):
     import csv
     from pathlib import Path
 
-    results = Path(__file__).resolve().parents[1] / "results"
+    results = Path(__file__).resolve().parents[2] / "results"
     copy = tmp_path / "copy"
     shutil.copytree(results, copy)
     path = copy / "data" / "invariance.csv"

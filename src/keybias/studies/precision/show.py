@@ -143,10 +143,11 @@ def plot_gradient(gsum: pd.DataFrame):
     ax2.set_xticks(range(len(dtypes)), dtypes)
     ax2.set_ylabel("mean pairwise cosine")
     ax2.set_title("direction across batches")
-    ax2.legend(loc="center right", frameon=False)
     fig.tight_layout()
+    # one legend above both panels: the paths and u (left), the markers and the band (right)
     h1, l1 = ax1.get_legend_handles_labels()
-    style.legend_outside(fig, handles=h1, labels=l1, ncol=len(l1))
+    h2, l2 = ax2.get_legend_handles_labels()
+    style.legend_outside(fig, handles=h1 + h2, labels=l1 + l2, ncol=min(len(l1 + l2), 5))
     return fig
 
 
