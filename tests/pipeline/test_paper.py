@@ -282,7 +282,8 @@ def test_notation_table_gives_one_meaning_per_symbol():
 def test_references_of_the_review_are_in_the_bibliography():
     bib = (PAPER / "refs.bib").read_text()
     for arxiv in ("2106.10199", "2410.02367", "2510.04212", "2405.02803", "2105.02716", "2309.16932",
-                  "2309.16588", "1803.02155", "2204.02311"):
+                  "2309.16588", "1803.02155", "2204.02311", "2402.02750", "2401.18079", "2211.10438",
+                  "2304.09145", "2006.08217"):
         assert f"arXiv:{arxiv}" in bib, arxiv
     for kind, number in (("issues", 172338), ("issues", 153136), ("pull", 195660)):
         assert f"https://github.com/pytorch/pytorch/{kind}/{number}" in bib
@@ -293,8 +294,12 @@ def test_references_of_the_review_are_in_the_bibliography():
     for key in ("benzaken2022bitfit", "zhang2025sageattention", "qiu2025lowprecision", "golden2024flash",
                 "tanaka2021noether", "ziyin2024symmetry", "darcet2024registers", "shaw2018relative",
                 "chowdhery2023palm", "pytorch172338", "pytorch153136", "pytorch195660", "beitcode",
-                "eva02code", "swinv2code"):
+                "eva02code", "swinv2code", "liu2024kivi", "hooper2024kvquant", "xiao2023smoothquant",
+                "wei2023outlier", "heo2021adamp"):
         assert key in cited, f"{key} is not cited"
+    # every entry has a title a reader can look up
+    for entry in re.split(r"\n@", bib)[1:]:
+        assert re.search(r"^\s*title\s*=", entry, re.M), f"an entry without a title: {entry.splitlines()[0]}"
 
 
 # ---- numbers against their sources
@@ -395,6 +400,122 @@ def test_training_drift_sentence_matches_its_regimes():
                                 ("TrainDriftAdamEpsEightBfloatSixteen", "TrainPredAdamEpsEightBfloatSixteen")):
         ratio = _number(macros[measured]) / _number(macros[predicted])
         assert max(ratio, 1 / ratio) <= factor * 1.01, (measured, ratio, factor)
+
+
+def _cells(name: str) -> list[list[str]]:
+    """`_table_rows` with math dollars dropped, so cells read as numbers."""
+    return [[c.replace("$", "").strip() for c in row] for row in _table_rows(name)]
+
+
+def _regime_of(cell: str) -> str:
+    if "bfloat16" in cell:
+        return "BfloatEpsEight"
+    return "FloatEpsTwelve" if "10^{-12}" in cell else "FloatEpsEight"
+
+
+@pytest.mark.parametrize(("column", "stem"), [(4, "Rate"), (3, "Exponent")])
+def test_longrun_per_run_ranges_are_the_ranges_of_their_table(column, stem):
+    """The text quotes, per regime, the range over runs of the step rate and the exponent; the
+    appendix table prints each run (two digits): its extremes must be the quoted ones."""
+    macros = _macros()
+    by_regime: dict[str, list[float]] = {}
+    for row in _cells("longrun_full.tex"):
+        by_regime.setdefault(_regime_of(row[1]), []).append(_number(row[column]))
+    assert set(by_regime) == {"FloatEpsTwelve", "FloatEpsEight", "BfloatEpsEight"}
+    for word, values in by_regime.items():
+        for end, value in (("Min", min(values)), ("Max", max(values))):
+            quoted = _number(macros[f"LongFullRun{stem}{word}{end}"])
+            assert quoted == pytest.approx(value, rel=0.06, abs=6e-3), (word, end, quoted, value)
+
+
+def test_longrun_velocity_ratio_is_the_small_models_float32_range():
+    import pandas as pd
+
+    path = RESULTS / "data" / "longrun_full_units.csv"
+    if not path.is_file():
+        pytest.skip("no long-run units")
+    macros = _macros()
+    units = pd.read_csv(path)
+    small = units[(units["size"] == "small") & (units["dtype"] == "float32")]
+    assert set(small["eps"].round(14)) == {1e-12, 1e-8}, "both values of eps, as the text says"
+    ratio = small["velocity_measured"] / small["velocity_predicted"]
+    assert _number(macros["LongFullVelocityRatioMin"]) == pytest.approx(ratio.min(), rel=6e-3)
+    assert _number(macros["LongFullVelocityRatioMax"]) == pytest.approx(ratio.max(), rel=6e-3)
+    text = " ".join(_uncommented(SECTIONS / "longrun.tex").split())
+    assert "small model's float32 runs at both values of $\\varepsilon$" in text
+
+
+def test_miss_rate_sentence_agrees_with_the_cells_table():
+    """The bfloat16 misses: the counts the text prints are the cell's, and the share it calls
+    above the allowed rate is the per-module share, which is."""
+    macros = _macros()
+    row = next(r for r in _cells("invariance_cells.tex") if r[0] == "bfloat16" and _number(r[1]) == 1)
+    _, _, _, valid, known, missed, ties, modules, missed_modules, *_ = row
+    assert _number(macros["InvKnownBreaksBfloatSixteenMagOne"]) == _number(known)
+    assert _number(macros["InvMissedBfloatSixteenMagOne"]) == _number(missed)
+    assert _number(macros["InvTieMissesBfloatSixteenMagOne"]) == _number(ties)
+    assert _number(macros["InvKnownModulesBfloatSixteenMagOne"]) == _number(modules)
+    assert _number(macros["InvMissedModulesBfloatSixteenMagOne"]) == _number(missed_modules)
+    allowed = _number(macros["InvMaxMissRate"]) / 100
+    text = " ".join(_uncommented(SECTIONS / "invariance.tex").split())
+    if _number(missed_modules) / _number(modules) > allowed:
+        assert "is a share above the $\\InvMaxMissRate$" in text
+    # the per-verdict share is printed as a count, never called above the rate when it is not
+    assert "per verdict it is \\InvMissedBfloatSixteenMagOne{} of \\InvKnownBreaksBfloatSixteenMagOne{}" in text
+
+
+def test_fully_masked_rows_agree_with_the_verdict_table():
+    macros = _macros()
+    row = next(r for r in _cells("invariance_verdicts.tex") if r[0] == "MHA, fully masked row")
+    redundant, not_redundant, invalid = (_number(c) for c in row[1:4])
+    parts = sum(_number(macros[k]) for k in ("InvMaskedRowNan", "InvMaskedRowBias", "InvMaskedRowAppended"))
+    assert parts == _number(macros["InvMaskedRows"]) == redundant + not_redundant + invalid
+    text = " ".join(_uncommented(SECTIONS / "invariance.tex").split())
+    if redundant:
+        assert "never counted as redundant" not in text, "the table counts some as redundant"
+
+
+def test_invariance_tables_say_what_they_count():
+    """Table 3 (one verdict per configuration) and Table 6 (one per size of b_k) count different
+    things; each caption says so, so their totals need not agree."""
+    dtype_caption = next(c for c in captions(SECTIONS / "invariance.tex") if "tab:invariance-dtype" in c)
+    cells_caption = next(c for c in captions(SECTIONS / "appendix_tables.tex") if "tab:invariance-cells" in c)
+    assert "one per configuration" in dtype_caption and "per size" in dtype_caption
+    assert "once per size" in " ".join(cells_caption.split())
+
+
+def test_cost_text_admits_the_timings_cannot_resolve_the_prediction():
+    macros = _macros()
+    text = " ".join(_uncommented(SECTIONS / "cost.tex").split())
+    resolution = _number(macros["CostByteResolutionPercent"])
+    half_width = _number(macros["CostMinDetectablePercent"])
+    if min(resolution, half_width) > _number(macros["CostPredictedMaxPercent"]):
+        assert "cannot confirm the byte prediction" in text
+        assert "$\\CostByteResolutionPercent$" in text and "$\\CostMinDetectablePercent$" in text
+
+
+def test_minilm_changes_name_their_quantity():
+    """The text's float64 change (unit-norm sentence embeddings) and the family table's (every raw
+    output on random inputs) are different quantities: the text and the caption each say which."""
+    macros = _macros()
+    row = next(r for r in _cells("pretrained_families.tex") if r[0].startswith("all-MiniLM"))
+    assert _number(row[6]) != pytest.approx(_number(macros["PretBothDiffFloatSixtyFour"]), rel=0.05)
+    text = " ".join(_uncommented(SECTIONS / "pretrained.tex").split())
+    assert "unit-norm sentence embeddings" in text
+    caption = next(c for c in captions(SECTIONS / "appendix_tables.tex") if "tab:pretrained-families" in c)
+    assert "random token inputs" in " ".join(caption.split())
+
+
+def test_checkpoint_tables_name_models_not_packages():
+    from keybias.studies.checkpoints.loaders import CHECKPOINTS
+
+    packages = {package for package, *_ in CHECKPOINTS.values()}
+    for name in ("checkpoint_summary.tex", "checkpoint_quantization.tex"):
+        path = RESULTS / "tables" / name
+        if not path.is_file():
+            pytest.skip(f"no {name}")
+        text = path.read_text()
+        assert not [p for p in packages if p in text], f"{name} names a package instead of a model"
 
 
 def test_findings_statements_use_defined_macros():

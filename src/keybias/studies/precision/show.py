@@ -33,10 +33,11 @@ def _path_colors() -> dict[str, str]:
 
 
 def plot_error_vs_bias(errors: pd.DataFrame, law: pd.DataFrame, dtypes):
-    """One panel per dtype: RMS change y(b_k) - y(0) per path (markers), the fitted law over
-    its fitted range (dashed), the rounding model (thin black) and each path's verdict
-    tolerance for the largest entry at each magnitude (dotted). Returns the figure, made at
-    the paper's full width with the keybias style (call `keybias.studies.style.apply()` first)."""
+    """One panel per dtype: RMS change y(b_k) - y(0) per path (markers), with each path's fitted
+    law over its fitted range (dashed, in the path's colour: one series with its markers) and the
+    rounding model (thin grey). The verdict tolerances are left to the law table: drawn here they
+    doubled the lines of every panel. Returns the figure, made at the paper's full width with the
+    keybias style (call `keybias.studies.style.apply()` first)."""
     import matplotlib.pyplot as plt
 
     from keybias.studies import style
@@ -50,7 +51,6 @@ def plot_error_vs_bias(errors: pd.DataFrame, law: pd.DataFrame, dtypes):
         for path, g in ok[ok["dtype"].eq(dtype)].groupby("path", sort=False):
             color = colors[path]
             ax.loglog(g["ratio"], g["delta_rms"], "o", ms=3, color=color, label=path_label(path))
-            ax.loglog(g["ratio"], g["tolerance"], ":", color=color, lw=0.8)
             f = law[(law["dtype"] == dtype) & (law["path"] == path)] if len(law) else law
             if len(f) and np.isfinite(f["slope"].iloc[0]):
                 r = np.geomspace(f["ratio_min"].iloc[0], f["ratio_max"].iloc[0], 20)
@@ -67,11 +67,9 @@ def plot_error_vs_bias(errors: pd.DataFrame, law: pd.DataFrame, dtypes):
         ax.set_xlabel(r"$\|b_k\| / \|k\|$")
     handles = [plt.Line2D([], [], color=colors[p], marker="o", ls="", ms=3, label=path_label(p))
                for p in PATHS if p in set(ok["path"])]
-    handles += [plt.Line2D([], [], color="0", ls="--", lw=1, label="fitted law"),
-                plt.Line2D([], [], color=style.OKABE_ITO[7], lw=0.6, label="rounding model"),
-                plt.Line2D([], [], color="0", ls=":", lw=0.8, label="tolerance")]
+    handles += [plt.Line2D([], [], color=style.OKABE_ITO[7], lw=0.6, label="rounding model")]
     fig.tight_layout()
-    style.legend_outside(fig, handles=handles, ncol=4)
+    style.legend_outside(fig, handles=handles, ncol=min(len(handles), 3))
     return fig
 
 
@@ -171,7 +169,9 @@ def law_table(law: pd.DataFrame) -> str:
 def _reason_words(device: str, reason: str) -> str:
     """Why a row was not run, for a reader: no exception class names, no "this machine"."""
     if "not present" in reason:
-        return "measured on the GPU (APPENDIX)" if device == "cuda" else f"no {device.upper()} device"
+        if device == "cuda":
+            return "measured on the GPU (APPENDIX)"
+        return f"the machine that produced these results has no {device.upper()} device"
     if "no cpu kernel" in reason.lower():
         return "no CPU kernel for this dtype"
     return reason.split(" (")[0]
