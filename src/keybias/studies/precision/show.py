@@ -35,8 +35,8 @@ def _path_colors() -> dict[str, str]:
 def plot_error_vs_bias(errors: pd.DataFrame, law: pd.DataFrame, dtypes):
     """One panel per dtype: RMS change y(b_k) - y(0) per path (markers), with each path's fitted
     law over its fitted range (dashed, in the path's colour: one series with its markers) and the
-    rounding model (thin grey). The verdict tolerances are left to the law table: drawn here they
-    doubled the lines of every panel. Returns the figure, made at the paper's full width with the
+    rounding model (thin black). The verdict tolerances are not drawn: they doubled the lines of every
+    panel. Returns the figure, made at the paper's full width with the
     keybias style (call `keybias.studies.style.apply()` first)."""
     import matplotlib.pyplot as plt
 
