@@ -483,7 +483,7 @@ def test_fully_masked_rows_agree_with_the_verdict_table():
 def test_invariance_tables_say_what_they_count():
     """Table 3 (one verdict per configuration) and Table 6 (one per size of b_k) count different
     things; each caption says so, so their totals need not agree."""
-    dtype_caption = _float_with(SECTIONS / "invariance.tex", "tab:invariance-dtype")
+    dtype_caption = _float_with(SECTIONS / "appendix_tables.tex", "tab:invariance-dtype")
     cells_caption = _float_with(SECTIONS / "appendix_tables.tex", "tab:invariance-cells")
     assert "one per configuration" in dtype_caption and "per size" in dtype_caption
     assert "once per size" in cells_caption
