@@ -39,6 +39,50 @@ TABLE_ROWS_SHOWN = 25  # a longer table is trimmed to this many rows, with a lin
 TABLE_ROWS_MAX = 40
 COMPARISON_SIGNS = {"<=": "\u2264", ">=": "\u2265", "==": "=", "<": "<", ">": ">", "!=": "\u2260"}
 _INT = re.compile(r"^[-+]?\d+$")
+# symbols with subscripts in plain prose (b_k, q_i, g_b_q): the nested form first
+_NESTED_SUB = re.compile(r"(?<![\w\\])([A-Za-z])_([A-Za-z])_([A-Za-z0-9]{1,3})(?![\w])")
+_SUB = re.compile(r"(?<![\w\\])([A-Za-z])_([A-Za-z0-9]{1,3})(?![\w])")
+# TeX a page typesets itself, left as it is
+_TEX = re.compile(r"\$\$.*?\$\$|\$[^$\n]+\$|\\\(.*?\\\)|\\\[.*?\\\]", re.DOTALL)
+# a file or module name (data/precision_law.csv, keybias.studies.x_y), left as it is written
+_PATH_LIKE = re.compile(r"[\w-]\.(?:csv|json|tex|pdf|png|svg|py|ipynb|html|yaml|txt)\b|^\(?keybias\.")
+_NOT_PROSE = ("script", "style", "code", "pre", "kbd", "samp", "textarea", "title", "head")
+
+
+def subscript_html(escaped: str) -> str:
+    """Escaped prose with b_k, q_i and g_b_q as a reader writes them (italic, subscripted)."""
+    escaped = _NESTED_SUB.sub(r"<i>\1</i><sub><i>\2</i><sub>\3</sub></sub>", escaped)
+    return _SUB.sub(r"<i>\1</i><sub>\2</sub>", escaped)
+
+
+def prose_html(text: str) -> str:
+    """Plain prose (a claim's or a finding's statement) as HTML: escaped, with its subscripts."""
+    return subscript_html(html.escape(str(text), quote=False))
+
+
+def subscript_prose(soup) -> int:
+    """Every text node of prose on the page (not code, not TeX the page typesets, not a path)
+    with b_k written as b with subscript k; the number of text nodes changed."""
+    from bs4 import BeautifulSoup, NavigableString
+
+    changed = 0
+    for node in list(soup.find_all(string=_SUB)):
+        if type(node) is not NavigableString or any(
+                p.name in _NOT_PROSE or "kb-equation" in (p.get("class") or []) for p in node.parents):
+            continue
+        text = str(node)
+        pieces, at = [], 0
+        for math in _TEX.finditer(text):
+            pieces.append(subscript_html(html.escape(text[at:math.start()], quote=False)))
+            pieces.append(html.escape(math.group(0), quote=False))
+            at = math.end()
+        pieces.append(subscript_html(html.escape(text[at:], quote=False)))
+        new = "".join(pieces)
+        if new == html.escape(text, quote=False) or any(_PATH_LIKE.search(w) for w in text.split() if "_" in w):
+            continue
+        node.replace_with(BeautifulSoup(new, features="html.parser"))
+        changed += 1
+    return changed
 
 
 def slugify(text: str) -> str:
@@ -527,5 +571,6 @@ def finish_page(page: str, *, header: str, name: str, claims: list[dict], judged
         fold.insert(0, summary)
     main.append(fragment(findings_html(claims, findings, name)))
     main.append(fragment(_pager_html(previous, following, "kb-pager-bottom")))
+    subscript_prose(soup)
     return str(soup)
 
