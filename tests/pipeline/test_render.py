@@ -454,9 +454,9 @@ def test_table_formatter_numbers_headers_missing_and_no_index():
     page = tables.show_table(frame, csv="demo")._repr_html_()
     soup = BeautifulSoup(page, "html.parser")
     assert [th.get_text() for th in soup.find_all("th")] == ["Number of keys", "Largest error", "Verdict"]
-    assert [td.get_text() for td in soup.find_all("td")] == ["1", "1\u00d710\u207b\u00b9\u2076", "not_redundant",
+    assert [td.get_text() for td in soup.find_all("td")] == ["1", "1\u00d710\u207b\u00b9\u2076", "not redundant",
                                                              "20,000", "\u2014", "\u2014"]
-    assert soup.find("td")["class"] == ["kb-num"] and "<wbr>" in page
+    assert soup.find("td")["class"] == ["kb-num"] and tables.breakable("sdpa_math") == "sdpa_<wbr>math"
     assert soup.find("a", href="../data/demo.csv") is not None
     long = tables.show_table(pd.DataFrame({"x": range(60)}), csv="long", max_rows=25)._repr_html_()
     assert long.count("<tr>") == 26 and "The first 25 of 60 rows" in long and "../data/long.csv" in long
@@ -470,8 +470,47 @@ def test_pandas_tables_on_a_page_go_through_the_same_formatter():
     soup = BeautifulSoup(pd.DataFrame({"max_abs_diff": [0.123456, float("nan")], "ok": [True, False]}).to_html(),
                          "html.parser")
     tables.tidy_table_html(soup.find("table"), soup)
-    assert [th.get_text() for th in soup.find_all("th")] == ["Largest abs diff", "Ok"]  # the index column is gone
+    assert [th.get_text() for th in soup.find_all("th")] == ["Largest absolute difference", "Ok"]  # no index column
     assert [td.get_text() for td in soup.find_all("td")] == ["0.123", "yes", "\u2014", "no"]
+
+
+def test_headers_write_symbols_as_the_paper_does_and_wide_tables_show_chosen_columns():
+    """b_k in a header is b with subscript k (HTML), on a phone b\u2096 (the cell's label); a table
+    shown with some of its columns says so and links the CSV that holds them all."""
+    import pandas as pd
+
+    from keybias.studies import tables
+
+    assert tables.header_html("norm_b_k") == "Norm <i>b</i><sub>k</sub>"
+    assert tables.header_html("resid_log10") == "Residual log<sub>10</sub>"
+    assert tables.header_html("embed_dim") == "<code>embed_dim</code>"
+    assert tables.header_label("norm_b_k") == "Norm b\u2096"
+    frame = pd.DataFrame({"grad_rms_b_k": [0.5], "extra_one": [1], "extra_two": [2]})
+    page = tables.show_table(frame, csv="wide", columns=["grad_rms_b_k"], headers={"grad_rms_b_k": "RMS of b_k"})
+    soup = BeautifulSoup(page._repr_html_(), "html.parser")
+    assert str(soup.find("th").decode_contents()) == "RMS of <i>b</i><sub>k</sub>"
+    assert soup.find("td")["data-label"] == "RMS of b\u2096" and len(soup.find_all("th")) == 1
+    assert "1 of 3 columns; every column is in" in str(soup) and soup.find("a", href="../data/wide.csv")
+    with pytest.raises(KeyError, match="no column nowhere"):
+        tables.show_table(frame, csv="wide", columns=["nowhere"])
+    with pytest.raises(ValueError, match="needs the csv"):
+        tables.show_table(frame, columns=["extra_one"])
+    pandas_table = BeautifulSoup(pd.DataFrame({"b_k_norm": [1.5]}).to_html(), "html.parser")
+    tables.tidy_table_html(pandas_table.find("table"), pandas_table)
+    assert "<i>b</i><sub>k</sub> norm" in str(pandas_table.find("th"))
+
+
+def test_prose_writes_b_k_with_a_subscript_but_leaves_code_tex_and_file_names():
+    from keybias.pipeline.render_page import prose_html, subscript_prose
+
+    assert prose_html("the gradient of b_k and g_b_q <x>") == (
+        "the gradient of <i>b</i><sub>k</sub> and <i>g</i><sub><i>b</i><sub>q</sub></sub> &lt;x&gt;")
+    assert prose_html("add_bias_kv and sdpa_math") == "add_bias_kv and sdpa_math"
+    soup = BeautifulSoup('<p>On $b_k$ and b_k</p><code>x_y</code><p>b_k in data/precision_law.csv</p>'
+                         '<div class="kb-equation">$$b_k$$</div>', "html.parser")
+    assert subscript_prose(soup) == 1
+    assert str(soup) == ('<p>On $b_k$ and <i>b</i><sub>k</sub></p><code>x_y</code><p>b_k in data/precision_law.csv</p>'
+                         '<div class="kb-equation">$$b_k$$</div>')
 
 
 def test_cut_text_is_shown_back_to_its_last_whole_clause():
