@@ -39,7 +39,7 @@ a:focus-visible{outline:2px solid #e9a23b;outline-offset:2px}
 h1{font-size:1.65rem;line-height:1.2;margin:.2rem 0 .3rem;max-width:48rem}
 h2{font-size:1.3rem;margin-top:2.2rem;border-bottom:1px solid var(--rule);padding-bottom:.2rem}
 h3{font-size:1.08rem;margin:.2rem 0 .4rem}
-p,li,figcaption,.prose{max-width:40rem}
+p,li,figcaption,.prose{max-width:min(40rem,64ch)}
 .meta{color:var(--muted);font-size:.9rem;margin:.2rem 0}
 nav.top{font-size:.92rem;margin:.3rem 0 .2rem}nav.top a{margin-right:.9rem;white-space:nowrap}
 ol.found{list-style:none;padding:0;margin:.6rem 0;display:grid;grid-template-columns:repeat(auto-fit,minmax(min(100%,22rem),1fr));
@@ -72,7 +72,7 @@ ul.claims code{font-size:.8rem;overflow-wrap:anywhere}
 .fails{color:#a4161a;font-weight:bold}.holds{color:#1d5a37}
 code{font-size:.88rem}pre{background:var(--soft);padding:.6rem;font-size:.82rem;white-space:pre-wrap;overflow-wrap:anywhere;max-width:48rem}
 li:target,article:target{outline:2px solid #e9a23b;outline-offset:3px}
-ul.files li{max-width:none;margin:.3rem 0}
+ul.files li{max-width:min(48rem,64ch);margin:.3rem 0}
 """
 FAVICON = ("data:image/svg+xml,%3Csvg xmlns='http://www.w3.org/2000/svg' viewBox='0 0 16 16'%3E"
            "%3Crect width='16' height='16' rx='3' fill='%23264653'/%3E%3Ctext x='8' y='12.5' font-size='11' "
