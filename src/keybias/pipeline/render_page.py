@@ -417,6 +417,9 @@ def finish_page(page: str, *, header: str, name: str, claims: list[dict], judged
 
     soup = BeautifulSoup(page, features="html.parser")
     main = soup.find("main") or soup.body
+    from keybias.pipeline.index import paper_pages
+
+    pages = paper_pages(ROOT)  # LaTeX labels and their pages, once the paper has been built
 
     def fragment(markup: str):
         return BeautifulSoup(markup, features="html.parser")
@@ -472,7 +475,9 @@ def finish_page(page: str, *, header: str, name: str, claims: list[dict], judged
         e = html.escape
         extra = []
         if paper:
-            extra.append(f"Figure {paper['number']} in the paper")
+            where = pages.get(paper.get("label") or "")
+            extra.append(f'<a href="{PAPER_HREF}#page={where["page"]}">Figure {paper["number"]} in the paper</a>' if where
+                         else f"Figure {paper['number']} in the paper")
         if stem:
             extra.append(f'<a href="../figures/{e(stem)}.png">PNG</a>')
             extra.append(f'<a href="../figures/{e(stem)}.pdf">PDF</a>')
@@ -571,6 +576,13 @@ def finish_page(page: str, *, header: str, name: str, claims: list[dict], judged
         fold.insert(0, summary)
     main.append(fragment(findings_html(claims, findings, name)))
     main.append(fragment(_pager_html(previous, following, "kb-pager-bottom")))
+    # links to the paper open it at this notebook's section (its first finding's), once it is built
+    section = next((pages.get(f.get("section") or "") for f in findings if f.get("notebook") == name
+                    and pages.get(f.get("section") or "")), None)
+    if section:
+        for link in soup.find_all("a", href=PAPER_HREF):
+            link["href"] = f"{PAPER_HREF}#page={section['page']}"
+            link.string = f"The paper, section {section['number']} (page {section['page']})"
     subscript_prose(soup)
     return str(soup)
 
