@@ -254,6 +254,7 @@ def test_claim_counts_are_sentences_with_singular_and_plural_by_count():
     assert group_counts([test, test]) == "2 tests; both hold"
     assert group_counts([test] * 4 + [{"kind": "control", "holds": True}]) == "4 tests and 1 positive control; all hold"
     assert group_counts([test, {**test, "holds": False}]).endswith('<span class="fails">1 fails</span>')
+    assert group_counts([test, proof, proof], by_kind=False) == "3 claims; all hold"
 
 
 def test_the_entry_page_names_its_commit_once_and_a_card_stays_short(tmp_path):

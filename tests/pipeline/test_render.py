@@ -544,3 +544,28 @@ def test_every_cell_that_records_claims_shows_them():
         recording = [i for i, c in code_cells(nb) if re.search(r"\.claims?(?:_from)?\(", cell_source(c))]
         empty += [f"{page.stem}: cell {i}" for i in recording if i not in boxed]
     assert not empty, "cells that record claims but show none (end the cell with rec.claims_from(...)): " + ", ".join(empty)
+
+
+def test_paper_links_open_the_notebooks_section_and_each_figure_at_its_page(tmp_path, monkeypatch):
+    """Once the paper is built (its .aux), a notebook's links to the paper open it at the page of
+    its finding's section, and "Figure N in the paper" at the figure's page; before, at its start."""
+    from keybias.pipeline import render_page
+
+    (tmp_path / "paper" / "build").mkdir(parents=True)
+    (tmp_path / "paper" / "build" / "main.aux").write_text(
+        "\\newlabel{sec:map}{{4}{6}{The map}{section.4}{}}\n\\newlabel{fig:map}{{2}{7}{}{figure.2}{}}\n")
+    findings = [{"id": "map", "title": "The map", "statement": "It holds.", "section": "sec:map",
+                 "figure": "demo_map", "notebook": "02_invariance", "decided_by": []}]
+    text = nbformat.writes(_sample())
+    options = {"name": "02_invariance", "profile": "smoke", "device": "cpu", "commit": "a" * 40, "dirty": False,
+               "figures_alt": {"demo_map": "Verdict of every configuration."}, "findings": findings,
+               "paper_figure_numbers": {"demo_map": {"number": 2, "label": "fig:map", "section": None}}}
+    monkeypatch.setattr(render_page, "ROOT", tmp_path / "unbuilt")
+    before = BeautifulSoup(render.render_notebook_html(text, **options), "html.parser")
+    assert {a["href"] for a in before.find_all("a") if "main.pdf" in a["href"]} == {render_page.PAPER_HREF}
+    monkeypatch.setattr(render_page, "ROOT", tmp_path)
+    page = BeautifulSoup(render.render_notebook_html(text, **options), "html.parser")
+    pdf = [a for a in page.find_all("a") if "main.pdf" in a["href"]]
+    assert {a["href"] for a in pdf} == {f"{render_page.PAPER_HREF}#page=6", f"{render_page.PAPER_HREF}#page=7"}
+    assert any(a.get_text() == "The paper, section 4 (page 6)" for a in pdf)
+    assert any(a.get_text() == "Figure 2 in the paper" and a["href"].endswith("#page=7") for a in pdf)

@@ -104,12 +104,13 @@ def _and(parts: list[str]) -> str:
     return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
 
 
-def group_counts(claims: list[dict]) -> str:
+def group_counts(claims: list[dict], *, by_kind: bool = True) -> str:
     """What a group of claims holds, in words: "4 tests and 1 positive control; all hold",
-    "1 proof check; it holds", "2 tests; 1 fails" (HTML)."""
+    "1 proof check; it holds", "2 tests; 1 fails"; without `by_kind`, "5 claims; all hold" (HTML)."""
     kinds = sorted({c.get("kind") or "claim" for c in claims},
                    key=lambda k: KIND_ORDER.index(k) if k in KIND_ORDER else 9)
-    counts = _and([_count(sum((c.get("kind") or "claim") == k for c in claims), k) for k in kinds])
+    counts = (_and([_count(sum((c.get("kind") or "claim") == k for c in claims), k) for k in kinds]) if by_kind
+              else _count(len(claims), "claim"))
     bad = sum(not c.get("holds") for c in claims)
     if bad:
         state = f'<span class="fails">{bad} {"fails" if bad == 1 else "fail"}</span>'
@@ -520,7 +521,7 @@ def render_index(results: Path, steps: list[dict], claims: list[dict], provenanc
             links.append(f'<a href="notebooks/{_esc(name)}.html">Its notebook</a>')
         links.append(_paper_link(f.get("section"), pages))
         if mine:
-            links.append(f'<a href="#group-{_esc(f["id"])}">{group_counts(mine)}</a>')
+            links.append(f'<a href="#group-{_esc(f["id"])}">{group_counts(mine, by_kind=False)}</a>')
         verdict = ""
         if any(not c.get("holds") for c in mine):
             verdict = ' <span class="fails">(a claim FAILS)</span>'
