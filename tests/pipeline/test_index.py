@@ -4,6 +4,7 @@ with a filter, the files on their own page, one title; the README's generated nu
 provenance and claims."""
 
 import json
+import re
 import shutil
 import subprocess
 from html.parser import HTMLParser
@@ -151,6 +152,17 @@ def test_index_renders_in_headless_chromium(tmp_path):
     ).stdout
     assert 'id="claim-a-claim"' in dom and 'id="claim-b-claim"' in dom
     assert '<div class="filter" id="claim-tools">' in dom, "the filter script did not run"
+    # a reader types a word: only the claims that hold it stay in view, with their count
+    typed = results / "typed.html"
+    typed.write_text(page.read_text().replace("</body>", "<script>var q=document.getElementById('claim-filter');"
+                                              "q.value='escaped';q.dispatchEvent(new Event('input'));</script></body>"))
+    dom = subprocess.run(
+        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+         "--virtual-time-budget=5000", "--dump-dom", typed.as_uri()],
+        capture_output=True, text=True, timeout=120, check=True,
+    ).stdout
+    assert '<span id="claim-count" class="meta" aria-live="polite">1 shown</span>' in dom
+    assert re.search(r'<li id="claim-b-claim"[^>]* hidden=""', dom) and not re.search(r'<li id="claim-a-claim"[^>]* hidden', dom)
 
 
 def test_readme_blocks_are_generated_from_provenance_and_claims():
