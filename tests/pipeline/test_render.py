@@ -192,7 +192,7 @@ def test_reader_sees_no_plumbing(reader_page):
     assert "1.00" not in outputs and "2900" not in outputs and "[(" not in outputs, outputs
     assert "measured 2,290" in outputs  # the value_counts printout, as a table, in the one formatter
     runwith = soup.find(class_="kb-runwith")
-    assert "paper" in runwith.get_text() and "b" * 12 in runwith.get_text() and ".staging" not in reader_page
+    assert "profile" not in runwith.get_text() and "b" * 12 in runwith.get_text() and ".staging" not in reader_page
     # the recorded equation is typeset, not shown as a code string
     assert "$$\\tau = 2u$$" in soup.find(class_="kb-equation").get_text()
 

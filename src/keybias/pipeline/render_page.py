@@ -241,7 +241,7 @@ def claims_box(claims: list[dict], findings: dict[str, dict] | None = None) -> s
             f'<span class="kb-claim-statement">{e(c.get("statement", ""))}</span> '
             f'<span class="kb-claim-check">{claim_line(c)}: {verdict}</span> '
             f'<span class="kb-claim-kind">{e(c.get("kind") or "")}</span> '
-            f'<a class="kb-claim-id" href="#claim-{e(c["id"])}"><code>{e(c["id"])}</code></a>{decides}</li>')
+            f'<a class="kb-claim-id" href="#claim-{e(c["id"])}" aria-label="Link to this claim">\u00b6</a>{decides}</li>')
     noun = "claim" if len(claims) == 1 else "claims"
     return (f'<aside class="kb-claims" aria-label="Claims judged here"><p class="kb-claims-title">'
             f"Judged here ({len(claims)} {noun})</p><ul>{''.join(items)}</ul></aside>")
@@ -317,15 +317,17 @@ def header_html(*, name, title, section, profile, device, commit, dirty, modules
     if shown:
         rows = "".join(f"<tr><th><code>{e(k)}</code></th><td><code>{e(v)}</code></td></tr>" for k, v in shown.items())
         noun = "parameter" if len(shown) == 1 else "parameters"
-        params_html = (f"<details><summary>{len(shown)} {noun} of profile <code>{e(profile)}</code></summary>"
+        params_html = (f"<details><summary>The {len(shown)} {noun} it ran with</summary>"
                        f'<table class="kb-params">{rows}</table></details>')
     return (
         f'<header class="kb-header">'
         f'{_pager_html(previous, following, "kb-pager-top")}'
         f'<h1 class="kb-title">{e(title)}</h1>'
         f"<p>Notebook <code>notebooks/{e(name)}.ipynb</code> supports {section_html}.</p>"
-        f'<div class="kb-runwith"><strong>Run with</strong> profile <code>{e(profile)}</code> '
-        f"&middot; device <code>{e(device)}</code> &middot; commit {commit_html}{params_html}</div>"
+        f'<div class="kb-runwith">Computed at commit {commit_html} on <code>{e(device)}</code>'
+        + ("" if profile in ("paper", "", None) else
+           f", at the small sizes of the <code>{e(profile)}</code> profile, not the paper's")
+        + f".{params_html}</div>"
         f"<p>Code it calls: {links}.</p>"
         f'<nav class="kb-toc" aria-label="Contents"></nav>'
         f"</header>"
