@@ -569,3 +569,18 @@ def test_paper_links_open_the_notebooks_section_and_each_figure_at_its_page(tmp_
     assert {a["href"] for a in pdf} == {f"{render_page.PAPER_HREF}#page=6", f"{render_page.PAPER_HREF}#page=7"}
     assert any(a.get_text() == "The paper, section 4 (page 6)" for a in pdf)
     assert any(a.get_text() == "Figure 2 in the paper" and a["href"].endswith("#page=7") for a in pdf)
+
+
+def test_a_long_list_of_claims_is_folded_under_its_count_and_opens_where_one_fails():
+    from keybias.pipeline.render_page import CLAIMS_SHOWN, claims_box
+
+    claim = {"id": "c", "statement": "It holds.", "value": 0.0, "bound": 1.0, "comparison": "<=", "holds": True,
+             "kind": "test"}
+    short = BeautifulSoup(claims_box([claim, {**claim, "id": "d"}]), "html.parser")
+    assert short.find("details") is None and short.find("p").get_text() == "Judged here (2 claims; all hold)"
+    many = [{**claim, "id": f"c{i}"} for i in range(CLAIMS_SHOWN + 1)]
+    folded = BeautifulSoup(claims_box(many), "html.parser").find("details")
+    assert folded is not None and not folded.has_attr("open") and len(folded.find_all("li")) == CLAIMS_SHOWN + 1
+    assert folded.summary.get_text() == f"Judged here: {CLAIMS_SHOWN + 1} claims, all hold"
+    failing = BeautifulSoup(claims_box([*many, {**claim, "id": "x", "holds": False}]), "html.parser").find("details")
+    assert failing.has_attr("open") and failing.summary.get_text().endswith("1 FAILS")

@@ -37,6 +37,7 @@ PAPER_SECTIONS = {
 HIDDEN_PARAMETERS = ("output_dir", "results_dir", "profile", "device")
 TABLE_ROWS_SHOWN = 25  # a longer table is trimmed to this many rows, with a link to its CSV
 TABLE_ROWS_MAX = 40
+CLAIMS_SHOWN = 8  # a cell judging more claims shows them folded under their count
 COMPARISON_SIGNS = {"<=": "\u2264", ">=": "\u2265", "==": "=", "<": "<", ">": ">", "!=": "\u2260"}
 _INT = re.compile(r"^[-+]?\d+$")
 # symbols with subscripts in plain prose (b_k, q_i, g_b_q): the nested form first
@@ -243,8 +244,14 @@ def claims_box(claims: list[dict], findings: dict[str, dict] | None = None) -> s
             f'<span class="kb-claim-kind">{e(c.get("kind") or "")}</span> '
             f'<a class="kb-claim-id" href="#claim-{e(c["id"])}" aria-label="Link to this claim">\u00b6</a>{decides}</li>')
     noun = "claim" if len(claims) == 1 else "claims"
+    bad = sum(not c.get("holds") for c in claims)
+    state = ("it holds" if len(claims) == 1 else "all hold") if not bad else f"{bad} {'FAILS' if bad == 1 else 'FAIL'}"
+    if len(claims) > CLAIMS_SHOWN:  # a long list is folded under its count, open where one fails
+        return (f'<aside class="kb-claims" aria-label="Claims judged here"><details{" open" if bad else ""}>'
+                f'<summary class="kb-claims-title">Judged here: {len(claims)} {noun}, {state}</summary>'
+                f"<ul>{''.join(items)}</ul></details></aside>")
     return (f'<aside class="kb-claims" aria-label="Claims judged here"><p class="kb-claims-title">'
-            f"Judged here ({len(claims)} {noun})</p><ul>{''.join(items)}</ul></aside>")
+            f"Judged here ({len(claims)} {noun}; {state})</p><ul>{''.join(items)}</ul></aside>")
 
 
 def findings_html(claims: list[dict], findings: list[dict] | None = None, name: str = "") -> str:
