@@ -584,3 +584,15 @@ def test_a_long_list_of_claims_is_folded_under_its_count_and_opens_where_one_fai
     assert folded.summary.get_text() == f"Judged here: {CLAIMS_SHOWN + 1} claims, all hold"
     failing = BeautifulSoup(claims_box([*many, {**claim, "id": "x", "holds": False}]), "html.parser").find("details")
     assert failing.has_attr("open") and failing.summary.get_text().endswith("1 FAILS")
+
+
+def test_what_we_found_counts_its_claims_in_sentences():
+    from keybias.pipeline.render_page import findings_html
+
+    test = {"id": "t", "kind": "test", "holds": True}
+    text = BeautifulSoup(findings_html([test, {**test, "id": "u"}]), "html.parser").get_text(" ")
+    assert "judges 2 tests, each at the cell that computes it" in " ".join(text.split())
+    assert "0 other" not in text and "both hold" in text
+    mixed = findings_html([test, {"id": "p", "kind": "proof", "holds": True}, {"id": "q", "kind": "proof", "holds": True}])
+    assert "1 test and 2 other checks" in mixed and "every one holds" in mixed
+    assert "macros" not in findings_html([])

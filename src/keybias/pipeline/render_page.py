@@ -268,19 +268,20 @@ def findings_html(claims: list[dict], findings: list[dict] | None = None, name: 
     failing = [c for c in claims if not c.get("holds")]
     if claims:
         first = claims[0]["id"]
-        counts = (f"{len(tests)} {'test' if len(tests) == 1 else 'tests'} and {len(claims) - len(tests)} "
-                  f"{'other check' if len(claims) - len(tests) == 1 else 'other checks'}") if tests else (
-            f"{len(claims)} {'check' if len(claims) == 1 else 'checks'}")
+        others = len(claims) - len(tests)
+        counts = (f"{len(tests)} {'test' if len(tests) == 1 else 'tests'}"
+                  + (f" and {others} {'other check' if others == 1 else 'other checks'}" if others else "")
+                  ) if tests else f"{len(claims)} {'check' if len(claims) == 1 else 'checks'}"
         if failing:
             state = (f'<strong class="kb-fails">{len(failing)} FAIL</strong>: '
                      + ", ".join(f'<a href="#claim-{e(c["id"])}">{e(c["id"])}</a>' for c in failing))
         else:
-            state = "every one holds"
+            state = "it holds" if len(claims) == 1 else ("both hold" if len(claims) == 2 else "every one holds")
         parts.append(f'<p>This page judges {counts}, each at the cell that computes it '
-                     f'(the first is <a href="#claim-{e(first)}">here</a>); {state}. '
+                     f'(<a href="#claim-{e(first)}">the first</a>); {state}. '
                      f'<a href="{INDEX_HREF}#claims">All claims, by finding</a>.</p>')
     elif not mine:
-        parts.append("<p>This notebook records no claims; its numbers feed the paper through macros.</p>")
+        parts.append("<p>This notebook tests no claim; the paper prints the numbers it computes.</p>")
     parts.append("</section>")
     return "".join(parts)
 
