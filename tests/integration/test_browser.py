@@ -140,8 +140,9 @@ def test_the_layout_check_catches_every_fault_it_exists_for(tmp_path):
         '<html><body><h1>Wide</h1><div class="kb-table" style="overflow-x:auto;max-width:300px"><table><tr>'
         + "<td>12345678</td>" * 40 + "</tr></table></div></body></html>")
     wide = browser.layout_problems(site, 1280, CHROMIUM)["notebooks/wide.html"]
-    assert wide and all(p.startswith("note: table scrolls inside its box") for p in wide), wide
-    assert browser.layout_faults({"w": wide}) == {"w": []}
+    assert wide and all(p.startswith("table wider than its box at 1280 px") for p in wide), wide
+    assert browser.layout_faults({"w": wide}) == {"w": wide}
+    assert browser.layout_faults({"w": ["note: seen", "fault"]}) == {"w": ["fault"]}
     (tmp_path / "paper").mkdir()
     links = browser.local_link_problems(site, tmp_path)
     assert links == ["index.html: notebooks/good.html#gone (no element #gone)",
@@ -151,11 +152,40 @@ def test_the_layout_check_catches_every_fault_it_exists_for(tmp_path):
     assert len(browser.local_link_problems(site, tmp_path)) == 2
 
 
+def test_the_reading_check_catches_long_lines_1x_figures_repeated_alt_text_and_low_contrast(tmp_path):
+    """Negative control at 1280 px: a paragraph of about 150 characters a line, a figure drawn at
+    its shown size, alt text that the caption repeats, grey text on white (2.8:1); and a page that
+    does all of it right (a 2x figure, alt text that describes it, prose at 30rem, dark text)."""
+    from PIL import Image
+
+    site = tmp_path / "results"
+    (site / "notebooks").mkdir(parents=True)
+    Image.new("RGB", (300, 150), "white").save(site / "notebooks" / "one.png")
+    Image.new("RGB", (600, 300), "white").save(site / "notebooks" / "two.png")
+    prose = "A sentence of prose that goes on. " * 20
+    alt = "Two lines rise from left to right and cross near the middle of the panel"
+    (site / "notebooks" / "bad.html").write_text(
+        f'<html><body><h1>Bad</h1><p style="width:1200px">{prose}</p><figure><img src="one.png" width="300" '
+        f'alt="{alt}"><figcaption>Figure 1. {alt}.</figcaption></figure>'
+        '<p style="color:#999">Grey words.</p></body></html>')
+    (site / "notebooks" / "good.html").write_text(
+        f'<html><body style="font-family:sans-serif"><h1>Good</h1><p style="max-width:30rem">{prose}</p><figure><img src="two.png" width="300" '
+        f'alt="{alt}"><figcaption>Figure 1. The two runs agree.</figcaption></figure>'
+        '<p style="color:#4a5058">Dark grey words.</p></body></html>')
+    found = browser.layout_problems(site, 1280, CHROMIUM)
+    bad = " | ".join(found["notebooks/bad.html"])
+    for expected in ("lines of 1", "figure at 1.0x: one.png", "alt text repeats the caption: Two lines rise",
+                     "contrast 2.85:1 (rgb(153, 153, 153) on rgb(255, 255, 255)): Grey words."):
+        assert expected in bad, (expected, bad)
+    assert found["notebooks/good.html"] == []
+
+
 @pytest.mark.parametrize("width", browser.LAYOUT_WIDTHS)
 def test_no_page_of_the_site_scrolls_sideways_cuts_a_cell_or_shows_plumbing(tmp_path, smoke_results, width):
     """Every page of a fresh (smoke) site, the entry page and the file list included, measured in
     an iframe `width` px wide: no sideways scroll, no cut cell, no "#" for a number, no config
-    repr, no "uncommitted"."""
+    repr, no "uncommitted"; at 1280 px also no table wider than its box, no line of prose over
+    about 85 characters, every figure at 2x, alt text that is not the caption, AA contrast."""
     results = tmp_path / "results"
     for part in ("notebooks", "steps", "figures", "data", "tables", "macros"):
         if (smoke_results / part).is_dir():

@@ -4,6 +4,7 @@ with a filter, the files on their own page, one title; the README's generated nu
 provenance and claims."""
 
 import json
+import re
 import shutil
 import subprocess
 from html.parser import HTMLParser
@@ -87,7 +88,7 @@ def test_paper_links_open_the_page_of_the_section(tmp_path):
     (tmp_path / "paper" / "build" / "main.aux").write_text(
         "\\newlabel{sec:map}{{3}{5}{Where it holds}{section.3}{}}\n")
     text = index.render_index(results, steps, claims, provenance, root=tmp_path)
-    assert 'href="../paper/main.pdf#page=5">section 3 of the paper (page 5)' in text
+    assert 'href="../paper/main.pdf#page=5" title="Section 3 of the paper">Paper, p.\u00a05' in text
     assert index.paper_pages(tmp_path / "nowhere") == {}
 
 
@@ -151,6 +152,17 @@ def test_index_renders_in_headless_chromium(tmp_path):
     ).stdout
     assert 'id="claim-a-claim"' in dom and 'id="claim-b-claim"' in dom
     assert '<div class="filter" id="claim-tools">' in dom, "the filter script did not run"
+    # a reader types a word: only the claims that hold it stay in view, with their count
+    typed = results / "typed.html"
+    typed.write_text(page.read_text().replace("</body>", "<script>var q=document.getElementById('claim-filter');"
+                                              "q.value='escaped';q.dispatchEvent(new Event('input'));</script></body>"))
+    dom = subprocess.run(
+        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+         "--virtual-time-budget=5000", "--dump-dom", typed.as_uri()],
+        capture_output=True, text=True, timeout=120, check=True,
+    ).stdout
+    assert '<span id="claim-count" class="meta" aria-live="polite">1 shown</span>' in dom
+    assert re.search(r'<li id="claim-b-claim"[^>]* hidden=""', dom) and not re.search(r'<li id="claim-a-claim"[^>]* hidden', dom)
 
 
 def test_readme_blocks_are_generated_from_provenance_and_claims():
@@ -225,7 +237,52 @@ def test_failed_predictions_are_told_on_the_entry_page():
               {"notebook": "08_longrun", "statement": "More than 3 standard errors.", "value": 2.51, "bound": 3.0,
                "holds": False}]
     text = idx.retired_html(failed)
-    assert 'id="retired"' in text and text.startswith("<section") and "Two predictions" in text
-    assert "Measured 0.0833 against the bound 0.05" in text and 'href="notebooks/08_longrun.html"' in text
-    assert "One prediction" in idx.retired_html(failed[:1]) and "failed on it." in idx.retired_html(failed[:1])
+    assert 'id="retired"' in text and text.startswith("<section") and "Two predictions made before the data" in text
+    assert "Measured: 0.0833, against the bound 0.05." in text and 'href="notebooks/08_longrun.html"' in text
+    one = idx.retired_html(failed[:1])
+    assert "One prediction made before the data came out wrong" in one and "it was withdrawn as a claim" in one
     assert idx.retired_html([{**failed[0], "holds": True}]) == ""
+
+
+def test_a_failed_prediction_reads_as_a_sentence_with_its_numbers():
+    """A prediction the page knows is told in words (what was predicted, what came out) with the
+    judged numbers filled in, never as the registry's form ("a share 0.05")."""
+    from keybias.pipeline import index as idx
+
+    p = {"id": "invariance-missed-breaks-bfloat16", "notebook": "02_invariance", "value": 0.08333, "bound": 0.05,
+         "holds": False, "statement": "misses the break of at most a share 0.05 of the modules"}
+    text = idx.prediction_sentence(p)
+    assert "at most 5% of the modules" in text and "it missed 8.3%." in text and "a share" not in text
+    q = {"id": "longrun-gradient-biased-along-drift", "value": 2.5107, "bound": 3.0, "statement": "x"}
+    assert "more than 3 standard errors. The weakest run shows 2.51." in idx.prediction_sentence(q)
+    assert "<sub>k</sub>" in idx.prediction_sentence(q)
+
+
+def test_claim_counts_are_sentences_with_singular_and_plural_by_count():
+    from keybias.pipeline.index import group_counts
+
+    test, proof = {"kind": "test", "holds": True}, {"kind": "proof", "holds": True}
+    assert group_counts([proof]) == "1 proof check; it holds"
+    assert group_counts([test, test]) == "2 tests; both hold"
+    assert group_counts([test] * 4 + [{"kind": "control", "holds": True}]) == "4 tests and 1 positive control; all hold"
+    assert group_counts([test, {**test, "holds": False}]).endswith('<span class="fails">1 fails</span>')
+    assert group_counts([test, proof, proof], by_kind=False) == "3 claims; all hold"
+
+
+def test_the_entry_page_names_its_commit_once_and_a_card_stays_short(tmp_path):
+    """One commit on the page (the bundle is named after it, not by it again); a finding's card
+    says its sentence and adds at most a dozen words of links."""
+    import re
+
+    results, steps, claims, provenance = fake_results(tmp_path)
+    text = index.render_index(results, steps, claims, provenance, root=tmp_path)
+    body = re.sub(r"<[^>]+>", " ", text[text.index("<body>"):])
+    assert body.count("abcdef123456") == 1
+    for finding in FINDINGS:
+        card = text[text.index(f'id="finding-{finding["id"]}"'):]
+        card = re.sub(r"<figure>.*?</figure>", "", card[:card.index("</article>")], flags=re.DOTALL)
+        card = re.sub(r"</?(?:i|sub|sup|a|span|strong|em|code)\b[^>]*>", "", card).replace("&middot;", " ")
+        words = len(re.sub(r"<[^>]+>", " ", card).split())
+        overhead = words - len(finding["statement"].split()) - len(finding["title"].split())
+        assert overhead <= 12, (finding["id"], words)
+    assert "(1 checks" not in text and "checks; all hold" not in text

@@ -192,7 +192,7 @@ def test_reader_sees_no_plumbing(reader_page):
     assert "1.00" not in outputs and "2900" not in outputs and "[(" not in outputs, outputs
     assert "measured 2,290" in outputs  # the value_counts printout, as a table, in the one formatter
     runwith = soup.find(class_="kb-runwith")
-    assert "paper" in runwith.get_text() and "b" * 12 in runwith.get_text() and ".staging" not in reader_page
+    assert "profile" not in runwith.get_text() and "b" * 12 in runwith.get_text() and ".staging" not in reader_page
     # the recorded equation is typeset, not shown as a code string
     assert "$$\\tau = 2u$$" in soup.find(class_="kb-equation").get_text()
 
@@ -454,9 +454,9 @@ def test_table_formatter_numbers_headers_missing_and_no_index():
     page = tables.show_table(frame, csv="demo")._repr_html_()
     soup = BeautifulSoup(page, "html.parser")
     assert [th.get_text() for th in soup.find_all("th")] == ["Number of keys", "Largest error", "Verdict"]
-    assert [td.get_text() for td in soup.find_all("td")] == ["1", "1\u00d710\u207b\u00b9\u2076", "not_redundant",
+    assert [td.get_text() for td in soup.find_all("td")] == ["1", "1\u00d710\u207b\u00b9\u2076", "not redundant",
                                                              "20,000", "\u2014", "\u2014"]
-    assert soup.find("td")["class"] == ["kb-num"] and "<wbr>" in page
+    assert soup.find("td")["class"] == ["kb-num"] and tables.breakable("sdpa_math") == "sdpa_<wbr>math"
     assert soup.find("a", href="../data/demo.csv") is not None
     long = tables.show_table(pd.DataFrame({"x": range(60)}), csv="long", max_rows=25)._repr_html_()
     assert long.count("<tr>") == 26 and "The first 25 of 60 rows" in long and "../data/long.csv" in long
@@ -470,8 +470,47 @@ def test_pandas_tables_on_a_page_go_through_the_same_formatter():
     soup = BeautifulSoup(pd.DataFrame({"max_abs_diff": [0.123456, float("nan")], "ok": [True, False]}).to_html(),
                          "html.parser")
     tables.tidy_table_html(soup.find("table"), soup)
-    assert [th.get_text() for th in soup.find_all("th")] == ["Largest abs diff", "Ok"]  # the index column is gone
+    assert [th.get_text() for th in soup.find_all("th")] == ["Largest absolute difference", "Ok"]  # no index column
     assert [td.get_text() for td in soup.find_all("td")] == ["0.123", "yes", "\u2014", "no"]
+
+
+def test_headers_write_symbols_as_the_paper_does_and_wide_tables_show_chosen_columns():
+    """b_k in a header is b with subscript k (HTML), on a phone b\u2096 (the cell's label); a table
+    shown with some of its columns says so and links the CSV that holds them all."""
+    import pandas as pd
+
+    from keybias.studies import tables
+
+    assert tables.header_html("norm_b_k") == "Norm <i>b</i><sub>k</sub>"
+    assert tables.header_html("resid_log10") == "Residual log<sub>10</sub>"
+    assert tables.header_html("embed_dim") == "<code>embed_dim</code>"
+    assert tables.header_label("norm_b_k") == "Norm b\u2096"
+    frame = pd.DataFrame({"grad_rms_b_k": [0.5], "extra_one": [1], "extra_two": [2]})
+    page = tables.show_table(frame, csv="wide", columns=["grad_rms_b_k"], headers={"grad_rms_b_k": "RMS of b_k"})
+    soup = BeautifulSoup(page._repr_html_(), "html.parser")
+    assert str(soup.find("th").decode_contents()) == "RMS of <i>b</i><sub>k</sub>"
+    assert soup.find("td")["data-label"] == "RMS of b\u2096" and len(soup.find_all("th")) == 1
+    assert "1 of 3 columns; every column is in" in str(soup) and soup.find("a", href="../data/wide.csv")
+    with pytest.raises(KeyError, match="no column nowhere"):
+        tables.show_table(frame, csv="wide", columns=["nowhere"])
+    with pytest.raises(ValueError, match="needs the csv"):
+        tables.show_table(frame, columns=["extra_one"])
+    pandas_table = BeautifulSoup(pd.DataFrame({"b_k_norm": [1.5]}).to_html(), "html.parser")
+    tables.tidy_table_html(pandas_table.find("table"), pandas_table)
+    assert "<i>b</i><sub>k</sub> norm" in str(pandas_table.find("th"))
+
+
+def test_prose_writes_b_k_with_a_subscript_but_leaves_code_tex_and_file_names():
+    from keybias.pipeline.render_page import prose_html, subscript_prose
+
+    assert prose_html("the gradient of b_k and g_b_q <x>") == (
+        "the gradient of <i>b</i><sub>k</sub> and <i>g</i><sub><i>b</i><sub>q</sub></sub> &lt;x&gt;")
+    assert prose_html("add_bias_kv and sdpa_math") == "add_bias_kv and sdpa_math"
+    soup = BeautifulSoup('<p>On $b_k$ and b_k</p><code>x_y</code><p>b_k in data/precision_law.csv</p>'
+                         '<div class="kb-equation">$$b_k$$</div>', "html.parser")
+    assert subscript_prose(soup) == 1
+    assert str(soup) == ('<p>On $b_k$ and <i>b</i><sub>k</sub></p><code>x_y</code><p>b_k in data/precision_law.csv</p>'
+                         '<div class="kb-equation">$$b_k$$</div>')
 
 
 def test_cut_text_is_shown_back_to_its_last_whole_clause():
@@ -505,3 +544,55 @@ def test_every_cell_that_records_claims_shows_them():
         recording = [i for i, c in code_cells(nb) if re.search(r"\.claims?(?:_from)?\(", cell_source(c))]
         empty += [f"{page.stem}: cell {i}" for i in recording if i not in boxed]
     assert not empty, "cells that record claims but show none (end the cell with rec.claims_from(...)): " + ", ".join(empty)
+
+
+def test_paper_links_open_the_notebooks_section_and_each_figure_at_its_page(tmp_path, monkeypatch):
+    """Once the paper is built (its .aux), a notebook's links to the paper open it at the page of
+    its finding's section, and "Figure N in the paper" at the figure's page; before, at its start."""
+    from keybias.pipeline import render_page
+
+    (tmp_path / "paper" / "build").mkdir(parents=True)
+    (tmp_path / "paper" / "build" / "main.aux").write_text(
+        "\\newlabel{sec:map}{{4}{6}{The map}{section.4}{}}\n\\newlabel{fig:map}{{2}{7}{}{figure.2}{}}\n")
+    findings = [{"id": "map", "title": "The map", "statement": "It holds.", "section": "sec:map",
+                 "figure": "demo_map", "notebook": "02_invariance", "decided_by": []}]
+    text = nbformat.writes(_sample())
+    options = {"name": "02_invariance", "profile": "smoke", "device": "cpu", "commit": "a" * 40, "dirty": False,
+               "figures_alt": {"demo_map": "Verdict of every configuration."}, "findings": findings,
+               "paper_figure_numbers": {"demo_map": {"number": 2, "label": "fig:map", "section": None}}}
+    monkeypatch.setattr(render_page, "ROOT", tmp_path / "unbuilt")
+    before = BeautifulSoup(render.render_notebook_html(text, **options), "html.parser")
+    assert {a["href"] for a in before.find_all("a") if "main.pdf" in a["href"]} == {render_page.PAPER_HREF}
+    monkeypatch.setattr(render_page, "ROOT", tmp_path)
+    page = BeautifulSoup(render.render_notebook_html(text, **options), "html.parser")
+    pdf = [a for a in page.find_all("a") if "main.pdf" in a["href"]]
+    assert {a["href"] for a in pdf} == {f"{render_page.PAPER_HREF}#page=6", f"{render_page.PAPER_HREF}#page=7"}
+    assert any(a.get_text() == "The paper, section 4 (page 6)" for a in pdf)
+    assert any(a.get_text() == "Figure 2 in the paper" and a["href"].endswith("#page=7") for a in pdf)
+
+
+def test_a_long_list_of_claims_is_folded_under_its_count_and_opens_where_one_fails():
+    from keybias.pipeline.render_page import CLAIMS_SHOWN, claims_box
+
+    claim = {"id": "c", "statement": "It holds.", "value": 0.0, "bound": 1.0, "comparison": "<=", "holds": True,
+             "kind": "test"}
+    short = BeautifulSoup(claims_box([claim, {**claim, "id": "d"}]), "html.parser")
+    assert short.find("details") is None and short.find("p").get_text() == "Judged here (2 claims; all hold)"
+    many = [{**claim, "id": f"c{i}"} for i in range(CLAIMS_SHOWN + 1)]
+    folded = BeautifulSoup(claims_box(many), "html.parser").find("details")
+    assert folded is not None and not folded.has_attr("open") and len(folded.find_all("li")) == CLAIMS_SHOWN + 1
+    assert folded.summary.get_text() == f"Judged here: {CLAIMS_SHOWN + 1} claims, all hold"
+    failing = BeautifulSoup(claims_box([*many, {**claim, "id": "x", "holds": False}]), "html.parser").find("details")
+    assert failing.has_attr("open") and failing.summary.get_text().endswith("1 FAILS")
+
+
+def test_what_we_found_counts_its_claims_in_sentences():
+    from keybias.pipeline.render_page import findings_html
+
+    test = {"id": "t", "kind": "test", "holds": True}
+    text = BeautifulSoup(findings_html([test, {**test, "id": "u"}]), "html.parser").get_text(" ")
+    assert "judges 2 tests, each at the cell that computes it" in " ".join(text.split())
+    assert "0 other" not in text and "both hold" in text
+    mixed = findings_html([test, {"id": "p", "kind": "proof", "holds": True}, {"id": "q", "kind": "proof", "holds": True}])
+    assert "1 test and 2 other checks" in mixed and "every one holds" in mixed
+    assert "macros" not in findings_html([])

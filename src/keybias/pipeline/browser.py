@@ -392,13 +392,14 @@ def check_folder(folder: Path, shots: Path | None, chromium: str | None = None,
 
 # -- the site as a reader meets it: widths, links, cells, plumbing -------------------------------
 LAYOUT_WIDTHS = (1280, 390)
+MAX_LINE_CHARS = 85  # prose is set at about 75 characters a line; a paragraph over this average fails
 # Measured inside an iframe of the given width: headless windows are at least 500 px wide.
 # For each page: does it scroll sideways, cells cut off (content wider than the cell, or a table
 # wider than its box at desktop width), "#" standing in for a number, config reprs, "uncommitted",
 # a title count other than one, more than one commit named (hex strings of 7 to 40 characters that
 # are not prefixes of one another), a sha256 digest.
 _LAYOUT_SCRIPT = r"""
-var pages = %(pages)s, width = %(width)d, out = [], i = 0, frame = document.getElementById('f');
+var pages = %(pages)s, width = %(width)d, MAX_LINE = %(max_line)d, out = [], i = 0, frame = document.getElementById('f');
 function measure(doc) {
   var r = {page: pages[i], problems: []}, root = doc.documentElement;
   if (root.scrollWidth > frame.clientWidth + 1)
@@ -410,9 +411,56 @@ function measure(doc) {
     if (/(^|[\s(])#($|[\s;,.)])/.test(t)) r.problems.push('"#" in place of a number: ' + t.slice(0, 80));
   });
   if (width >= 1000) doc.querySelectorAll('.kb-table').forEach(function (b) {
-    if (b.scrollWidth > b.clientWidth + 1) r.problems.push('note: table scrolls inside its box: ' +
+    if (b.scrollWidth > b.clientWidth + 1) r.problems.push('table wider than its box at ' + width + ' px: ' +
       b.textContent.trim().slice(0, 60));
   });
+  if (width >= 1000) {
+    // prose: characters per line of each long paragraph, from its height and its line height
+    doc.querySelectorAll('p, li, figcaption').forEach(function (p) {
+      var t = p.textContent.replace(/\s+/g, ' ').trim(), s = getComputedStyle(p);
+      if (t.length < 200 || p.closest('pre, code, table, nav') || !p.getClientRects().length) return;
+      var lh = parseFloat(s.lineHeight) || 1.5 * parseFloat(s.fontSize), lines = Math.round(p.clientHeight / lh);
+      if (lines >= 2 && t.length / lines > MAX_LINE)
+        r.problems.push('lines of ' + Math.round(t.length / lines) + ' characters: ' + t.slice(0, 50));
+    });
+    // figures: drawn at twice their shown width (or vector), and alt text that is not the caption
+    doc.querySelectorAll('img').forEach(function (img) {
+      if (!img.getClientRects().length || img.clientWidth < 120) return;
+      var vector = /\.svg($|[?#])|^data:image\/svg/.test(img.getAttribute('src') || '');
+      if (!vector && img.naturalWidth < 1.9 * img.clientWidth)
+        r.problems.push('figure at ' + (img.naturalWidth / img.clientWidth).toFixed(1) + 'x: ' +
+                        (img.getAttribute('src') || '').slice(0, 40));
+      var fig = img.closest('figure'), cap = fig && fig.querySelector('figcaption');
+      var words = function (x) { return (x || '').toLowerCase().replace(/[^a-z0-9 ]/g, ' ').split(/\s+/).filter(Boolean); };
+      // the alt text's first ten words, in order, inside the caption: the caption says it again
+      var a = words(img.alt).slice(0, 10).join(' ');
+      if (cap && a.split(' ').length >= 6 && (' ' + words(cap.textContent).join(' ') + ' ').indexOf(' ' + a + ' ') >= 0)
+        r.problems.push('alt text repeats the caption: ' + img.alt.slice(0, 50));
+    });
+    // contrast (WCAG AA): every element that holds text, code unfolded, against its background
+    doc.querySelectorAll('details').forEach(function (d) { d.open = true; });
+    var parse = function (c) { var m = c.match(/[\d.]+/g) || [0, 0, 0, 0]; return [+m[0], +m[1], +m[2], m.length > 3 ? +m[3] : 1]; };
+    var lum = function (c) { return c.slice(0, 3).map(function (v) { v /= 255; return v <= 0.03928 ? v / 12.92 :
+      Math.pow((v + 0.055) / 1.055, 2.4); }).reduce(function (s, v, k) { return s + v * [0.2126, 0.7152, 0.0722][k]; }, 0); };
+    var seenBad = {};
+    doc.querySelectorAll('body *').forEach(function (el) {
+      if (el.closest('svg, mjx-container, script, style') || !el.getClientRects().length) return;
+      var own = Array.prototype.some.call(el.childNodes, function (n) { return n.nodeType === 3 && n.textContent.trim(); });
+      if (!own) return;
+      var s = getComputedStyle(el), fg = parse(s.color), bg = null, e = el;
+      if (s.visibility === 'hidden' || +s.opacity === 0) return;
+      while (e && e.nodeType === 1) { var b = parse(getComputedStyle(e).backgroundColor); if (b[3] > 0.5) { bg = b; break; } e = e.parentElement; }
+      bg = bg || [255, 255, 255, 1];
+      var l1 = lum(fg), l2 = lum(bg), ratio = (Math.max(l1, l2) + 0.05) / (Math.min(l1, l2) + 0.05);
+      var size = parseFloat(s.fontSize), large = size >= 24 || (size >= 18.66 && +s.fontWeight >= 700);
+      var key = s.color + '/' + bg.join(',');
+      if (ratio < (large ? 3 : 4.5) && !seenBad[key]) {
+        seenBad[key] = 1;
+        r.problems.push('contrast ' + ratio.toFixed(2) + ':1 (' + s.color + ' on rgb(' + bg.slice(0, 3).join(', ') +
+                        ')): ' + el.textContent.trim().slice(0, 40));
+      }
+    });
+  }
   doc.querySelectorAll('.jp-OutputArea-output').forEach(function (o) {
     var t = o.textContent;
     if (/(^|\n)\s*[A-Z]\w*(Config|Settings)\(\w+=/.test(t)) r.problems.push('config repr: ' + t.trim().slice(0, 60));
@@ -467,7 +515,8 @@ def layout_problems(results: Path, width: int, chromium: str | None = None, *,
         wrapper.write_text(
             '<!DOCTYPE html><html><head><meta charset="utf-8"></head><body style="margin:0">'
             f'<iframe id="f" style="width:{width}px;height:900px;border:0"></iframe><pre id="out"></pre>'
-            f"<script>{_LAYOUT_SCRIPT % {'pages': json.dumps(urls), 'width': width}}</script></body></html>")
+            f"<script>{_LAYOUT_SCRIPT % {'pages': json.dumps(urls), 'width': width, 'max_line': MAX_LINE_CHARS}}"
+            "</script></body></html>")
         command = [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
                    "--allow-file-access-from-files", f"--user-data-dir={Path(scratch) / 'profile'}",
                    f"--virtual-time-budget={budget_ms}", f"--window-size={max(width + 40, 600)},1000",

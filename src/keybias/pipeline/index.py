@@ -39,7 +39,7 @@ a:focus-visible{outline:2px solid #e9a23b;outline-offset:2px}
 h1{font-size:1.65rem;line-height:1.2;margin:.2rem 0 .3rem;max-width:48rem}
 h2{font-size:1.3rem;margin-top:2.2rem;border-bottom:1px solid var(--rule);padding-bottom:.2rem}
 h3{font-size:1.08rem;margin:.2rem 0 .4rem}
-p,li,figcaption,.prose{max-width:40rem}
+p,li,figcaption,.prose{max-width:min(40rem,64ch)}
 .meta{color:var(--muted);font-size:.9rem;margin:.2rem 0}
 nav.top{font-size:.92rem;margin:.3rem 0 .2rem}nav.top a{margin-right:.9rem;white-space:nowrap}
 ol.found{list-style:none;padding:0;margin:.6rem 0;display:grid;grid-template-columns:repeat(auto-fit,minmax(min(100%,22rem),1fr));
@@ -72,7 +72,7 @@ ul.claims code{font-size:.8rem;overflow-wrap:anywhere}
 .fails{color:#a4161a;font-weight:bold}.holds{color:#1d5a37}
 code{font-size:.88rem}pre{background:var(--soft);padding:.6rem;font-size:.82rem;white-space:pre-wrap;overflow-wrap:anywhere;max-width:48rem}
 li:target,article:target{outline:2px solid #e9a23b;outline-offset:3px}
-ul.files li{max-width:none;margin:.3rem 0}
+ul.files li{max-width:min(48rem,64ch);margin:.3rem 0}
 """
 FAVICON = ("data:image/svg+xml,%3Csvg xmlns='http://www.w3.org/2000/svg' viewBox='0 0 16 16'%3E"
            "%3Crect width='16' height='16' rx='3' fill='%23264653'/%3E%3Ctext x='8' y='12.5' font-size='11' "
@@ -98,6 +98,25 @@ def _number(value) -> str:
 def _count(n: int, kind: str) -> str:
     one, many = KIND_WORDS.get(kind, (kind, kind))
     return f"{n} {one if n == 1 else many}"
+
+
+def _and(parts: list[str]) -> str:
+    return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
+
+
+def group_counts(claims: list[dict], *, by_kind: bool = True) -> str:
+    """What a group of claims holds, in words: "4 tests and 1 positive control; all hold",
+    "1 proof check; it holds", "2 tests; 1 fails"; without `by_kind`, "5 claims; all hold" (HTML)."""
+    kinds = sorted({c.get("kind") or "claim" for c in claims},
+                   key=lambda k: KIND_ORDER.index(k) if k in KIND_ORDER else 9)
+    counts = (_and([_count(sum((c.get("kind") or "claim") == k for c in claims), k) for k in kinds]) if by_kind
+              else _count(len(claims), "claim"))
+    bad = sum(not c.get("holds") for c in claims)
+    if bad:
+        state = f'<span class="fails">{bad} {"fails" if bad == 1 else "fail"}</span>'
+    else:
+        state = "it holds" if len(claims) == 1 else ("both hold" if len(claims) == 2 else "all hold")
+    return f"{counts}; {state}"
 
 
 # -- the paper's words, with its macros filled in -----------------------------------------------
@@ -255,10 +274,12 @@ _SUPER = str.maketrans("0123456789-", "\u2070\u00b9\u00b2\u00b3\u2074\u2075\u207
 
 def statement_html(text: str) -> str:
     """A finding's plain statement as HTML: `10^-12` as a power, `b_k` and `q_i` with subscripts."""
+    from keybias.pipeline.render_page import subscript_html
+
     text = _esc(text)
     text = re.sub(r"\^\{?(-?\d+)\}?", lambda m: m.group(1).translate(_SUPER), text)
     text = re.sub(r"\^\{?([\w\u0370-\u03ff])\}?", r"<sup>\1</sup>", text)
-    return re.sub(r"(?<![\w])([a-z])_([a-z0-9])(?![\w])", r"<i>\1</i><sub>\2</sub>", text)
+    return subscript_html(text)
 
 
 def _judging_claim(finding: dict, claims_here: list[dict]) -> dict | None:
@@ -271,9 +292,9 @@ def _judging_claim(finding: dict, claims_here: list[dict]) -> dict | None:
 def _paper_link(label: str | None, pages: dict[str, dict]) -> str:
     where = pages.get(label or "")
     if where:
-        return (f'<a href="../paper/main.pdf#page={where["page"]}">section {_esc(where["number"])} of the paper '
-                f'(page {where["page"]})</a>')
-    return '<a href="../paper/main.pdf">the paper (PDF)</a>'
+        return (f'<a href="../paper/main.pdf#page={where["page"]}" title="Section {_esc(where["number"])} of the '
+                f'paper">Paper, p.\u00a0{where["page"]}</a>')
+    return '<a href="../paper/main.pdf">Paper</a>'
 
 
 def _claim_numbers(c: dict, sign: str) -> str:
@@ -295,7 +316,7 @@ def _claim_item(c: dict, name_of_finding: str) -> str:
     words = " ".join([c.get("statement", ""), c["id"], c.get("kind") or "", c.get("notebook", ""), name_of_finding])
     return (f'<li id="claim-{_esc(c["id"])}" data-kind="{_esc(c.get("kind") or "")}" '
             f'data-holds="{"yes" if holds else "no"}" data-text="{_esc(words.lower())}">'
-            f'<span>{_esc(c.get("statement", ""))} <a href="notebooks/{_esc(c.get("notebook", ""))}.html#claim-'
+            f'<span>{statement_html(c.get("statement", ""))} <a href="notebooks/{_esc(c.get("notebook", ""))}.html#claim-'
             f'{_esc(c["id"])}">where it is judged</a></span>'
             f'<span class="check">{_claim_numbers(c, sign)}'
             + (' <span class="holds">holds</span>' if holds else ' <span class="fails">FAILS</span>') + "</span>"
@@ -349,21 +370,65 @@ def retired_predictions(results: Path, root: Path = ROOT) -> list[dict]:
     return out
 
 
+# The failed predictions in a reader's words: the numbers come from the judged record, the
+# sentence says what was predicted and what came out (the registry's statement otherwise).
+PREDICTION_WORDS = {
+    "invariance-missed-breaks-bfloat16": (
+        "We predicted that bfloat16, judging each module alone, would miss the break in at most {bound:pct} "
+        "of the modules where its float64 twin finds one. At its worst magnitude it missed {value:pct}."),
+    "longrun-gradient-biased-along-drift": (
+        "We predicted that in every small float32 run the mean gradient of b_k over the last decade of steps "
+        "keeps pushing b_k the way it has already moved, by more than {bound:num} standard errors. The "
+        "weakest run shows {value:num}."),
+}
+
+
+def _plain_number(value, digits: int = 3) -> str:
+    """A number as a person writes it in a sentence: 3 significant figures, no trailing zeros."""
+    text = format_number(value, digits)
+    return text.rstrip("0").rstrip(".") if "." in text and "\u00d7" not in text else text
+
+
+def _prediction_number(value, how: str) -> str:
+    if how == "pct":
+        return f"{_plain_number(100 * float(value), 2)}%"
+    return _plain_number(value)
+
+
+def prediction_sentence(p: dict) -> str:
+    """What a failed prediction said and what the data gave, as HTML."""
+    words = PREDICTION_WORDS.get(p.get("id", ""))
+    if words is None:
+        return (f"{statement_html(p['statement'])} Measured: {_esc(_plain_number(p['value']))}, against the bound "
+                f"{_esc(_plain_number(p['bound']))}.")
+    filled = re.sub(r"\{(value|bound):(pct|num)\}", lambda m: _prediction_number(p[m.group(1)], m.group(2)), words)
+    return statement_html(filled)
+
+
 def retired_html(predictions: list[dict]) -> str:
     """The failed predictions in words, for the entry page (empty when none failed)."""
     failed = [p for p in predictions if not p.get("holds")]
     if not failed:
         return ""
     count = NUMBER_WORDS[len(failed)] if len(failed) < len(NUMBER_WORDS) else str(len(failed))
-    head = (f"{count.capitalize()} prediction{'s' if len(failed) > 1 else ''}, registered before the data, "
-            f"failed on {'them' if len(failed) > 1 else 'it'}.")
+    one = len(failed) == 1
+    head = (f"{count.capitalize()} prediction{'' if one else 's'} made before the data came out wrong. "
+            f"A claim that fails stops the build, so {'it was' if one else 'they were'} withdrawn as "
+            f"{'a claim' if one else 'claims'}; every build still tests {'it' if one else 'them'} as first "
+            "stated and reports the result here.")
     items = "".join(
-        f'<li>{statement_html(p["statement"])} Measured {_number(p["value"])} against the bound '
-        f'{p["bound"]:g}; <a href="notebooks/{_esc(p["notebook"])}.html">notebook '
-        f'{_esc(p["notebook"])}</a> reports it.</li>' for p in failed)
+        f'<li>{prediction_sentence(p)} <a href="notebooks/{_esc(p["notebook"])}.html">'
+        f'{_esc(_notebook_title(p.get("results"), p["notebook"]) if p.get("results") else "Its notebook")}</a>.</li>'
+        for p in failed)
     return (f'<section id="retired" aria-labelledby="retired-h"><h2 id="retired-h">What failed</h2>'
-            f"<p>{head} A claim the data contradict would fail the build, so each was retired as a claim; "
-            f"every build still judges it as registered and reports the outcome.</p><ul>{items}</ul></section>")
+            f"<p>{head}</p><ul>{items}</ul></section>")
+
+
+def _profile_note(profile: str) -> str:
+    """Nothing for the paper's sizes; otherwise that these are not the paper's numbers."""
+    if not profile or profile == "paper":
+        return ""
+    return f", at the small sizes of the <code>{_esc(profile)}</code> profile, not the paper's"
 
 
 def site_commit(provenance: dict, steps: list[dict] | None = None) -> str:
@@ -402,12 +467,12 @@ def render_index(results: Path, steps: list[dict], claims: list[dict], provenanc
     alts = {stem: alt for s in steps for stem, alt in (s.get("figures_alt") or {}).items()}
     failing = [c for c in claims if not c.get("holds")]
     tests = [c for c in claims if c.get("kind") == "test"]
-    retired = retired_html(retired_predictions(results, root))
+    retired = retired_html([{**p, "results": results} for p in retired_predictions(results, root)])
     out = _page_head(title)
     out += [
         f'<header><h1 id="top">{title}</h1>',
         f'<p class="meta">Every number on this page was computed by the notebooks at commit '
-        f'<code>{_esc(commit[:12])}</code> (profile <code>{_esc(provenance.get("profile", ""))}</code>). '
+        f'<code>{_esc(commit[:12])}</code>{_profile_note(provenance.get("profile", ""))}. '
         f'<a href="../paper/main.pdf">The paper (PDF)</a>.</p>',
         '<nav class="top" aria-label="On this page"><a href="#found">What we found</a><a href="#findings">'
         'The findings</a><a href="#notebooks">Notebooks</a><a href="#claims">Claims</a>'
@@ -424,9 +489,9 @@ def render_index(results: Path, steps: list[dict], claims: list[dict], provenanc
     if retired:
         n_failed = retired.count("<li>")
         word = NUMBER_WORDS[n_failed] if n_failed < len(NUMBER_WORDS) else str(n_failed)
-        found_lead = (f'<p class="lead">{"Every claim holds" if not failing else f"{len(failing)} claims FAIL"}; '
-                      f'{word} prediction{"s" if n_failed > 1 else ""} registered before the data failed and '
-                      f'{"are" if n_failed > 1 else "is"} reported, not claimed: <a href="#retired">what failed</a>.</p>')
+        found_lead = (f'<p class="lead">{"Every claim holds" if not failing else f"{len(failing)} claims FAIL"}. '
+                      f'{word.capitalize()} prediction{"s" if n_failed > 1 else ""} made before the data '
+                      f'failed; <a href="#retired">what failed</a> reports {"them" if n_failed > 1 else "it"}.</p>')
     out.append('<section id="found" aria-labelledby="found-h"><h2 id="found-h">What we found</h2>' + found_lead
                + '<ol class="found">')
     for f in findings:
@@ -447,25 +512,22 @@ def render_index(results: Path, steps: list[dict], claims: list[dict], provenanc
         has_figure = bool(stem) and (results / "figures" / f"{stem}.png").is_file()
         links = []
         if has_figure:
-            links.append(f'<a href="notebooks/{_esc(name)}.html#fig-{_esc(stem.replace("_", "-"))}">the figure in '
-                         f"its notebook</a>")
+            links.append(f'<a href="notebooks/{_esc(name)}.html#fig-{_esc(stem.replace("_", "-"))}" '
+                         f'title="The figure in its notebook">Figure</a>')
         if judge is not None:
-            links.append(f'<a href="notebooks/{_esc(name)}.html#claim-{_esc(judge["id"])}">the cell that judges it</a>')
+            links.append(f'<a href="notebooks/{_esc(name)}.html#claim-{_esc(judge["id"])}" '
+                         f'title="The notebook cell that judges this finding">Judging cell</a>')
         else:
-            links.append(f'<a href="notebooks/{_esc(name)}.html">notebook {_esc(name)}</a>')
+            links.append(f'<a href="notebooks/{_esc(name)}.html">Its notebook</a>')
         links.append(_paper_link(f.get("section"), pages))
-        basis = {"test": f"decided by {_count(len(f.get('decided_by', [])), 'test')}",
-                 "proof": "an exact identity, checked symbolically", "measurement": "a reported measurement"}
+        if mine:
+            links.append(f'<a href="#group-{_esc(f["id"])}">{group_counts(mine, by_kind=False)}</a>')
         verdict = ""
         if any(not c.get("holds") for c in mine):
             verdict = ' <span class="fails">(a claim FAILS)</span>'
         text = [f'<div><h3>{statement_html(f.get("title", f["id"]))}{verdict}</h3>',
                 f'<p class="statement">{statement_html(f.get("statement") or "")}</p>',
-                f'<p class="links">See {", ".join(links[:-1])} and {links[-1]}. '
-                f'<span class="meta">Basis: {_esc(basis.get(f.get("basis"), f.get("basis", "")))}'
-                + (f'; <a href="#group-{_esc(f["id"])}">its {"claim" if len(mine) == 1 else _count(len(mine), "claim")}</a>'
-                   if mine else "")
-                + ".</span></p></div>"]
+                f'<p class="links">{" &middot; ".join(links)}</p></div>']
         figure = ""
         if has_figure:
             alt = alts.get(stem, f"The figure {stem}.")
@@ -475,8 +537,8 @@ def render_index(results: Path, steps: list[dict], claims: list[dict], provenanc
                 width = png_css_width(handle.read(4096))
             size = f' width="{width}"' if width else ""
             figure = (f'<figure><a href="figures/{_esc(stem)}.png"><img src="figures/{_esc(stem)}.png"{size} '
-                      f'alt="{_esc(alt)}" loading="lazy"></a><figcaption>Full size: <a href="figures/{_esc(stem)}.png">'
-                      f'PNG</a> &middot; <a href="figures/{_esc(stem)}.pdf">PDF</a></figcaption></figure>')
+                      f'alt="{_esc(alt)}" loading="lazy"></a><figcaption><a href="figures/{_esc(stem)}.pdf">'
+                      f"As PDF</a></figcaption></figure>")
         out.append(f'<article class="finding{" with-figure" if figure else ""}" id="finding-{_esc(f["id"])}">'
                    + "".join(text) + figure + "</article>")
     out.append("</section>")
@@ -510,21 +572,18 @@ def render_index(results: Path, steps: list[dict], claims: list[dict], provenanc
         by_notebook.setdefault(c.get("notebook", ""), []).append(c)
     groups += [(f"other-{nb}", f"Other checks in {_notebook_title(results, nb)}", cs) for nb, cs in by_notebook.items()]
     for gid, gtitle, cs in groups:
-        n_tests = sum(c.get("kind") == "test" for c in cs)
-        bad = sum(not c.get("holds") for c in cs)
-        counts = f"{_count(n_tests, 'test')}, {len(cs) - n_tests} other" if n_tests else f"{len(cs)} checks"
-        state = "all hold" if not bad else f'<span class="fails">{bad} FAIL</span>'
-        out.append(f'<details class="group" id="group-{_esc(gid)}"{" open" if bad else ""}><summary>{_esc(gtitle)} '
-                   f'({counts}; {state})</summary><ul class="claims">'
+        bad = any(not c.get("holds") for c in cs)
+        out.append(f'<details class="group" id="group-{_esc(gid)}"{" open" if bad else ""}><summary>'
+                   f'{statement_html(gtitle)} <span class="meta">({group_counts(cs)})</span></summary><ul class="claims">'
                    + "".join(_claim_item(c, gtitle) for c in cs) + "</ul></details>")
     out.append(f"<script>{_FILTER_SCRIPT}</script></section>")
 
     # cite and bundle
     out.append(f'<section id="cite"><h2>How to cite</h2>{_citation(root, title)}</section>')
     out.append(
-        '<section id="bundle"><h2>The bundle</h2><p><code>make bundle</code> writes '
-        f"<code>dist/keybias-artifact-{_esc(commit[:12])}.tar.gz</code>: the code, notebooks, parameters, these "
-        "results and the paper at this commit, byte for byte reproducible. <code>make all</code> inside it "
+        '<section id="bundle"><h2>The bundle</h2><p><code>make bundle</code> writes one archive to '
+        "<code>dist/</code>, named after the commit above: the code, notebooks, parameters, these "
+        "results and the paper at that commit, byte for byte reproducible. <code>make all</code> inside it "
         "regenerates everything; <code>make verify</code> compares a rerun with these results, findings first. "
         'Every figure, table and data file is listed on <a href="files.html">its own page</a>.</p></section>')
     out.append("</body></html>")

@@ -37,8 +37,53 @@ PAPER_SECTIONS = {
 HIDDEN_PARAMETERS = ("output_dir", "results_dir", "profile", "device")
 TABLE_ROWS_SHOWN = 25  # a longer table is trimmed to this many rows, with a link to its CSV
 TABLE_ROWS_MAX = 40
+CLAIMS_SHOWN = 8  # a cell judging more claims shows them folded under their count
 COMPARISON_SIGNS = {"<=": "\u2264", ">=": "\u2265", "==": "=", "<": "<", ">": ">", "!=": "\u2260"}
 _INT = re.compile(r"^[-+]?\d+$")
+# symbols with subscripts in plain prose (b_k, q_i, g_b_q): the nested form first
+_NESTED_SUB = re.compile(r"(?<![\w\\])([A-Za-z])_([A-Za-z])_([A-Za-z0-9]{1,3})(?![\w])")
+_SUB = re.compile(r"(?<![\w\\])([A-Za-z])_([A-Za-z0-9]{1,3})(?![\w])")
+# TeX a page typesets itself, left as it is
+_TEX = re.compile(r"\$\$.*?\$\$|\$[^$\n]+\$|\\\(.*?\\\)|\\\[.*?\\\]", re.DOTALL)
+# a file or module name (data/precision_law.csv, keybias.studies.x_y), left as it is written
+_PATH_LIKE = re.compile(r"[\w-]\.(?:csv|json|tex|pdf|png|svg|py|ipynb|html|yaml|txt)\b|^\(?keybias\.")
+_NOT_PROSE = ("script", "style", "code", "pre", "kbd", "samp", "textarea", "title", "head")
+
+
+def subscript_html(escaped: str) -> str:
+    """Escaped prose with b_k, q_i and g_b_q as a reader writes them (italic, subscripted)."""
+    escaped = _NESTED_SUB.sub(r"<i>\1</i><sub><i>\2</i><sub>\3</sub></sub>", escaped)
+    return _SUB.sub(r"<i>\1</i><sub>\2</sub>", escaped)
+
+
+def prose_html(text: str) -> str:
+    """Plain prose (a claim's or a finding's statement) as HTML: escaped, with its subscripts."""
+    return subscript_html(html.escape(str(text), quote=False))
+
+
+def subscript_prose(soup) -> int:
+    """Every text node of prose on the page (not code, not TeX the page typesets, not a path)
+    with b_k written as b with subscript k; the number of text nodes changed."""
+    from bs4 import BeautifulSoup, NavigableString
+
+    changed = 0
+    for node in list(soup.find_all(string=_SUB)):
+        if type(node) is not NavigableString or any(
+                p.name in _NOT_PROSE or "kb-equation" in (p.get("class") or []) for p in node.parents):
+            continue
+        text = str(node)
+        pieces, at = [], 0
+        for math in _TEX.finditer(text):
+            pieces.append(subscript_html(html.escape(text[at:math.start()], quote=False)))
+            pieces.append(html.escape(math.group(0), quote=False))
+            at = math.end()
+        pieces.append(subscript_html(html.escape(text[at:], quote=False)))
+        new = "".join(pieces)
+        if new == html.escape(text, quote=False) or any(_PATH_LIKE.search(w) for w in text.split() if "_" in w):
+            continue
+        node.replace_with(BeautifulSoup(new, features="html.parser"))
+        changed += 1
+    return changed
 
 
 def slugify(text: str) -> str:
@@ -197,10 +242,16 @@ def claims_box(claims: list[dict], findings: dict[str, dict] | None = None) -> s
             f'<span class="kb-claim-statement">{e(c.get("statement", ""))}</span> '
             f'<span class="kb-claim-check">{claim_line(c)}: {verdict}</span> '
             f'<span class="kb-claim-kind">{e(c.get("kind") or "")}</span> '
-            f'<a class="kb-claim-id" href="#claim-{e(c["id"])}"><code>{e(c["id"])}</code></a>{decides}</li>')
+            f'<a class="kb-claim-id" href="#claim-{e(c["id"])}" aria-label="Link to this claim">\u00b6</a>{decides}</li>')
     noun = "claim" if len(claims) == 1 else "claims"
+    bad = sum(not c.get("holds") for c in claims)
+    state = ("it holds" if len(claims) == 1 else "all hold") if not bad else f"{bad} {'FAILS' if bad == 1 else 'FAIL'}"
+    if len(claims) > CLAIMS_SHOWN:  # a long list is folded under its count, open where one fails
+        return (f'<aside class="kb-claims" aria-label="Claims judged here"><details{" open" if bad else ""}>'
+                f'<summary class="kb-claims-title">Judged here: {len(claims)} {noun}, {state}</summary>'
+                f"<ul>{''.join(items)}</ul></details></aside>")
     return (f'<aside class="kb-claims" aria-label="Claims judged here"><p class="kb-claims-title">'
-            f"Judged here ({len(claims)} {noun})</p><ul>{''.join(items)}</ul></aside>")
+            f"Judged here ({len(claims)} {noun}; {state})</p><ul>{''.join(items)}</ul></aside>")
 
 
 def findings_html(claims: list[dict], findings: list[dict] | None = None, name: str = "") -> str:
@@ -217,19 +268,20 @@ def findings_html(claims: list[dict], findings: list[dict] | None = None, name: 
     failing = [c for c in claims if not c.get("holds")]
     if claims:
         first = claims[0]["id"]
-        counts = (f"{len(tests)} {'test' if len(tests) == 1 else 'tests'} and {len(claims) - len(tests)} "
-                  f"{'other check' if len(claims) - len(tests) == 1 else 'other checks'}") if tests else (
-            f"{len(claims)} {'check' if len(claims) == 1 else 'checks'}")
+        others = len(claims) - len(tests)
+        counts = (f"{len(tests)} {'test' if len(tests) == 1 else 'tests'}"
+                  + (f" and {others} {'other check' if others == 1 else 'other checks'}" if others else "")
+                  ) if tests else f"{len(claims)} {'check' if len(claims) == 1 else 'checks'}"
         if failing:
             state = (f'<strong class="kb-fails">{len(failing)} FAIL</strong>: '
                      + ", ".join(f'<a href="#claim-{e(c["id"])}">{e(c["id"])}</a>' for c in failing))
         else:
-            state = "every one holds"
+            state = "it holds" if len(claims) == 1 else ("both hold" if len(claims) == 2 else "every one holds")
         parts.append(f'<p>This page judges {counts}, each at the cell that computes it '
-                     f'(the first is <a href="#claim-{e(first)}">here</a>); {state}. '
+                     f'(<a href="#claim-{e(first)}">the first</a>); {state}. '
                      f'<a href="{INDEX_HREF}#claims">All claims, by finding</a>.</p>')
     elif not mine:
-        parts.append("<p>This notebook records no claims; its numbers feed the paper through macros.</p>")
+        parts.append("<p>This notebook tests no claim; the paper prints the numbers it computes.</p>")
     parts.append("</section>")
     return "".join(parts)
 
@@ -273,15 +325,17 @@ def header_html(*, name, title, section, profile, device, commit, dirty, modules
     if shown:
         rows = "".join(f"<tr><th><code>{e(k)}</code></th><td><code>{e(v)}</code></td></tr>" for k, v in shown.items())
         noun = "parameter" if len(shown) == 1 else "parameters"
-        params_html = (f"<details><summary>{len(shown)} {noun} of profile <code>{e(profile)}</code></summary>"
+        params_html = (f"<details><summary>The {len(shown)} {noun} it ran with</summary>"
                        f'<table class="kb-params">{rows}</table></details>')
     return (
         f'<header class="kb-header">'
         f'{_pager_html(previous, following, "kb-pager-top")}'
         f'<h1 class="kb-title">{e(title)}</h1>'
         f"<p>Notebook <code>notebooks/{e(name)}.ipynb</code> supports {section_html}.</p>"
-        f'<div class="kb-runwith"><strong>Run with</strong> profile <code>{e(profile)}</code> '
-        f"&middot; device <code>{e(device)}</code> &middot; commit {commit_html}{params_html}</div>"
+        f'<div class="kb-runwith">Computed at commit {commit_html} on <code>{e(device)}</code>'
+        + ("" if profile in ("paper", "", None) else
+           f", at the small sizes of the <code>{e(profile)}</code> profile, not the paper's")
+        + f".{params_html}</div>"
         f"<p>Code it calls: {links}.</p>"
         f'<nav class="kb-toc" aria-label="Contents"></nav>'
         f"</header>"
@@ -373,6 +427,9 @@ def finish_page(page: str, *, header: str, name: str, claims: list[dict], judged
 
     soup = BeautifulSoup(page, features="html.parser")
     main = soup.find("main") or soup.body
+    from keybias.pipeline.index import paper_pages
+
+    pages = paper_pages(ROOT)  # LaTeX labels and their pages, once the paper has been built
 
     def fragment(markup: str):
         return BeautifulSoup(markup, features="html.parser")
@@ -428,7 +485,9 @@ def finish_page(page: str, *, header: str, name: str, claims: list[dict], judged
         e = html.escape
         extra = []
         if paper:
-            extra.append(f"Figure {paper['number']} in the paper")
+            where = pages.get(paper.get("label") or "")
+            extra.append(f'<a href="{PAPER_HREF}#page={where["page"]}">Figure {paper["number"]} in the paper</a>' if where
+                         else f"Figure {paper['number']} in the paper")
         if stem:
             extra.append(f'<a href="../figures/{e(stem)}.png">PNG</a>')
             extra.append(f'<a href="../figures/{e(stem)}.pdf">PDF</a>')
@@ -527,5 +586,13 @@ def finish_page(page: str, *, header: str, name: str, claims: list[dict], judged
         fold.insert(0, summary)
     main.append(fragment(findings_html(claims, findings, name)))
     main.append(fragment(_pager_html(previous, following, "kb-pager-bottom")))
+    # links to the paper open it at this notebook's section (its first finding's), once it is built
+    section = next((pages.get(f.get("section") or "") for f in findings if f.get("notebook") == name
+                    and pages.get(f.get("section") or "")), None)
+    if section:
+        for link in soup.find_all("a", href=PAPER_HREF):
+            link["href"] = f"{PAPER_HREF}#page={section['page']}"
+            link.string = f"The paper, section {section['number']} (page {section['page']})"
+    subscript_prose(soup)
     return str(soup)
 

@@ -26,10 +26,19 @@ KEYWORDS = frozenset({
 ABBREVIATIONS = {"se": "standard error", "pred": "predicted", "resid": "residual", "const": "constant",
                  "cos": "cosine", "eff": "effective", "dev": "deviation", "err0": "error without b_k",
                  "err": "error", "reps": "repetitions", "params": "parameters", "frac": "fraction",
-                 "std": "standard deviation", "avg": "average", "seconds_share": "share of seconds"}
+                 "std": "standard deviation", "avg": "average", "seconds_share": "share of seconds",
+                 "diff": "difference", "rel": "relative", "abs": "absolute", "sgd": "SGD", "Sgd": "SGD",
+                 "ffn": "FFN", "Ffn": "FFN", "seq": "sequence", "Seq": "Sequence", "gpu": "GPU", "Gpu": "GPU",
+                 "fro": "Frobenius norm", "sqrt": "\u221a", "Wk": "W_k", "din": "d_in", "sdpa": "SDPA",
+                 "Sdpa": "SDPA", "kv": "key-value", "lr": "learning rate"}
+# the words a verdict value is shown as (the data keep the identifiers the design names)
+VALUE_WORDS = {"not_redundant": "not redundant"}
 _SUPERSCRIPT = str.maketrans("0123456789-", "\u2070\u00b9\u00b2\u00b3\u2074\u2075\u2076\u2077\u2078\u2079\u207b")
 _NUMBER = re.compile(r"^[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)?(?:\.\d+)?(?:[eE][-+]?\d+)?$")
 _BIAS = re.compile(r"\bb_([kqvo])\b")
+# a symbol with a short subscript in a header (b_k, W_k, d_in) and log10, as a reader writes them
+_SUBSCRIPT = re.compile(r"(?<![\w])([A-Za-z])_([a-z]{1,3}|\d)(?![\w])")
+_UNICODE_SUB = {"k": "\u2096", "v": "\u1d65", "o": "\u2092", "in": "\u1d62\u2099", "0": "\u2080", "1": "\u2081"}
 
 
 def is_missing(value) -> bool:
@@ -118,10 +127,29 @@ def header_text(name) -> str:
     words = re.sub(r"\btgt\b", "target", words)
     words = re.sub(r"\bsrc\b", "source", words)
     words = re.sub(r"\bci\b", "interval", words)
-    words = re.sub(r"\bus\b", "(\u00b5s)", words)
-    if not words or re.match(r"b_[kqvo]\b", words):
+    words = re.sub(r"\bus\b", "(\u00b5s)", words).replace("\u221a ", "\u221a")
+    if not words or re.match(r"[A-Za-z]_\w", words):
         return words
     return words[:1].upper() + words[1:]
+
+
+def header_html(name, given: str | None = None) -> str:
+    """A column's header as HTML: `header_text` (or the `given` words), PyTorch keywords as code,
+    b_k, W_k and d_in with subscripts and log10 as log with subscript 10, as the paper writes them."""
+    if given is None and str(name) in KEYWORDS:
+        return f"<code>{html.escape(str(name))}</code>"
+    text = html.escape(header_text(name) if given is None else str(given))
+    text = _SUBSCRIPT.sub(r"<i>\1</i><sub>\2</sub>", text)
+    return re.sub(r"\blog10\b", "log<sub>10</sub>", text)
+
+
+def header_label(name, given: str | None = None) -> str:
+    """The same header as plain text (a phone shows it before each cell of a wide table): the
+    subscripts Unicode has as subscripts (b\u2096, d\u1d62\u2099), the others as b_q."""
+    text = str(name) if given is None and str(name) in KEYWORDS else (header_text(name) if given is None else str(given))
+    text = _SUBSCRIPT.sub(lambda m: m.group(1) + _UNICODE_SUB[m.group(2)] if m.group(2) in _UNICODE_SUB
+                          else m.group(0), text)
+    return re.sub(r"\blog10\b", "log\u2081\u2080", text)
 
 
 def whole_clauses(text: str, cut_at: int | None = None) -> str:
@@ -158,19 +186,27 @@ def _frame(frame):
 
 
 def table_html(frame, *, csv: str | None = None, max_rows: int = MAX_ROWS, caption: str | None = None,
-               headers: dict | None = None) -> str:
-    """The HTML of a reader's table (see the module docstring); `csv` is a stem in results/data/."""
+               headers: dict | None = None, columns: list | None = None) -> str:
+    """The HTML of a reader's table (see the module docstring); `csv` is a stem in results/data/,
+    `columns` the columns shown of a table too wide to read whole (the CSV holds every column)."""
     frame = _frame(frame)
     headers = headers or {}
     e = html.escape
+    all_columns = len(frame.columns)
+    if columns is not None:
+        missing = [c for c in columns if c not in frame.columns]
+        if missing:
+            raise KeyError(f"show_table: no column {', '.join(map(str, missing))} in this table")
+        if not csv:
+            raise ValueError("show_table: a table shown without some of its columns needs the csv that has them all")
+        frame = frame[list(columns)]
     columns = list(frame.columns)
     numeric = {c: all(is_number(v) or is_missing(v) for v in frame[c]) and not all(is_missing(v) for v in frame[c])
                for c in columns}
-    labels = {c: str(c) if str(c) in KEYWORDS and c not in headers else headers.get(c, header_text(c)) for c in columns}
+    labels = {c: header_label(c, headers.get(c)) for c in columns}
     head = "".join(
-        f'<th class="{"kb-num" if numeric[c] else "kb-text"}" scope="col">'
-        f'{"<code>" + e(labels[c]) + "</code>" if str(c) in KEYWORDS and c not in headers else e(labels[c])}'
-        "</th>" for c in columns)
+        f'<th class="{"kb-num" if numeric[c] else "kb-text"}" scope="col">{header_html(c, headers.get(c))}</th>'
+        for c in columns)
     # a long table is cut only where the CSV that holds every row can be linked; without one it
     # is shown whole, so that no row is lost
     trimmed = bool(csv) and len(frame) > max_rows
@@ -188,12 +224,17 @@ def table_html(frame, *, csv: str | None = None, max_rows: int = MAX_ROWS, capti
                 else:
                     text = MISSING if is_missing(value) else (
                         format_number(value) if is_number(value) or _is_bool(value) else str(value))
-                text = COMPARISONS.get(text, text)
+                text = VALUE_WORDS.get(text, COMPARISONS.get(text, text))
                 cells.append(f'<td class="kb-text" data-label="{e(labels[c])}">{breakable(e(text))}</td>')
         rows.append("<tr>" + "".join(cells) + "</tr>")
     note = ""
-    if trimmed:
-        note = (f'<p class="kb-trimmed">The first {max_rows} of {len(frame):,} rows; every row is in '
+    narrowed = len(columns) < all_columns
+    if trimmed or narrowed:
+        shown_part = " and ".join(part for part in (
+            f"the first {max_rows} of {len(frame):,} rows" if trimmed else "",
+            f"{len(columns)} of {all_columns} columns" if narrowed else "") if part)
+        every = "every row and column" if trimmed and narrowed else ("every row" if trimmed else "every column")
+        note = (f'<p class="kb-trimmed">{shown_part[:1].upper() + shown_part[1:]}; {every} is in '
                 f'<a href="../data/{e(csv)}.csv">data/{e(csv)}.csv</a>.</p>')
     elif csv:
         note = f'<p class="kb-trimmed">As CSV: <a href="../data/{e(csv)}.csv">data/{e(csv)}.csv</a>.</p>'
@@ -214,18 +255,36 @@ class Table:
         return table_html(self.frame, **self.options)
 
     def __repr__(self) -> str:
-        shown = self.frame.head(self.options.get("max_rows", MAX_ROWS)) if self.options.get("csv") else self.frame
+        shown = self.frame[list(self.options["columns"])] if self.options.get("columns") else self.frame
+        shown = shown.head(self.options.get("max_rows", MAX_ROWS)) if self.options.get("csv") else shown
         return shown.map(lambda v: format_number(v) if is_number(v) or is_missing(v) else str(v)).to_string(index=False)
 
 
 def show_table(frame, *, csv: str | None = None, max_rows: int = MAX_ROWS, caption: str | None = None,
-               headers: dict | None = None) -> Table:
+               headers: dict | None = None, columns: list | None = None) -> Table:
     """A DataFrame as a reader's table: the last expression of a notebook cell.
 
     `csv`: the stem of the CSV in results/data/ that holds every row (linked under the table);
-    `headers`: column names to show instead of the generated ones.
+    `headers`: column names to show instead of the generated ones;
+    `columns`: the columns to show of a table too wide to read whole (needs `csv`, which has them all).
     """
-    return Table(frame, csv=csv, max_rows=max_rows, caption=caption, headers=headers)
+    table = Table(frame, csv=csv, max_rows=max_rows, caption=caption, headers=headers, columns=columns)
+    table._repr_html_()  # a missing column or a narrowed table without its CSV fails here, in the cell
+    return table
+
+
+def _plain_header(th) -> str:
+    """A header cell's text with its subscripts as `header_label` writes them (b\u2096, b_q)."""
+    parts = []
+    for node in th.descendants:
+        if isinstance(node, str) and not (node.parent.name == "sub"):
+            parts.append(str(node))
+        elif getattr(node, "name", None) == "sub":
+            sub = node.get_text()
+            parts.append("\u2081\u2080" if sub == "10" else _UNICODE_SUB.get(sub, "_" + sub))
+    text = " ".join("".join(parts).split())
+    return _SUBSCRIPT.sub(lambda m: m.group(1) + _UNICODE_SUB[m.group(2)] if m.group(2) in _UNICODE_SUB
+                          else m.group(0), text)
 
 
 def _label_cells(table) -> int:
@@ -233,7 +292,7 @@ def _label_cells(table) -> int:
     card per row) and mark a table of more than WIDE_COLUMNS columns `kb-wide`; the column count."""
     head = table.find("thead")
     rows = head.find_all("tr", recursive=False) if head else []
-    labels = [th.get_text().strip() for th in rows[-1].find_all(["th", "td"], recursive=False)] if rows else []
+    labels = [_plain_header(th) for th in rows[-1].find_all(["th", "td"], recursive=False)] if rows else []
     body = table.find("tbody")
     for row in (body.find_all("tr", recursive=False) if body else []):
         cells = row.find_all(["td", "th"], recursive=False)
@@ -281,12 +340,9 @@ def tidy_table_html(table, soup) -> None:
             for th in hr.find_all(["th", "td"], recursive=False):
                 text = th.get_text().strip()
                 th.clear()
-                if text in KEYWORDS:
-                    code = soup.new_tag("code")
-                    code.string = text
-                    th.append(code)
-                else:
-                    th.string = header_text(text)
+                from bs4 import BeautifulSoup
+
+                th.append(BeautifulSoup(header_html(text), "html.parser"))
     for row in rows:
         for cell in row.find_all(["td", "th"], recursive=False):
             text = cell.get_text().strip()
@@ -297,8 +353,8 @@ def tidy_table_html(table, soup) -> None:
                 cell["class"] = [*(cell.get("class") or []), "kb-num"]
             elif text in ("True", "False"):
                 cell.string = "yes" if text == "True" else "no"
-            elif text in COMPARISONS:
-                cell.string = COMPARISONS[text]
+            elif text in COMPARISONS or text in VALUE_WORDS:
+                cell.string = VALUE_WORDS.get(text, COMPARISONS.get(text))
             elif "_" in text and cell.name == "td" and not cell.find(True):
                 cell.clear()
                 for i, part in enumerate(text.split("_")):
