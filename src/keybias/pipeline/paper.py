@@ -158,10 +158,13 @@ class PaperSteps:
         status_line(f"paper: main.pdf built in {time.perf_counter() - t0:.1f} s")
 
     def reindex(self) -> None:
-        """The entry page again, now that the paper's labels give its links their page numbers."""
+        """The notebook pages and the entry page again, now that the paper's labels give their links page numbers."""
         claims = json.loads((self.results / "claims.json").read_text())
         provenance = json.loads((self.results / "provenance.json").read_text())
         steps = [json.loads(self._step_file(n).read_text()) for n in self.notebooks]
+        # the notebooks' links to the paper carry page numbers only once the paper's .aux exists,
+        # which on a first build is after they were rendered (a few seconds)
+        render_results(self.results)
         write_if_changed(self.results / "index.html", render_index(self.results, steps, claims, provenance))
 
     def _source_date(self) -> str:
