@@ -2,8 +2,9 @@
 
     python scripts/write_random_checkpoint.py OUT_DIR --shape opt-6.7b --dtype bfloat16
 
-OUT_DIR gets config.json, shards of at most --shard-gb gigabytes and model.safetensors.index.json,
-in the layout save_pretrained writes (tied tensors stored once). The model is built on the meta
+OUT_DIR gets config.json, shards of at most --shard-gb gigabytes and model.safetensors.index.json
+(or one model.safetensors where one shard holds everything), in the layout save_pretrained writes
+(tied tensors stored once). The model is built on the meta
 device only for its tensors' names and shapes; each tensor is drawn, converted and written
 before the next is drawn, so the memory needed is one tensor, whatever the model's size.
 Weights (two or more dimensions) are N(0, 0.02^2), norm scales 1 + N(0, 0.1^2), biases
@@ -102,8 +103,11 @@ def write(out: Path, shape: str, dtype_name: str, shard_gb: float) -> dict:
                 f.write(t.reshape(-1).view(torch.uint8).numpy().data)
                 del t
         total += offset
-    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
-    (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+    if len(shards) == 1:  # one file, named as save_pretrained names it, and no index
+        (out / file).rename(out / "model.safetensors")
+    else:
+        index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+        (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
     return {"shards": len(shards), "bytes": total, "largest_shard_bytes": max(
         sum(size * int(torch.Size(d).numel()) for _, d in m) for m in shards)}
 
