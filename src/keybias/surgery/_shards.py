@@ -101,9 +101,10 @@ def _raw(t: torch.Tensor) -> bytes:
     return t.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
 
 
-def copy_shard(src: Path, dst: Path, replacements: dict[str, torch.Tensor]) -> dict[str, int]:
+def copy_shard(src: Path, dst: Path, replacements: dict[str, torch.Tensor], stop=None) -> dict[str, int]:
     """Write `src` to `dst` with the tensors of `replacements` in place of its own (same dtype
-    and shape, so the same header). Returns the CRC-32 of each tensor's bytes as written."""
+    and shape, so the same header). Returns the CRC-32 of each tensor's bytes as written.
+    `stop` (a threading.Event) ends the copy between two chunks once it is set."""
     start, table = header(src)
     crcs = {}
     with src.open("rb") as f, dst.open("wb") as out:
@@ -124,6 +125,8 @@ def copy_shard(src: Path, dst: Path, replacements: dict[str, torch.Tensor]) -> d
             f.seek(start + lo)
             crc, left = 0, hi - lo
             while left:
+                if stop is not None and stop.is_set():
+                    raise CheckpointError(f"the copy of {src.name} was stopped")
                 chunk = f.read(min(CHUNK, left))
                 if not chunk:
                     raise CheckpointError(f"{src.name} ended inside tensor {name}")
@@ -153,3 +156,39 @@ def check_copy(path: Path, crcs: dict[str, int]) -> None:
                 left -= len(chunk)
             if left or crc != crcs[name]:
                 raise CheckpointError(f"reading back {path.name} gave a different {name}")
+
+
+class Writer:
+    """Copies shards in a background thread while the caller certifies the next modules (the
+    copy waits on the disk, the certification on the CPU). A shard is copied, then read back,
+    as soon as every module with a tensor in it is done (`ready`), so it has all its changes."""
+
+    def __init__(self, src: Path, dst: Path, tables: dict[str, dict]):
+        import threading
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.src, self.dst, self.tables = src, dst, tables
+        self.stop = threading.Event()
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="keybias-shards")
+        self.jobs: dict[str, object] = {}
+
+    def _copy(self, shard: str, replacements: dict[str, torch.Tensor]) -> None:
+        crcs = copy_shard(self.src / shard, self.dst / shard, replacements, stop=self.stop)
+        check_copy(self.dst / shard, crcs)
+
+    def ready(self, shard: str, replacements: dict[str, torch.Tensor]) -> None:
+        if shard not in self.jobs:
+            self.jobs[shard] = self.pool.submit(self._copy, shard, dict(replacements))
+
+    def finish(self) -> None:
+        """Wait for every shard; the first error of the copies is raised here."""
+        missing = set(self.tables) - set(self.jobs)
+        if missing:
+            raise CheckpointError(f"shards never became ready: {_names(missing)}")
+        for job in self.jobs.values():
+            job.result()
+        self.pool.shutdown(wait=True)
+
+    def abort(self) -> None:
+        self.stop.set()
+        self.pool.shutdown(wait=True, cancel_futures=True)

@@ -13,10 +13,12 @@ architecture alone. Then, for each module that the tools change:
    dtype against that dtype's rounding bound;
 3. the changed tensors (a few bias vectors) are kept and the module goes back to the meta device.
 
-Only then is the output written: each shard is copied chunk by chunk with the changed tensors in
-their places, and read back. The memory needed is one attention module in float64 and its
-copies, whatever the size of the model; the time is about one read of the attention weights
-and one read, write and read-back of the checkpoint.
+Each shard is copied chunk by chunk, with the changed tensors in their places, and read back, as
+soon as every module that reads it is done: in a background thread, so that the copy (waiting on
+the disk) overlaps the certification of the next modules (waiting on the CPU). Everything goes
+to a temporary folder that is renamed into place only when all of it is done. The memory needed
+is one attention module in float64 and its copies, whatever the size of the model; the time is
+about one read of the attention weights and one read, write and read-back of the checkpoint.
 
 What it does not do: run the whole model. Each module is certified on its own; the identities
 (softmax ignores a constant added to every score of a row; a row of weights that sums to one
@@ -187,93 +189,105 @@ def convert_sharded(in_dir: Path, out_dir: Path, *, fold_value: bool, allow_drop
         reports[op]["not_handled"] += not_handled
     replacements: dict[str, torch.Tensor] = {}
     units = list(dict.fromkeys(s.unit_path for s in sites))
-    for i, unit_path in enumerate(units):
+    # the shards each module reads: a shard is copied once every module that reads it is done
+    waiting: dict[str, set[str]] = {shard: set() for shard in tables}
+    for unit_path in units:
         unit = model.get_submodule(unit_path) if unit_path else model
-        shared = _shared_outside(unit_path, unit, held)
-        if shared:
-            raise CliError(f"{unit_path} shares tensors with {_names(shared)}: the sharded mode changes one module "
-                           "at a time and cannot change a tied tensor; nothing written")
-        local = list(unit.state_dict(keep_vars=True))
-        full = {k: f"{unit_path}.{k}" if unit_path else k for k in local}
-        by_shard: dict[str, list[str]] = {}
-        for k in local:
-            stored = to_stored[full[k]]
-            by_shard.setdefault(weight_map[stored], []).append(stored)
-        values: dict[str, torch.Tensor] = {}
-        for shard, names in by_shard.items():
-            values.update(_shards.read_tensors(in_dir / shard, names))
-        loaded = {k: values[to_stored[full[k]]] for k in local}
-        unit.load_state_dict(loaded, assign=True, strict=True)
-        left = [n for n, t in list(unit.named_parameters()) + list(unit.named_buffers()) if t.is_meta]
-        if left:
-            raise CliError(f"{unit_path} has tensors that the checkpoint does not store ({_names(left)}); the "
-                           "sharded mode cannot rebuild them; nothing written")
-        site = next(s for s in sites if s.unit_path == unit_path)
-        dtype = next((t.dtype for t in loaded.values() if t.is_floating_point()), torch.float32)
-        inputs = _unit_inputs(unit, site, dtype, seed=i)
-        before = {k: t.clone() for k, t in unit.state_dict().items() if t.ndim <= 1}
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", surgery.FullyMaskedRowWarning)
-                for op in operations:
-                    tool = surgery.strip_key_bias if op == "strip_key_bias" else surgery.fold_value_bias
-                    extra = {"allow_dropout": allow_dropout} if op == "fold_value_bias" else {}
-                    part = tool(unit, storage="zeros", inputs=inputs, **extra)
-                    _merge(reports[op], part, unit_path)
-        except surgery.SurgeryRefused as exc:
-            raise CliError(refusal_message(exc, prefix=unit_path)) from exc
-        for k, t in unit.state_dict().items():
-            if k in before and not torch.equal(before[k], t):
-                replacements[to_stored[full[k]]] = t.detach().clone()
-        unit.to("meta")
-        del values, loaded, before
+        for k in unit.state_dict(keep_vars=True):
+            waiting[weight_map[to_stored[f"{unit_path}.{k}" if unit_path else k]]].add(unit_path)
 
-    strip = reports["strip_key_bias"]
-    if not any(r["modules_changed"] for r in reports.values()):
-        if strip["unchanged"] and not strip["not_handled"]:
-            raise CliError(f"architecture {label!r}: no key bias to remove ({strip['unchanged'][0]['reason']}); "
-                           "nothing written")
-        detail = "; ".join(f"{u['module']} ({u['type']}): {u['reason']}" for u in strip["not_handled"][:3]) + _more(strip["not_handled"])
-        raise CliError(f"architecture {label!r}: no attention module this tool handles. {detail}")
-    for op in operations:
-        log(format_report(reports[op]))
-    checks = [c for r in reports.values() for c in r["unit_checks"]]
-    check = {"mode": "per module", "modules": len(checks), "holds": all(c["holds"] for c in checks),
-             "dtype": checks[0]["dtype"] if checks else "",
-             "largest_change_over_bound": max((c["change"] / c["bound"] if c["bound"] > 0 else float("inf"))
-                                              for c in checks) if checks else None}
-    worst = max((m["change_over_tolerance"] for r in reports.values() for m in r["modules"]
-                 if m["change_over_tolerance"] is not None), default=0.0)
-    log(f"each changed module certified on its own, float64 (largest change/tolerance {worst:.2g}) and "
-        f"{check['dtype']} (largest change/rounding bound {check['largest_change_over_bound']:.2g}): "
-        f"{'ok' if check['holds'] else 'FAILED'}")
-    if not check["holds"]:
-        raise CliError("a module's own check failed; nothing written")
+    def release(writer, done: str | None) -> None:
+        for shard, pending in waiting.items():
+            pending.discard(done)
+            if not pending:
+                writer.ready(shard, {k: v for k, v in replacements.items() if weight_map[k] == shard})
 
     tmp = out_dir.parent / f".{out_dir.name}{TEMP_TAG}{os.getpid()}"
+    tmp.mkdir()
+    writer = _shards.Writer(in_dir, tmp, tables)
     try:
-        tmp.mkdir()
         for item in in_dir.iterdir():
             if item.suffix in WEIGHT_SUFFIXES:
                 continue
             target = tmp / item.name
             shutil.copytree(item, target) if item.is_dir() else shutil.copy2(item, target)
-        crcs = {}
-        for shard in tables:
-            mine = {k: v for k, v in replacements.items() if weight_map[k] == shard}
-            crcs[shard] = _shards.copy_shard(in_dir / shard, tmp / shard, mine)
+        release(writer, None)  # shards that no changed module reads
+        for i, unit_path in enumerate(units):
+            unit = model.get_submodule(unit_path) if unit_path else model
+            shared = _shared_outside(unit_path, unit, held)
+            if shared:
+                raise CliError(f"{unit_path} shares tensors with {_names(shared)}: the sharded mode changes one module "
+                               "at a time and cannot change a tied tensor; nothing written")
+            local = list(unit.state_dict(keep_vars=True))
+            full = {k: f"{unit_path}.{k}" if unit_path else k for k in local}
+            by_shard: dict[str, list[str]] = {}
+            for k in local:
+                stored = to_stored[full[k]]
+                by_shard.setdefault(weight_map[stored], []).append(stored)
+            values: dict[str, torch.Tensor] = {}
+            for shard, names in by_shard.items():
+                values.update(_shards.read_tensors(in_dir / shard, names))
+            loaded = {k: values[to_stored[full[k]]] for k in local}
+            unit.load_state_dict(loaded, assign=True, strict=True)
+            left = [n for n, t in list(unit.named_parameters()) + list(unit.named_buffers()) if t.is_meta]
+            if left:
+                raise CliError(f"{unit_path} has tensors that the checkpoint does not store ({_names(left)}); the "
+                               "sharded mode cannot rebuild them; nothing written")
+            site = next(s for s in sites if s.unit_path == unit_path)
+            dtype = next((t.dtype for t in loaded.values() if t.is_floating_point()), torch.float32)
+            inputs = _unit_inputs(unit, site, dtype, seed=i)
+            before = {k: t.clone() for k, t in unit.state_dict().items() if t.ndim <= 1}
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", surgery.FullyMaskedRowWarning)
+                    for op in operations:
+                        tool = surgery.strip_key_bias if op == "strip_key_bias" else surgery.fold_value_bias
+                        extra = {"allow_dropout": allow_dropout} if op == "fold_value_bias" else {}
+                        part = tool(unit, storage="zeros", inputs=inputs, **extra)
+                        _merge(reports[op], part, unit_path)
+            except surgery.SurgeryRefused as exc:
+                raise CliError(refusal_message(exc, prefix=unit_path)) from exc
+            for k, t in unit.state_dict().items():
+                if k in before and not torch.equal(before[k], t):
+                    replacements[to_stored[full[k]]] = t.detach().clone()
+            unit.to("meta")
+            del values, loaded, before
+            release(writer, unit_path)
+
+        strip = reports["strip_key_bias"]
+        if not any(r["modules_changed"] for r in reports.values()):
+            if strip["unchanged"] and not strip["not_handled"]:
+                raise CliError(f"architecture {label!r}: no key bias to remove ({strip['unchanged'][0]['reason']}); "
+                               "nothing written")
+            detail = "; ".join(f"{u['module']} ({u['type']}): {u['reason']}" for u in strip["not_handled"][:3]) + _more(strip["not_handled"])
+            raise CliError(f"architecture {label!r}: no attention module this tool handles. {detail}")
+        for op in operations:
+            log(format_report(reports[op]))
+        checks = [c for r in reports.values() for c in r["unit_checks"]]
+        check = {"mode": "per module", "modules": len(checks), "holds": all(c["holds"] for c in checks),
+                 "dtype": checks[0]["dtype"] if checks else "",
+                 "largest_change_over_bound": max((c["change"] / c["bound"] if c["bound"] > 0 else float("inf"))
+                                                  for c in checks) if checks else None}
+        worst = max((m["change_over_tolerance"] for r in reports.values() for m in r["modules"]
+                     if m["change_over_tolerance"] is not None), default=0.0)
+        log(f"each changed module certified on its own, float64 (largest change/tolerance {worst:.2g}) and "
+            f"{check['dtype']} (largest change/rounding bound {check['largest_change_over_bound']:.2g}): "
+            f"{'ok' if check['holds'] else 'FAILED'}")
+        if not check["holds"]:
+            raise CliError("a module's own check failed; nothing written")
+
+        writer.finish()
         summary = {"input": str(in_dir), "operations": operations, "sharded": True,
                    "certification": check, "reports": list(reports.values()),
                    "tensors_changed": sorted(replacements)}
         (tmp / "keybias_surgery.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
-        for shard, table in crcs.items():
-            _shards.check_copy(tmp / shard, table)
         _commit(tmp, out_dir, log)
     except _shards.CheckpointError as exc:
+        writer.abort()
         shutil.rmtree(tmp, ignore_errors=True)
         raise CliError(str(exc)) from exc
     except BaseException:
+        writer.abort()
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return summary
-

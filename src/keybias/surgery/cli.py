@@ -1,19 +1,40 @@
-"""python -m keybias.surgery IN_DIR OUT_DIR [--fold-value] [--dtype ...]
+"""python -m keybias.surgery IN_DIR OUT_DIR [--fold-value [--allow-dropout]] [--dtype ...]
 
-Loads a Hugging Face model directory offline from safetensors only (never a pickle), removes
-every key bias (and with --fold-value folds every value bias), certifies each change on a
-float64 copy of its module and the whole model in its own dtype against that dtype's rounding
-bound, and writes a directory
-that transformers' from_pretrained loads with the stock architecture: the removed biases are
-stored as explicit zeros (storage='zeros'), since a missing tensor would be re-initialized by
-from_pretrained. Every other file of IN_DIR (tokenizer, sentence-transformers modules) is
-copied. The output appears only when everything succeeded (written to a temporary folder
-next to OUT_DIR, then renamed); on any error nothing is left behind and the exit code is 2.
+Removes every key bias of a model folder (and with --fold-value folds every value bias),
+certifies each change and writes a new folder, offline and from safetensors only (never a
+pickle). IN_DIR is a Hugging Face model directory, timm's Hugging Face folder or open_clip's.
+
+One file (model.safetensors): the model is loaded whole, each change is certified on a float64
+copy of its module alone (on the calls the model makes on built inputs) and the whole model is
+checked in its own dtype against that dtype's rounding bound.
+
+Sharded (model.safetensors.index.json and its shards, a Hugging Face directory): the checkpoint
+is never loaded whole. The model is built on the meta device to find its attention modules;
+each module the tools change is read from its shards alone, certified on its own in float64
+(built inputs: random hidden states with a padded key, and randomised ones; the redundancy probe
+and its control) and checked in the checkpoint's dtype; then every shard is copied chunk by chunk
+with the changed bias vectors in their places. Memory: one attention module and its float64
+copy; time: about one read, write and read-back of the checkpoint. The identities are exact for
+each module whatever feeds it (softmax ignores a constant added to every score of a row; a row
+of weights that sums to one passes b_v through), so certifying each module on its own certifies
+the composition; no forward pass of the whole model is run in this mode.
+
+The output loads with the stock architecture (from_pretrained, timm, open_clip): removed biases
+are stored as explicit zeros, since a missing tensor would be re-initialized. Every other file
+of IN_DIR (tokenizer, sentence-transformers modules, the index) is copied.
 
 Never a guess: a checkpoint with a tensor missing (transformers would initialise it at random),
-an unexpected tensor (it would be dropped) or a shape that differs from config.json is an
-error naming them, before any surgery. Once OUT_DIR is complete, the run has succeeded: an
-interrupt after that exits 0. The written tensors are read back and compared one at a time.
+an unexpected tensor (it would be dropped), a shape that differs from config.json, a shard the
+index names but the folder lacks, or an index that places a tensor in a shard that does not hold
+it, is an error naming them, before any surgery. --fold-value on a model with attention dropout
+configured is refused, naming the modules, unless --allow-dropout says that the output is for
+inference (the fold is exact in eval mode; in training mode dropped rows do not sum to one).
+
+Atomic: the output is written to a temporary folder next to OUT_DIR and renamed into place only
+when complete and read back (tensor by tensor); on any error or Ctrl-C before that, nothing is
+left and the exit code is 2 (a rerun removes a killed run's temporary folder). Once OUT_DIR is
+complete the run has succeeded: an interrupt after that exits 0. Another library's long error
+message is cut with "…"; KEYBIAS_FULL_ERRORS=1 shows it whole.
 """
 
 from __future__ import annotations

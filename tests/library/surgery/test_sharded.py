@@ -204,12 +204,12 @@ def test_a_shard_interrupted_mid_write_leaves_nothing_and_a_rerun_finishes(tmp_p
     real = _shards.copy_shard
     calls = {"n": 0}
 
-    def interrupted(source, target, replacements):
+    def interrupted(source, target, replacements, stop=None):
         calls["n"] += 1
         if calls["n"] == 2:  # the second shard: half of it written, then Ctrl-C
             target.write_bytes(source.read_bytes()[: source.stat().st_size // 2])
             raise KeyboardInterrupt
-        return real(source, target, replacements)
+        return real(source, target, replacements, stop)
     monkeypatch.setattr(_shards, "copy_shard", interrupted)
     assert cli.main([str(src), str(out), "--fold-value"]) == 2
     assert "interrupted; nothing written" in _one_line(capsys)
