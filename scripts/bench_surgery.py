@@ -8,7 +8,8 @@ Then, in fresh processes, one measurement each, so that every peak is its own:
 
 * floor: read every shard and write it back (safetensors load_file/save_file), the least any
   tool that rewrites the checkpoint must do;
-* forward: the median of five forward passes of the loaded model on the tool's example inputs;
+* forward: the median of five forward passes before the tools and five after, of the loaded model
+  on the tool's example inputs;
 * library: strip_key_bias then fold_value_bias on the loaded model (peak memory over the
   model's own bytes, time in forward passes); left out where the model in memory would take
   more than LIBRARY_LIMIT_GB, the share of this machine's memory a bench may use;
@@ -41,8 +42,8 @@ sys.path.insert(0, str(ROOT / "scripts"))
 FORWARDS = 5  # forward passes timed; their median is the unit of the strip time
 SHARD_GB = 5.0
 LIBRARY_LIMIT_GB = 12.0  # this machine's memory is shared; a model larger than this is not loaded whole
-COLUMNS = """Columns: forward s is the median of {forwards} forward passes of the loaded model on the tool's
-example inputs (2 x 8 tokens); strip s is strip_key_bias on that model, also given as a number of
+COLUMNS = """Columns: forward s is the median of {forwards} forward passes before and {forwards} after the tools, of
+the loaded model on the tool's example inputs (2 x 8 tokens); strip s is strip_key_bias on that model, also given as a number of
 such forward passes; library peak is the process's peak resident set during strip and fold
 (Python, torch and transformers included), and its ratio to the model's parameter bytes; the
 floor reads every shard and writes it back with safetensors; CLI is `python -m keybias.surgery IN
@@ -129,14 +130,19 @@ def _library(folder: Path) -> dict:
     model = _load(folder)
     model_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     inputs = _calls.example_inputs(model)
+
+    def forwards() -> list[float]:
+        times = []
+        with torch.no_grad():
+            for _ in range(FORWARDS):
+                start = time.perf_counter()
+                _calls.run_model(model, inputs)
+                times.append(time.perf_counter() - start)
+        return times
+
     with torch.no_grad():
         _calls.run_model(model, inputs)  # warm up
-        times = []
-        for _ in range(FORWARDS):
-            start = time.perf_counter()
-            _calls.run_model(model, inputs)
-            times.append(time.perf_counter() - start)
-        forward = sorted(times)[len(times) // 2]  # the median: the machine is shared
+    times = forwards()
     _reset_peak()
     base = _peak_bytes()
     start = time.perf_counter()
@@ -147,8 +153,13 @@ def _library(folder: Path) -> dict:
         warnings.simplefilter("ignore", surgery.FullyMaskedRowWarning)
         fold = surgery.fold_value_bias(model, allow_dropout=True)
     fold_s = time.perf_counter() - start
+    peak = _peak_bytes()
+    # forward passes timed before and after the tools, so that a change of the machine's load
+    # during the run moves the unit as much as the strip; the median of all of them
+    times += forwards()
+    forward = sorted(times)[len(times) // 2]
     return {"model_bytes": model_bytes, "forward_s": forward, "strip_s": strip_s, "fold_s": fold_s,
-            "peak_bytes": _peak_bytes(), "rss_before_bytes": base, "params": sum(p.numel() for p in model.parameters()),
+            "peak_bytes": peak, "rss_before_bytes": base, "params": sum(p.numel() for p in model.parameters()),
             "changed": len(strip["modules_changed"]) + len(fold["modules_changed"]),
             "whole_model_holds": bool(strip.get("whole_model", {}).get("holds")) and bool(
                 fold.get("whole_model", {}).get("holds"))}

@@ -155,6 +155,27 @@ def _dropout(src: Path) -> str:
     return "--allow-dropout"
 
 
+def _config(src: Path, **changes) -> None:
+    cfg = json.loads((src / "config.json").read_text())
+    cfg.update(changes)
+    (src / "config.json").write_text(json.dumps(cfg))
+
+
+def _missing_tensors(src: Path) -> str:
+    _config(src, num_hidden_layers=3)  # the checkpoint has two layers
+    return "missing from the checkpoint (model.decoder.layers.2."
+
+
+def _unexpected_tensors(src: Path) -> str:
+    _config(src, num_hidden_layers=1)
+    return "unexpected tensors that the architecture does not use (model.decoder.layers.1."
+
+
+def _shape_mismatch(src: Path) -> str:
+    _config(src, ffn_dim=48)
+    return "shape mismatch: model.decoder.layers.0.fc1.bias is (64,) in the checkpoint but (48,) in config.json"
+
+
 def _with_dtype(src: Path) -> str:
     return "--dtype cannot be used with a sharded checkpoint"
 
@@ -162,13 +183,15 @@ def _with_dtype(src: Path) -> str:
 SHARD_CASES = {"missing_shard": _missing_shard, "index_names_absent_tensor": _absent_tensor,
                "tensor_in_another_shard": _moved_tensor, "file_not_in_index": _unindexed_file,
                "index_without_weight_map": _bad_index, "truncated_shard": _truncated_shard,
-               "attention_dropout": _dropout, "dtype_with_shards": _with_dtype}
+               "attention_dropout": _dropout, "dtype_with_shards": _with_dtype, "missing_tensors": _missing_tensors,
+               "unexpected_tensors": _unexpected_tensors, "shape_mismatch": _shape_mismatch}
 
 
 @pytest.mark.parametrize("case", sorted(SHARD_CASES))
 def test_bad_sharded_checkpoint_exits_2_in_one_line_and_writes_nothing(tmp_path, case, capsys):
     src = _save(_opt(), tmp_path / "in")
     expected = SHARD_CASES[case](src)
+    capsys.readouterr()  # what writing the input printed
     argv = [str(src), str(tmp_path / "out"), "--fold-value"] + (["--dtype", "float32"] if case == "dtype_with_shards"
                                                                   else [])
     assert cli.main(argv) == 2
