@@ -54,7 +54,7 @@ LONGRUN_OUT ?= recorded/longrun-cpu
 longrun-full: $(VENV_STAMP) ## notebook 08's full grid (3 seeds x 2 sizes x 3 Adam regimes, ~25 min) into $(LONGRUN_OUT); commit the code first
 	$(PY) -m keybias.studies.longrun.record --out $(LONGRUN_OUT) --commit $$(git rev-parse HEAD) --workers 2
 
-bench-surgery: $(VENV_STAMP) ## time and peak memory of the surgery tool at 110M, 355M and 1.3B parameters (long; ~16 GB of scratch disk)
+bench-surgery: $(VENV_STAMP) ## time and peak memory of the surgery tool at 110M, 355M, 1.3B and 6.7B parameters (about half an hour, ~30 GB of scratch disk; writes results/machine/surgery_bench.{csv,md}, machine outputs)
 	$(PY) scripts/bench_surgery.py --out results/machine
 
 GPU_OUT ?= recorded/gpu-local

@@ -67,6 +67,15 @@ weights, so its output is b_o alone; after the fold it is b_o + W_o b_v. fold_va
 (FullyMaskedRowWarning) unless the caller passes assume_no_fully_masked_rows=True. The key strip
 is unaffected (zero weights ignore b_k).
 
+Checkpoints larger than memory. The tools work on a module in memory; nothing in them needs
+the rest of the model except the whole-model check. `python -m keybias.surgery` uses that on a
+sharded safetensors checkpoint: it builds the model on the meta device, loads one attention
+module at a time from its shards, runs these tools on that module alone with built inputs
+(certified in float64 on its own copy, then checked in the checkpoint's dtype against its
+rounding bound), and copies the shards with the changed biases, one shard at a time. Each
+module is exact on its own whatever feeds it, so the composed model is too; the whole model
+is never run, nor held in memory (see keybias.surgery.cli).
+
 Loading weights is the caller's job; this package never unpickles anything.
 """
 

@@ -375,16 +375,21 @@ def _fresh_copies(site: Site, base: nn.Module, change: Callable[[nn.Module], int
     return fresh, (_strip_change(site, "zeros") if strip else _fold_change(site, "zeros"))
 
 
-def _merged_probes(base: nn.Module, probes: list, captured: list[torch.Tensor] | None):
+def _merged_probes(base: nn.Module, probes: list, captured: list[torch.Tensor] | None,
+                   dtype: torch.dtype = torch.float32):
     """(merged call, outputs of the unchanged unit on each probe): the probes run as one batch
     where _calls.merge can join them and the batch reproduces the outputs the model's own
-    forward recorded for its captured calls (to KERNEL_SWITCH_BOUND: a misjoined batch is off by
-    the size of the output), else one forward per probe and no merged call."""
+    forward recorded for its captured calls, else one forward per probe and no merged call.
+    Those outputs were computed in the model's `dtype`, so they agree with the float64 batch to
+    that dtype's rounding: KERNEL_SWITCH_BOUND, or 8 units of its machine epsilon where that is
+    larger (bfloat16, float16); a misjoined batch is off by the size of the output."""
     merged = _calls.merge(probes) if captured else None
     if merged is not None:
         before = _calls.merged_outputs(base, merged, len(probes))
+        rel = max(KERNEL_SWITCH_BOUND, 8 * float(torch.finfo(dtype).eps)) if dtype.is_floating_point \
+            else KERNEL_SWITCH_BOUND
         if before is not None and all(
-                y.shape == ref.shape and _calls.change(ref, y) <= KERNEL_SWITCH_BOUND * float(ref.abs().max())
+                y.shape == ref.shape and _calls.change(ref, y) <= rel * float(ref.abs().max())
                 for y, ref in zip(before, captured, strict=False)):
             return merged, before
     return None, [_calls.unit_output(base, c) for c in probes]
@@ -407,7 +412,7 @@ def _probe_site(site: Site, model: nn.Module, calls: list, change: Callable[[nn.
         fresh, change = _fresh_copies(site, base, change, strip)
         slot = site.key if strip else site.value
         scale = 1.0 + float(slot_values(base, slot).abs().max())  # before any probe edits the slot
-        merged, before = _merged_probes(base, probes, captured)
+        merged, before = _merged_probes(base, probes, captured, _model_dtype(unit))
         result["batched"] = merged is not None
         delta, limit = _calls.probe(fresh(), probes, change, before=before, merged=merged)
         result.update(change=delta, tolerance=limit)

@@ -1,19 +1,40 @@
-"""python -m keybias.surgery IN_DIR OUT_DIR [--fold-value] [--dtype ...]
+"""python -m keybias.surgery IN_DIR OUT_DIR [--fold-value [--allow-dropout]] [--dtype ...]
 
-Loads a Hugging Face model directory offline from safetensors only (never a pickle), removes
-every key bias (and with --fold-value folds every value bias), certifies each change on a
-float64 copy of its module and the whole model in its own dtype against that dtype's rounding
-bound, and writes a directory
-that transformers' from_pretrained loads with the stock architecture: the removed biases are
-stored as explicit zeros (storage='zeros'), since a missing tensor would be re-initialized by
-from_pretrained. Every other file of IN_DIR (tokenizer, sentence-transformers modules) is
-copied. The output appears only when everything succeeded (written to a temporary folder
-next to OUT_DIR, then renamed); on any error nothing is left behind and the exit code is 2.
+Removes every key bias of a model folder (and with --fold-value folds every value bias),
+certifies each change and writes a new folder, offline and from safetensors only (never a
+pickle). IN_DIR is a Hugging Face model directory, timm's Hugging Face folder or open_clip's.
+
+One file (model.safetensors): the model is loaded whole, each change is certified on a float64
+copy of its module alone (on the calls the model makes on built inputs) and the whole model is
+checked in its own dtype against that dtype's rounding bound.
+
+Sharded (model.safetensors.index.json and its shards, a Hugging Face directory): the checkpoint
+is never loaded whole. The model is built on the meta device to find its attention modules;
+each module the tools change is read from its shards alone, certified on its own in float64
+(built inputs: random hidden states with a padded key, and randomised ones; the redundancy probe
+and its control) and checked in the checkpoint's dtype; then every shard is copied chunk by chunk
+with the changed bias vectors in their places. Memory: one attention module and its float64
+copy; time: about one read, write and read-back of the checkpoint. The identities are exact for
+each module whatever feeds it (softmax ignores a constant added to every score of a row; a row
+of weights that sums to one passes b_v through), so certifying each module on its own certifies
+the composition; no forward pass of the whole model is run in this mode.
+
+The output loads with the stock architecture (from_pretrained, timm, open_clip): removed biases
+are stored as explicit zeros, since a missing tensor would be re-initialized. Every other file
+of IN_DIR (tokenizer, sentence-transformers modules, the index) is copied.
 
 Never a guess: a checkpoint with a tensor missing (transformers would initialise it at random),
-an unexpected tensor (it would be dropped) or a shape that differs from config.json is an
-error naming them, before any surgery. Once OUT_DIR is complete, the run has succeeded: an
-interrupt after that exits 0. The written tensors are read back and compared one at a time.
+an unexpected tensor (it would be dropped), a shape that differs from config.json, a shard the
+index names but the folder lacks, or an index that places a tensor in a shard that does not hold
+it, is an error naming them, before any surgery. --fold-value on a model with attention dropout
+configured is refused, naming the modules, unless --allow-dropout says that the output is for
+inference (the fold is exact in eval mode; in training mode dropped rows do not sum to one).
+
+Atomic: the output is written to a temporary folder next to OUT_DIR and renamed into place only
+when complete and read back (tensor by tensor); on any error or Ctrl-C before that, nothing is
+left and the exit code is 2 (a rerun removes a killed run's temporary folder). Once OUT_DIR is
+complete the run has succeeded: an interrupt after that exits 0. Another library's long error
+message is cut with "…"; KEYBIAS_FULL_ERRORS=1 shows it whole.
 """
 
 from __future__ import annotations
@@ -28,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 DTYPES = ("float32", "float64", "bfloat16", "float16")
+INDEX = "model.safetensors.index.json"
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".pkl", ".h5", ".msgpack")
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 
@@ -37,6 +59,28 @@ class CliError(Exception):
 
 
 TEMP_TAG = ".keybias-tmp-"
+CLIP = 300  # characters of another library's message shown in the one-line error
+FULL_MESSAGES = "KEYBIAS_FULL_ERRORS"  # set to 1 to see every message whole
+
+
+def clip(text: str, limit: int = CLIP) -> str:
+    """Another library's message on one line; a long one is cut visibly, and the environment
+    variable KEYBIAS_FULL_ERRORS=1 shows it whole."""
+    text = " ".join(str(text).split())
+    if len(text) <= limit or os.environ.get(FULL_MESSAGES) == "1":
+        return text
+    return text[:limit].rstrip() + f"… (cut; {FULL_MESSAGES}=1 shows it whole)"
+
+
+def refusal_message(exc, prefix: str = "") -> str:
+    """One line for a SurgeryRefused: the first refused module and its whole reason."""
+    first, more = exc.refusals[0], len(exc.refusals) - 1
+    module = first["module"]
+    if prefix:
+        module = prefix if module == "<root>" else f"{prefix}.{module}"
+    tail = f" (and {more} more module{'s' if more > 1 else ''})" if more else ""
+    return (f"{exc.report['operation']} refused, model unchanged: {module} ({first['family']}): "
+            f"{first['reason']}{tail}")
 
 
 def _check_safetensors(path: Path) -> None:
@@ -153,7 +197,7 @@ def _architecture(in_dir: Path):
     try:
         config = transformers.AutoConfig.from_pretrained(str(in_dir), local_files_only=True)
     except (OSError, ValueError, KeyError) as exc:
-        raise CliError(f"transformers cannot read {in_dir / 'config.json'}: {' '.join(str(exc).split())[:200]}") from exc
+        raise CliError(f"transformers cannot read {in_dir / 'config.json'}: {clip(exc)}") from exc
     for name in getattr(config, "architectures", None) or []:
         cls = getattr(transformers, name, None)
         if cls is not None:
@@ -179,7 +223,7 @@ def load_exactly(cls, in_dir: Path):
         model, info = cls.from_pretrained(str(in_dir), local_files_only=True, use_safetensors=True,
                                           output_loading_info=True, ignore_mismatched_sizes=True)
     except (OSError, ValueError, RuntimeError, KeyError) as exc:
-        raise CliError(f"transformers could not load {in_dir} as {cls.__name__}: {' '.join(str(exc).split())[:300]}") \
+        raise CliError(f"transformers could not load {in_dir} as {cls.__name__}: {clip(exc)}") \
             from exc
     finally:
         transformers.utils.logging.set_verbosity(verbosity)
@@ -205,7 +249,7 @@ def _refuse_mismatch(in_dir: Path, what: str, info: dict) -> None:
         problems.append(f"shape mismatch: {name} is {tuple(stored)} in the checkpoint but {tuple(wanted)} in "
                         f"config.json{more}")
     if info.get("error_msgs"):
-        problems.append(" ".join(" ".join(info["error_msgs"]).split())[:200])
+        problems.append(clip(" ".join(info["error_msgs"])))
     if problems:
         raise CliError(f"{in_dir} does not match its config as {what}: {'; '.join(problems)}; "
                        "nothing written")
@@ -220,7 +264,7 @@ def _import_library(name: str, extra: str):
         raise CliError(f"this folder needs the package {name}, which is not installed: pip install "
                        f"'keybias[{extra}]'") from exc
     except RuntimeError as exc:  # torchvision's compiled ops do not match the installed torch
-        raise CliError(f"{name} cannot be imported ({' '.join(str(exc).split())[:120]}): its torchvision does "
+        raise CliError(f"{name} cannot be imported ({clip(exc)}): its torchvision does "
                        "not match the installed torch build; install a torchvision built for it") from exc
 
 
@@ -239,7 +283,7 @@ def load_library_folder(fmt: str, in_dir: Path):
         try:
             model = timm.create_model(cfg["architecture"], pretrained=False, **kwargs)
         except (RuntimeError, ValueError, TypeError, KeyError) as exc:
-            raise CliError(f"timm cannot build {cfg['architecture']!r}: {' '.join(str(exc).split())[:200]}") from exc
+            raise CliError(f"timm cannot build {cfg['architecture']!r}: {clip(exc)}") from exc
         label = f"timm {cfg['architecture']}"
     else:
         _import_library("open_clip", "open_clip")
@@ -251,7 +295,7 @@ def load_library_folder(fmt: str, in_dir: Path):
             model = (oc_model.CustomTextCLIP if custom else oc_model.CLIP)(**model_cfg)
         except (RuntimeError, ValueError, TypeError, KeyError) as exc:
             raise CliError(f"open_clip cannot build the model of open_clip_config.json: "
-                           f"{' '.join(str(exc).split())[:200]}") from exc
+                           f"{clip(exc)}") from exc
         label = "open_clip CLIP"
     state: dict = {}
     for path in sorted(in_dir.glob("*.safetensors")):
@@ -276,18 +320,45 @@ def require_transformers() -> None:
                        "installed: pip install 'keybias[hf]'")
 
 
+def _dropout_refusal(names: list[str], p: float) -> CliError:
+    return CliError(f"--fold-value refused: attention dropout is configured ({_names(names)}, p={p}); in training "
+                    "mode dropped rows do not sum to one, so the fold is exact only in eval mode; pass "
+                    "--allow-dropout for an output used for inference; nothing written")
+
+
+def _more(items: list, limit: int = 3) -> str:
+    return f"; and {len(items) - limit} more" if len(items) > limit else ""
+
+
 def convert(in_dir: Path, out_dir: Path, *, fold_value: bool = False, dtype: str | None = None,
-            log=print) -> dict[str, Any]:
-    """The whole command: check, load, strip (and fold), certify, write atomically."""
+            allow_dropout: bool = False, log=print) -> dict[str, Any]:
+    """The whole command: check, load, strip (and fold), certify, write atomically. A sharded
+    Hugging Face checkpoint (model.safetensors.index.json) is processed one module and one
+    shard at a time (keybias.surgery._streamed), never loaded whole."""
     fmt = check_input(in_dir, out_dir)
     if dtype is not None and dtype not in DTYPES:
         raise CliError(f"--dtype {dtype!r} unknown; allowed: {list(DTYPES)}")
+    sharded = (in_dir / INDEX).exists()
+    if sharded and fmt != "hf":
+        raise CliError(f"{in_dir / INDEX}: sharded checkpoints are read for Hugging Face model directories only "
+                       f"(this one is {fmt}'s format)")
+    if sharded and dtype is not None:
+        raise CliError("--dtype cannot be used with a sharded checkpoint, which is rewritten tensor by tensor "
+                       "in its own dtype; convert it first")
     if fmt == "hf":
         require_transformers()
     clean_stale(out_dir, log)
     os.environ["HF_HUB_OFFLINE"] = "1"
     os.environ["TRANSFORMERS_OFFLINE"] = "1"
     import torch
+
+    if sharded:
+        import transformers
+
+        from keybias.surgery._streamed import convert_sharded
+
+        transformers.utils.logging.disable_progress_bar()
+        return convert_sharded(in_dir, out_dir, fold_value=fold_value, allow_dropout=allow_dropout, log=log)
 
     from keybias import surgery
 
@@ -311,28 +382,30 @@ def convert(in_dir: Path, out_dir: Path, *, fold_value: bool = False, dtype: str
         raise CliError(f"{type(model).__name__} ({label}): the tool builds inputs for models that take "
                        "token ids, pixel values, audio features or waveforms; this one takes "
                        f"{getattr(model, 'main_input_name', 'something else')!r}")
+    if fold_value and not allow_dropout:
+        from keybias.surgery._sites import discover
+
+        dropping = [s for s in discover(model)[0] if s.value is not None and s.dropout > 0 and not s.refuse_fold]
+        if dropping:
+            raise _dropout_refusal([s.name for s in dropping], dropping[0].dropout)
     reports = []
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", surgery.FullyMaskedRowWarning)
             reports.append(surgery.strip_key_bias(model, storage="zeros"))
             if fold_value:
-                # The output is for inference (eval mode), where dropout is off and rows sum to one.
-                reports.append(surgery.fold_value_bias(model, storage="zeros", allow_dropout=True))
-                log("note: the value fold is exact in eval mode; with attention dropout active (training "
-                    "mode) dropped rows do not sum to one. A fully masked query row (every key masked) "
-                    "outputs b_o + W_o b_v instead of b_o on PyTorch's SDPA path.")
+                reports.append(surgery.fold_value_bias(model, storage="zeros", allow_dropout=allow_dropout))
+                log("note: a fully masked query row (every key masked) outputs b_o + W_o b_v instead of b_o on "
+                    "PyTorch's SDPA path after the value fold"
+                    + ("; with --allow-dropout the fold is exact in eval mode only" if allow_dropout else "") + ".")
     except surgery.SurgeryRefused as exc:
-        first, more = exc.refusals[0], len(exc.refusals) - 1
-        tail = f" (and {more} more module{'s' if more > 1 else ''})" if more else ""
-        raise CliError(f"{exc.report['operation']} refused, model unchanged: {first['module']} ({first['family']}): "
-                       f"{first['reason']}{tail}") from exc
+        raise CliError(refusal_message(exc)) from exc
     if not any(r["modules_changed"] for r in reports) and reports[0]["unchanged"] and not reports[0]["not_handled"]:
         raise CliError(f"architecture {label!r}: no key bias to remove ("
                        f"{reports[0]['unchanged'][0]['reason']}); nothing written")
     if not any(r["modules_changed"] for r in reports):
         unknown = reports[0]["not_handled"]
-        detail = "; ".join(f"{u['module']} ({u['type']}): {u['reason']}" for u in unknown[:3])
+        detail = "; ".join(f"{u['module']} ({u['type']}): {u['reason']}" for u in unknown[:3]) + _more(unknown)
         raise CliError(f"architecture {label!r}: no attention module this tool handles. {detail}")
     for report in reports:
         log(format_report(report))
@@ -478,11 +551,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("in_dir", type=Path, help="Hugging Face model directory (config.json + *.safetensors)")
     parser.add_argument("out_dir", type=Path, help="new directory to write (must not exist)")
     parser.add_argument("--fold-value", action="store_true", help="also fold every value bias into the output bias")
+    parser.add_argument("--allow-dropout", action="store_true",
+                        help="fold b_v even where attention dropout is configured (exact in eval mode only)")
     parser.add_argument("--dtype", choices=DTYPES, default=None, help="convert the weights to this dtype first")
     args = parser.parse_args(argv)
+    if args.allow_dropout and not args.fold_value:
+        parser.error("--allow-dropout only applies with --fold-value")
     earlier = _complete(args.out_dir)  # an output already there is not this run's (it is refused)
     try:
-        convert(args.in_dir, args.out_dir, fold_value=args.fold_value, dtype=args.dtype, log=_log)
+        convert(args.in_dir, args.out_dir, fold_value=args.fold_value, dtype=args.dtype,
+                allow_dropout=args.allow_dropout, log=_log)
     except CliError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -495,7 +573,7 @@ def main(argv: list[str] | None = None) -> int:
         import traceback
 
         where = traceback.extract_tb(exc.__traceback__)[-1]
-        print(f"error: {' '.join(str(exc).split())[:300] or type(exc).__name__}; nothing written "
+        print(f"error: {clip(exc) or type(exc).__name__}; nothing written "
               f"[internal {type(exc).__name__} at {Path(where.filename).name}:{where.lineno}; please report it]",
               file=sys.stderr)
         return 2

@@ -23,7 +23,7 @@ def _leftovers(parent: Path) -> list[str]:
 def converted(tmp_path_factory):
     out = tmp_path_factory.mktemp("cli") / "minilm-stripped"
     lines: list[str] = []
-    summary = cli.convert(pretrained.model_path(), out, fold_value=True, log=lines.append)
+    summary = cli.convert(pretrained.model_path(), out, fold_value=True, allow_dropout=True, log=lines.append)
     return out, summary, "\n".join(lines)
 
 
@@ -165,7 +165,7 @@ def test_image_and_audio_models_round_trip(tmp_path, family):
 def test_tiny_bert_directory_round_trips_with_dtype(tmp_path):
     src = _write_tiny(tmp_path / "in", "BERT")
     out = tmp_path / "out"
-    assert cli.main([str(src), str(out), "--fold-value", "--dtype", "float64"]) == 0
+    assert cli.main([str(src), str(out), "--fold-value", "--allow-dropout", "--dtype", "float64"]) == 0
     from transformers import AutoModel
 
     model = AutoModel.from_pretrained(str(out), local_files_only=True, use_safetensors=True)
