@@ -37,8 +37,14 @@ Conventions every notebook follows (design.md, "Claims"):
   prints, per test claim, its mutation tests and each mutation's distance from the bound as a
   ratio; `--collect-only` lists them without running. It exits non-zero if any test claim of the
   manifest has none.
+* **Registry.** Every claim is declared once, as a `ClaimSpec` in the judge that emits it
+  (`keybias.core.claimspec`; `keybias.studies.claims.load()` imports every judge). A claim whose
+  id no spec declares, or whose kind, comparison, fixed bound, bound origin or notebook differs
+  from its spec, is a contract error naming it. The manifests, the findings' `decided_by`, the
+  rules table and the mutation markers are tested against the registry
+  (tests/studies/test_claim_registry.py), and verify reads each claim's tolerance classes from it.
 * **Manifest.** `params/claims/<profile>/<notebook>.json` lists the claim ids (with kinds) a
-  notebook must produce in that profile. A claim missing from the run, a run claim missing from
+  notebook must produce in that profile; `manifest --specs` writes it from the registry. A claim missing from the run, a run claim missing from
   the manifest, or a kind that differs, is a contract error naming the claim. After changing a
   notebook's claims, run it and then
   `python -m keybias.pipeline.claims manifest --profile P --results DIR [--only NB] --write`: it rewrites
