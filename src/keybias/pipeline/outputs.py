@@ -422,7 +422,7 @@ MACRO_CLASSES: list[tuple[str, str, str]] = [
     ("macros/04_training.tex", r"TrainAccDiscordant", "images"),
     ("macros/04_training.tex", r"TrainMaxAccDiff\w+", "acc_diff"),
     ("macros/04_training.tex", r"TrainAcc(?!ZBound|PairedImages)\w+", "accuracy"),
-    ("macros/04_training.tex", r"TrainAdam(Factor|LogErr)|TrainDecayDev|TrainGradRmsQuery\w+", "chaotic"),
+    ("macros/04_training.tex", r"TrainAdam(Factor|LogErr|MinDetectable)|TrainDecayDev|TrainGradRmsQuery\w+", "chaotic"),
     ("macros/04_training.tex", r"TrainDivergence(Control)?(Adam|Sgd)|TrainLossRelDiffControl\w+", "noise32"),
     ("macros/04_training.tex", r"TrainDivergenceRatio|TrainDrift\w+|TrainGradRatio|TrainGradRmsKey\w+"
      r"|TrainLossRelDiff\w+|TrainMaxLogitDelta|TrainSgd(DriftMax|WalkRatio)", "noise"),
