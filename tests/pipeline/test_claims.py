@@ -14,6 +14,20 @@ from keybias.pipeline import claims as C
 from keybias.pipeline import steps as pipeline
 
 
+@pytest.fixture(autouse=True)
+def synthetic_claims(request, monkeypatch):
+    """These tests judge synthetic runs, whose claims no judge declares: the registry check of the
+    contract (keybias.core.claimspec.spec_errors, tested in tests/core/test_claimspec.py) is left
+    out, except in the tests that ask for `real_registry`."""
+    if "real_registry" not in request.fixturenames:
+        monkeypatch.setattr(C, "spec_errors", lambda record: [])
+
+
+@pytest.fixture
+def real_registry():
+    """The contract's registry check as the pipeline runs it."""
+
+
 def claim(cid, notebook="01_x", kind="test", holds=True, **extra):
     return {"id": cid, "statement": f"{cid} holds", "value": 0.5, "bound": 1.0, "comparison": "<=",
             "holds": holds, "notebook": notebook, "device": "cpu", "profile": "smoke", "kind": kind,
@@ -140,6 +154,13 @@ def test_contract_names_each_broken_claim(tmp_path, broken, message):
     assert any(message in e for e in errors), errors
 
 
+def test_contract_refuses_a_claim_that_no_judge_declares(tmp_path, real_registry):
+    run = [claim("undeclared-claim")]
+    write_manifest(tmp_path, "smoke", run)
+    assert C.contract_errors(run, "smoke", tmp_path) == [
+        "claim 'undeclared-claim' has no ClaimSpec: declare it with register_claim in its judge"]
+
+
 def test_contract_enforces_the_manifest(tmp_path):
     manifest = [claim("a"), claim("b", notebook="02_y"), claim("c", kind="consistency")]
     write_manifest(tmp_path, "smoke", manifest)
@@ -158,10 +179,11 @@ def test_deleting_a_claim_from_a_step_record_fails_the_pipeline_check_naming_it(
     """The committed smoke manifest, replayed as a run, passes; without one claim it fails by name."""
     manifest = C.load_manifest("smoke", ROOT)
     assert manifest, "params/claims/smoke/ holds no manifest"
+    tests = [i for entries in manifest.values() for i, k in entries.items() if k == "test"]
     run = [
         claim(cid, notebook=nb, kind=kind, **({"implied_by": [i for i in ids if i != cid][:1]} if kind == "implied" else {}),
               **({"identity": "x = x"} if kind == "proof" else {}),
-              **({"protects": [i for i, k in ids.items() if k == "test"][:1]} if kind == "control" else {}))
+              **({"protects": tests[:1]} if kind == "control" else {}))
         for nb, ids in manifest.items() for cid, kind in ids.items()
     ]
     build = make_build(ROOT, tmp_path)

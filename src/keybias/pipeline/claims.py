@@ -37,8 +37,14 @@ Conventions every notebook follows (design.md, "Claims"):
   prints, per test claim, its mutation tests and each mutation's distance from the bound as a
   ratio; `--collect-only` lists them without running. It exits non-zero if any test claim of the
   manifest has none.
+* **Registry.** Every claim is declared once, as a `ClaimSpec` in the judge that emits it
+  (`keybias.core.claimspec`; `keybias.studies.claims.load()` imports every judge). A claim whose
+  id no spec declares, or whose kind, comparison, fixed bound, bound origin or notebook differs
+  from its spec, is a contract error naming it. The manifests, the findings' `decided_by`, the
+  rules table and the mutation markers are tested against the registry
+  (tests/studies/test_claim_registry.py), and verify reads each claim's tolerance classes from it.
 * **Manifest.** `params/claims/<profile>/<notebook>.json` lists the claim ids (with kinds) a
-  notebook must produce in that profile. A claim missing from the run, a run claim missing from
+  notebook must produce in that profile; `manifest --specs` writes it from the registry. A claim missing from the run, a run claim missing from
   the manifest, or a kind that differs, is a contract error naming the claim. After changing a
   notebook's claims, run it and then
   `python -m keybias.pipeline.claims manifest --profile P --results DIR [--only NB] --write`: it rewrites
@@ -83,6 +89,7 @@ import re
 import sys
 from pathlib import Path
 
+from keybias.core.claimspec import list_specs, spec_errors
 from keybias.core.recorder import (
     CLAIM_KINDS,
     Claim,
@@ -104,6 +111,7 @@ from keybias.core.reduce import (  # noqa: F401  (re-exported: judges and tests 
     finite_sum,
     finite_values,
 )
+from keybias.studies import claims as study_claims
 from keybias.studies.params import DTYPE_MACRO
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -168,6 +176,16 @@ def load_manifest(profile: str, root: Path = ROOT) -> dict[str, dict[str, str]] 
     return manifest
 
 
+def manifest_from_specs(profile: str) -> dict[str, dict[str, str]]:
+    """{notebook: {claim id: kind}} that the registry (keybias.core.claimspec) declares for `profile`."""
+    study_claims.load()
+    grouped: dict[str, dict[str, str]] = {}
+    for spec in list_specs():
+        for cid in spec.ids(profile):
+            grouped.setdefault(spec.notebook, {})[cid] = spec.kind
+    return {nb: dict(sorted(ids.items())) for nb, ids in sorted(grouped.items())}
+
+
 def manifest_text(profile: str, notebook: str, entries: dict[str, str]) -> str:
     doc = {
         "profile": profile,
@@ -229,6 +247,9 @@ def contract_errors(claims: list[dict], profile: str, root: Path) -> list[str]:
             errors.append(f"claim {cid!r} is a proof check but does not name the identity it checks (identity)")
         if kind != "proof" and c.get("identity"):
             errors.append(f"claim {cid!r} names an identity but has kind {kind!r}; only proof checks name one")
+    study_claims.load()
+    for c in claims:  # every claim is built from its spec (keybias.core.claimspec) and agrees with it
+        errors += spec_errors(c)
     manifest = load_manifest(profile, root)
     rel = MANIFEST_DIR / profile
     fix = f"`python -m keybias.pipeline.claims manifest --profile {profile} --results DIR --write`, then commit {rel}/"
@@ -527,11 +548,14 @@ def claims_table(claims: list[dict]) -> str:
 def _cmd_manifest(args) -> int:
     """Show how a finished run's claims differ from the manifest; `--write` updates its notebooks."""
     root = Path(args.root)
-    claims = step_claims(Path(args.results), args.profile)
-    if not claims:
-        print(f"no step records of profile {args.profile!r} under {args.results}/steps", file=sys.stderr)
-        return 2
-    new = manifest_from_claims(claims)
+    if args.specs:
+        new = manifest_from_specs(args.profile)
+    else:
+        claims = step_claims(Path(args.results), args.profile)
+        if not claims:
+            print(f"no step records of profile {args.profile!r} under {args.results}/steps", file=sys.stderr)
+            return 2
+        new = manifest_from_claims(claims)
     if args.only:
         unknown = sorted(set(args.only) - set(new))
         if unknown:
@@ -617,6 +641,8 @@ def main(argv: list[str] | None = None) -> int:
     man.add_argument("--results", default=str(ROOT / "results"))
     man.add_argument("--write", action="store_true", help="write the run's notebooks into the manifest")
     man.add_argument("--only", nargs="+", help="only these notebooks of the run")
+    man.add_argument("--specs", action="store_true",
+                     help="take the claims from the registry (the judges' ClaimSpecs) instead of a run")
     mut = sub.add_parser("mutations", help="run the mutation tests; list every test claim with its mutations "
                                            "and their distance from the bound")
     mut.add_argument("--profile", default="paper")

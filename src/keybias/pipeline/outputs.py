@@ -12,7 +12,7 @@ one of three classes:
 - **machine**: timings, thread counts, CPU names, rendered pages: never compared.
 
 Data columns are declared in each study's `schema.py` (`DATA_COLUMNS`), macros by name in
-`MACRO_CLASSES`, claim values and bounds by claim id in `CLAIM_CLASSES`, whole files in `FILES`.
+`MACRO_CLASSES`, claim values and bounds by each claim's spec (`keybias.core.claimspec.ClaimSpec`), whole files in `FILES`.
 A printed number takes the class of the data it prints, plus the rounding of its own printing.
 A column or file that is not declared fails `undeclared()` (a test runs it on a smoke run), and
 the message names the exact line to add. `compare_folders` is the comparison of `make verify`;
@@ -30,6 +30,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from keybias.core.claimspec import list_specs, spec_of
+from keybias.studies import claims as study_claims
 from keybias.studies.columns import cols
 
 EXACT = "exact"
@@ -361,7 +363,7 @@ FILES: list[tuple[str, FileClass]] = [
     ("index.html", FileClass(MACHINE, "entry page generated from claims and provenance")),
     ("files.html", FileClass(MACHINE, "the list of every output, written with the entry page")),
     ("equations/*", FileClass(EXACT, "SymPy output: exact rational arithmetic")),
-    ("claims.json", FileClass(EXACT, "compared claim by claim, see CLAIM_CLASSES")),
+    ("claims.json", FileClass(EXACT, "compared claim by claim, classes from each claim's spec")),
     ("findings.json", FileClass("findings", "compared through each finding's headline numbers (keybias.studies.findings)")),
     ("macros/findings.tex", FileClass(EXACT, "the findings' statements, with macro names, not numbers")),
     ("macros/all.tex", FileClass(EXACT, "the list of macro files and the claim count")),
@@ -384,52 +386,12 @@ FILES: list[tuple[str, FileClass]] = [
 
 # Claim fields: identity and outcome exact on every machine; `holds` is never a machine value,
 # whatever the claim measures. `value`/`min_detectable` and `bound` take the class of the data
-# the claim reduces (CLAIM_CLASSES, first matching id pattern wins).
+# the claim reduces, declared with the claim (ClaimSpec.value_class, bound_class).
 CLAIM_FIELDS = cols(
     exact="id statement comparison holds notebook device profile kind implied_by protects finding bound_origin",
     claim_value="value min_detectable",
     claim_bound="bound",
 )
-
-# claim id pattern -> (value class, bound class). Symbolic (SymPy) values, counts and fixed
-# bounds are exact; measured ones carry the class of the column they reduce.
-CLAIM_CLASSES: list[tuple[str, str, str]] = [
-    ("invariance-float64-noise-floor", "noise", EXACT),
-    ("precision-output-change-within-tolerance", "noise", EXACT),
-    ("precision-bk-gradient-within-tolerance", "noise", EXACT),
-    ("precision-bk-gradient-noise-scale", "noise", EXACT),
-    ("precision-bk-gradient-scales-with-u", "noise", EXACT),
-    ("precision-bk-gradient-no-direction", "noise_stat", EXACT),
-    ("precision-bq-gradient-consistent", "f32", EXACT),
-    ("precision-law-slope-one", "fit", EXACT),  # |slope - 1| / 0.1: the slope's spread x 10
-    ("precision-rounding-model-constant", "fit", EXACT),
-    # timings: the value is this machine's (never compared), the outcome exact like every outcome
-    ("cost-saving-*-byte-prediction", MACHINE, EXACT),
-    ("precision-accuracy-crossing-law", "fit", EXACT),
-    ("train-accuracy-agrees-kept-removed", "images", EXACT),
-    ("train-divergence-within-rounding-control", "noise", EXACT),
-    ("train-bk-gradient-within-rounding", "noise", EXACT),
-    ("train-sgd-bk-stays-put", "noise", EXACT),
-    ("train-adam-drift-matches-noise-prediction", "chaotic", EXACT),
-    ("train-adamw-bias-decay-shrinks-bk", "chaotic", EXACT),
-    ("pretrained-bk-smaller-than-bq", "f32", EXACT),
-    ("pretrained-control-detected-*", "f32", "rms_error"),  # bound: a measured tolerance
-    ("pretrained-*-within-rounding-*", "noise", "rms_error"),
-    ("pretrained-families-handled-unchanged-*", "noise", EXACT),
-    ("pretrained-families-control-detected", "f32", EXACT),
-    ("pretrained-families-refusals-needed", "f32", EXACT),
-    # timings are machine outputs (macros/06_cost_machine.tex); the claim counts configurations
-    ("cond-*", "effect", EXACT),
-    ("checkpoints-minilm-*", "f64", EXACT),
-    ("checkpoints-strip-*", "rms_error", EXACT),
-    ("longrun-drift-exponent-decided", "exponent", EXACT),
-    # judged on the recorded grid (recorded/longrun-cpu), which every machine reads as it is
-    ("longrun-*", "f64", EXACT),
-    ("adam-*", "f64", EXACT),
-    # symbolic identities, counts, consistency checks and float64 reductions: equal to float64
-    # summation order (an integer or an exact zero stays exact under a relative tolerance)
-    ("*", "f64", EXACT),
-]
 
 # macro file pattern, macro name regex (full match) -> class; first match wins, else exact.
 # A printed number takes the class of the data it prints; counts and settings are exact.
@@ -460,7 +422,7 @@ MACRO_CLASSES: list[tuple[str, str, str]] = [
     ("macros/04_training.tex", r"TrainAccDiscordant", "images"),
     ("macros/04_training.tex", r"TrainMaxAccDiff\w+", "acc_diff"),
     ("macros/04_training.tex", r"TrainAcc(?!ZBound|PairedImages)\w+", "accuracy"),
-    ("macros/04_training.tex", r"TrainAdam(Factor|LogErr)|TrainDecayDev|TrainGradRmsQuery\w+", "chaotic"),
+    ("macros/04_training.tex", r"TrainAdam(Factor|LogErr|MinDetectable)|TrainDecayDev|TrainGradRmsQuery\w+", "chaotic"),
     ("macros/04_training.tex", r"TrainDivergence(Control)?(Adam|Sgd)|TrainLossRelDiffControl\w+", "noise32"),
     ("macros/04_training.tex", r"TrainDivergenceRatio|TrainDrift\w+|TrainGradRatio|TrainGradRmsKey\w+"
      r"|TrainLossRelDiff\w+|TrainMaxLogitDelta|TrainSgd(DriftMax|WalkRatio)", "noise"),
@@ -483,15 +445,24 @@ MACRO_CLASSES: list[tuple[str, str, str]] = [
 ]
 
 
+def claim_specs():
+    """Every claim spec, with the tolerance classes of its value and bound."""
+    study_claims.load()
+    return list_specs()
+
+
 def claim_class(cid: str, key: str) -> str:
-    """The class of one claim field: CLAIM_FIELDS, then CLAIM_CLASSES for measured numbers."""
+    """The class of one claim field: CLAIM_FIELDS, then the claim's spec (`ClaimSpec.value_class`,
+    `bound_class`) for measured numbers. A claim without a spec is compared exactly."""
     cls = CLAIM_FIELDS.get(key, EXACT)
     if cls == EXACT:
         return EXACT
-    for pattern, value_cls, bound_cls in CLAIM_CLASSES:
-        if fnmatch.fnmatch(cid, pattern):
-            return bound_cls if cls == "claim_bound" else value_cls
-    return EXACT
+    study_claims.load()
+    try:
+        spec = spec_of(cid)
+    except KeyError:
+        return EXACT
+    return spec.bound_class if cls == "claim_bound" else spec.value_class
 
 
 def macro_class(rel: str, name: str) -> str:

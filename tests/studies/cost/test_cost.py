@@ -467,7 +467,7 @@ def _byte(raw, tmp_path, margin=M, **kw):
 def test_byte_model_claims_hold_when_the_saving_is_the_prediction(tmp_path):
     holds, claims, macros = _byte(_doctored_raw(), tmp_path)
     assert holds == {"cost-saving-within-byte-prediction": True, "cost-saving-not-below-byte-prediction": True}
-    assert all(c.kind == "test" and "fixed before this run" in c.bound_origin for c in claims.values())
+    assert all(c.kind == "consistency" and "fixed before this run" in c.bound_origin for c in claims.values())
     assert macros["CostByteMarginPercent"] == pytest.approx(100 * M)
     assert abs(macros["CostByteExcessMaxPercent"]) < 100 * M / 4 and abs(macros["CostByteDeficitMaxPercent"]) < 100 * M / 4
 

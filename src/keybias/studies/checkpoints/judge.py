@@ -3,7 +3,9 @@
 PRE-REGISTERED RULES (written and committed before the first quantization run; the bias norms
 of layer 0 of each checkpoint had been printed once while the loaders were tested, nothing else):
 
-1. `checkpoints-minilm-bk-below-one-percent-of-bq` (test). In every layer of every MiniLM
+1. `checkpoints-minilm-bk-below-one-percent-of-bq` (retired as a claim: the theory gives the drift
+   no size for a checkpoint whose training is unknown, so the ratio is reported against the bound,
+   `CkptHeldOutMiniLMMax` and `CkptHeldOutBound`, not claimed; params/claims/rules.md). In every layer of every MiniLM
    checkpoint other than all-MiniLM-L6-v2, ||b_k|| / ||b_q|| < 0.01. Bound origin: about twice
    the maximum 0.00493 that notebook 05 measured on all-MiniLM-L6-v2, the checkpoint this claim
    leaves out (a held-out calibration); the theory says b_k receives no gradient beyond rounding,
@@ -30,6 +32,7 @@ from typing import Any
 
 import pandas as pd
 
+from keybias.core.claimspec import ClaimSpec, build_claim, register_claim
 from keybias.core.recorder import Claim
 from keybias.core.reduce import finite_max, finite_median
 
@@ -47,12 +50,9 @@ def norm_claims(norms: pd.DataFrame) -> tuple[list[Claim], dict[str, Any]]:
         raise ValueError("bias-norm table is empty")
     held = norms[(norms["family"] == "MiniLM") & (norms["checkpoint"] != CALIBRATION_CHECKPOINT)]
     value = finite_max(held["bk_over_bq"], "||b_k|| / ||b_q|| of the held-out MiniLM checkpoints")
-    claims = [Claim(
-        id="checkpoints-minilm-bk-below-one-percent-of-bq",
-        statement="In every layer of every bundled MiniLM checkpoint other than all-MiniLM-L6-v2 the key bias is "
-                  "below 1% of the query bias.",
-        value=value, bound=HELD_OUT_MINILM_BOUND, comparison="<", kind="test",
-        bound_origin="about twice notebook 05's all-MiniLM-L6-v2 maximum (0.00493), a checkpoint left out here")]
+    # reported, not claimed: one fixed checkpoint against a bound of scale set from its sibling is not
+    # a test plausible data could fail (params/claims/rules.md, issue 30)
+    claims: list[Claim] = []
     macros: dict[str, Any] = {"CkptCount": norms["checkpoint"].nunique(), "CkptFamilies": norms["family"].nunique(),
                               "CkptHeldOutMiniLMMax": value, "CkptHeldOutBound": HELD_OUT_MINILM_BOUND}
     for name, g in norms.groupby("checkpoint", sort=False):
@@ -91,7 +91,7 @@ def quantization_claims(quant: pd.DataFrame) -> tuple[list[Claim], dict[str, Any
         ratio = finite_median(g["err_strip"] / g["err_keep"], f"int{bits} err_strip / err_keep")
         control = finite_median(g["control_err_strip"] / g["control_err_keep"], f"int{bits} control ratio")
         cid = f"checkpoints-strip-reduces-int{bits}-error"
-        claims.append(Claim(
+        claims.append(build_claim(
             id=cid, statement=f"Stripping b_k before per-token int{bits} key quantization lowers the attention output "
                               "error of the bundled checkpoints (median over checkpoints and layers).",
             value=ratio, bound=1.0, comparison="<", kind="consistency",
@@ -99,7 +99,7 @@ def quantization_claims(quant: pd.DataFrame) -> tuple[list[Claim], dict[str, Any
             # rule, and absmax quantization then fixes the direction: a reported measurement
             bound_origin="direction fixed before the run (judge docstring): ratio one means no change; "
                          "decided by a checkpoint whose offset was known, so reported, not a test"))
-        claims.append(Claim(
+        claims.append(build_claim(
             id=f"checkpoints-strip-control-int{bits}",
             statement=f"With a random key offset as large as the keys, stripping it before int{bits} quantization "
                       "lowers the error: the comparison sees an offset that matters.",
@@ -167,3 +167,22 @@ def drift_macros(grads: pd.DataFrame, norms: pd.DataFrame) -> tuple[pd.DataFrame
             macros[f"Ckpt{w}DriftLinear"] = row["drift_linear"]
             macros[f"Ckpt{w}DriftWalk"] = row["drift_walk"]
     return pd.DataFrame(rows), macros
+
+# -- the claims this judge emits, declared once (keybias.core.claimspec): the judge builds each
+# claim from its spec, and the manifests, verify's classes and the tests read them from here --
+register_claim(ClaimSpec(
+    'checkpoints-strip-reduces-int{bits}-error', '10_checkpoints', 'consistency',
+    comparison='<',
+    bound=1.0,
+    origin='direction fixed before the run (judge docstring): ratio one means no change; decided by a checkpoint whose offset was known, so reported, not a test',
+    value_class='rms_error',
+    params={'bits': ('8', '4')},
+))
+register_claim(ClaimSpec(
+    'checkpoints-strip-control-int{bits}', '10_checkpoints', 'control',
+    comparison='<',
+    bound=1.0,
+    origin='the same direction as the test it protects',
+    value_class='rms_error',
+    params={'bits': ('8', '4')},
+))

@@ -7,6 +7,7 @@ import math
 
 import pandas as pd
 
+from keybias.core.claimspec import ClaimSpec, build_claim, register_claim
 from keybias.core.recorder import Claim
 from keybias.core.reduce import finite_max, finite_min
 from keybias.studies.conditions.cases import CASES, NOT_REDUNDANT, REDUNDANT, Case, claim_id
@@ -83,7 +84,7 @@ def judge(frame: pd.DataFrame, cases: list[Case] = CASES) -> list[Claim]:
     claims = []
     for row, case in zip(summary(frame, cases).itertuples(), cases, strict=True):
         bound, comparison, origin = bounds_for(case)
-        claims.append(Claim(
+        claims.append(build_claim(
             claim_id(case), f"{case.statement} (worst of {row.seeds} seeds, float64)",
             value=row.effect, bound=bound, comparison=comparison, kind=case.kind, bound_origin=origin,
             identity=case.statement if case.kind == "proof" else None,
@@ -110,19 +111,18 @@ def judge_quirk(rows: pd.DataFrame) -> list[Claim]:
 
     claims = []
     for option, changes_id, documented_id in QUIRK_CLAIM_IDS:
-        claims.append(Claim(
+        claims.append(build_claim(
             changes_id,
             f"With {option} and is_causal=True, nn.MultiheadAttention's output with need_weights=False differs from need_weights=True (the appended slot is hidden by SDPA's causal mask).",
-            value=value(option, "max_abs_diff_need_weights"), bound=BREAK_MIN,
-            comparison=">=", kind="test", bound_origin=BREAK_ORIGIN,
+            value=value(option, "max_abs_diff_need_weights"), bound=BREAK_MIN, bound_origin=BREAK_ORIGIN,
         ))
-        claims.append(Claim(
+        claims.append(build_claim(
             documented_id,
             f"With {option} and is_causal=True, need_weights=True gives the documented output (the given causal mask, padded for the extra slot) to float64 rounding.",
             value=value(option, "max_abs_diff_true_vs_reference"), bound=REDUNDANT_MAX,
             comparison="<=", kind="test", bound_origin=REDUNDANT_ORIGIN,
         ))
-    claims.append(Claim(
+    claims.append(build_claim(
         "cond-quirk-plain-paths-agree",
         "Without appended slots, need_weights=False and need_weights=True give the same output under is_causal=True, to float64 rounding.",
         value=value("plain", "max_abs_diff_need_weights"), bound=REDUNDANT_MAX,
@@ -131,3 +131,34 @@ def judge_quirk(rows: pd.DataFrame) -> list[Claim]:
     return claims
 
 
+# -- the claims this judge emits, declared once (keybias.core.claimspec): the judge builds each
+# claim from its spec, and the manifests, verify's classes and the tests read them from here --
+for _case in CASES:
+    _bound, _comparison, _origin = bounds_for(_case)
+    register_claim(ClaimSpec(claim_id(_case), "07_conditions", _case.kind, comparison=_comparison, bound=_bound,
+                             origin=_origin, value_class="effect"))
+# a regression check of PyTorch's behaviour: the reproducer is built so that the appended slot is
+# hidden, so the difference is what the code guarantees (params/claims/rules.md, issue 30)
+register_claim(ClaimSpec(
+    'cond-quirk-{option}-need-weights-changes-output', '07_conditions', 'consistency',
+    comparison='>=',
+    bound=BREAK_MIN,
+    origin=BREAK_ORIGIN,
+    value_class='effect',
+    params={'option': ('add-bias-kv', 'add-zero-attn')},
+))
+register_claim(ClaimSpec(
+    'cond-quirk-{option}-need-weights-true-documented', '07_conditions', 'test',
+    bound=1e-10,
+    origin='theory: float64 rounding (unit roundoff 1.1e-16) with three orders of margin',
+    finding='need-weights-quirk',
+    value_class='effect',
+    params={'option': ('add-bias-kv', 'add-zero-attn')},
+))
+register_claim(ClaimSpec(
+    'cond-quirk-plain-paths-agree', '07_conditions', 'test',
+    bound=1e-10,
+    origin='theory: float64 rounding (unit roundoff 1.1e-16) with three orders of margin',
+    finding='need-weights-quirk',
+    value_class='effect',
+))

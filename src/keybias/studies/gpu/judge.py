@@ -13,6 +13,7 @@ import dataclasses
 import numpy as np
 import pandas as pd
 
+from keybias.core.claimspec import ClaimSpec, build_claim, register_claim
 from keybias.core.recorder import Claim
 from keybias.core.reduce import NonFiniteValues, finite_max, finite_min, require_finite
 from keybias.studies.cost import judge as cost_judge
@@ -130,7 +131,7 @@ def memory_claims(allocator: pd.DataFrame) -> tuple[list[Claim], dict]:
     if ran.empty:
         raise ValueError("no allocator row was measured")
     off = (ran["measured_bytes"].astype(float) - ran["expected_bytes"].astype(float)).abs()
-    claim = Claim(
+    claim = build_claim(
         id="gpu-memory-allocator-matches-count", kind="consistency",
         # every recorded width is a multiple of 512, where the allocator's rounding cannot show,
         # so the count could not have failed on these data: a cross-check until a width that is
@@ -191,3 +192,11 @@ def failure_details(invariance: dict, precision: dict) -> dict:
         "GpuPowerUndetected": int(blind["undetected"].sum()),
         "GpuPowerUndetectedCells": "; ".join(f"{r.dtype}, E={int(r.embed_dim)}" for r in blind.itertuples()) or "none",
     }
+
+# -- the claims this judge emits, declared once (keybias.core.claimspec): the judge builds each
+# claim from its spec, and the manifests, verify's classes and the tests read them from here --
+register_claim(ClaimSpec(
+    'gpu-memory-allocator-matches-count', '09_gpu', 'consistency',
+    bound=0.0,
+    origin='exact count: 4 bytes times E times (parameter + gradient + optimizer states)',
+))

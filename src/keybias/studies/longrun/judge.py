@@ -17,6 +17,7 @@ import math
 import numpy as np
 import pandas as pd
 
+from keybias.core.claimspec import ClaimSpec, build_claim, register_claim
 from keybias.core.recorder import Claim
 from keybias.core.reduce import (
     finite_max,
@@ -129,7 +130,7 @@ def law_exponent(long: pd.DataFrame, *, window: int = EXPONENT_WINDOW) -> float:
 
 
 def corpus_claim(sha256: str, expected: str) -> Claim:
-    return Claim(
+    return build_claim(
         id="longrun-corpus-is-pinned-text",
         statement="The training text is byte for byte the pinned sympy source the paper names (sha256 equal).",
         value=1.0 if sha256 == expected else 0.0, bound=1.0, comparison="==", kind="consistency",
@@ -291,7 +292,7 @@ def exponent_claim(exponents: pd.DataFrame) -> Claim:
     """The long run decides between a random walk and a systematic drift: every layer's 95% interval
     of the late-decade exponent lies wholly on one side of SEPARATING_EXPONENT."""
     value = exponent_separation(exponents)
-    return Claim(
+    return build_claim(
         id="longrun-drift-exponent-decided",
         statement=("The long run is long enough to tell a random walk of b_k (growth exponent "
                    f"{WALK_EXPONENT}) from a systematic drift (exponent {SYSTEMATIC_EXPONENT:g}): in every layer the "
@@ -303,3 +304,19 @@ def exponent_claim(exponents: pd.DataFrame) -> Claim:
         # not evidence (the recorded grid's claims across seeds are)
         bound_origin=(f"{SEPARATING_EXPONENT}, halfway between the two hypotheses; the claim names neither, the "
                       "notebook reports which one the data support; a check of the run's length, not a test"))
+
+# -- the claims this judge emits, declared once (keybias.core.claimspec): the judge builds each
+# claim from its spec, and the manifests, verify's classes and the tests read them from here --
+register_claim(ClaimSpec(
+    'longrun-corpus-is-pinned-text', '08_longrun', 'consistency',
+    comparison='==',
+    bound=1.0,
+    origin='the sha256 committed with the code',
+))
+register_claim(ClaimSpec(
+    'longrun-drift-exponent-decided', '08_longrun', 'consistency',
+    comparison='>',
+    bound=0.0,
+    origin="0.75, halfway between the two hypotheses; the claim names neither, the notebook reports which one the data support; a check of the run's length, not a test",
+    value_class='exponent',
+))

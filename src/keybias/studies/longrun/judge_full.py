@@ -30,6 +30,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from keybias.core.claimspec import ClaimSpec, build_claim, register_claim
 from keybias.core.recorder import Claim
 from keybias.core.reduce import (
     finite_max,
@@ -203,7 +204,7 @@ def _claim(**kw) -> Claim:
         protects = kw.pop("protects")
         kw["kind"] = "consistency" if kw.get("kind") == "control" else kw.get("kind")
         kw["bound_origin"] = f"{kw.get('bound_origin', '')} (a positive control of {', '.join(protects)})"
-    return Claim(**kw)
+    return build_claim(**kw)
 
 
 def _float32(table, eps=None):
@@ -217,7 +218,7 @@ def _float32(table, eps=None):
 
 def exponent_claim(table: pd.DataFrame) -> Claim:
     seeds = per_seed(_select(table, dtype=FLOAT32, eps=SMALL_EPS, size=SMALL), "exponent")
-    return Claim(
+    return build_claim(
         id="longrun-exponent-small-model",
         statement=("In float32 with eps = 1e-12 the small model's key bias drifts faster than a random walk: "
                    "the growth exponent of ||b_k(t) - b_k(0)|| over each run's last decade, median over the fresh "
@@ -229,6 +230,8 @@ def exponent_claim(table: pd.DataFrame) -> Claim:
 def bias_claim(table: pd.DataFrame) -> Claim:
     sel = _select(_float32(table), size=SMALL)
     z = sel["grad_along_drift"] / sel["grad_along_drift_se"]
+    # a retired prediction (RETIRED_AFTER_FAILING), judged as registered but no longer a claim, so
+    # it has no ClaimSpec
     return Claim(
         id="longrun-gradient-biased-along-drift",
         statement=("In float32 (eps 1e-12 and 1e-8) the gradient of b_k is not zero-mean noise: over every small-model "
@@ -245,7 +248,7 @@ def velocity_claim(table: pd.DataFrame) -> Claim:
     with np.errstate(invalid="ignore", divide="ignore"):
         log2 = np.where(ratio > 0, np.abs(np.log2(np.where(ratio > 0, ratio, 1.0))), OPPOSITE_SIGN_LOG2)
     log2 = np.where(np.isnan(ratio), np.nan, log2)
-    return Claim(
+    return build_claim(
         id="longrun-velocity-from-gradient-bias",
         statement=("In float32 (eps 1e-12 and 1e-8) the drift's velocity over every small-model run's last decade "
                    "is the velocity Adam makes of the gradient's bias, lr mu / (sigma + eps), within a factor of 2 "
@@ -257,7 +260,7 @@ def velocity_claim(table: pd.DataFrame) -> Claim:
 
 def query_claim(table: pd.DataFrame) -> Claim:
     seeds = per_seed(_select(table, dtype=FLOAT32, eps=SMALL_EPS, size=SMALL), "cos_mean_query_sqrt_n")
-    return Claim(
+    return build_claim(
         id="longrun-drift-along-mean-query",
         statement=("In float32 with eps = 1e-12 the small model's b_k ends pointing along the mean query of held-out "
                    f"text: cos(b_k, mean q) sqrt(n), median over the seeds, exceeds {QUERY_COS_BOUND:g} (an isotropic "
@@ -270,7 +273,7 @@ def noise_claim(table: pd.DataFrame) -> Claim:
     sel = _select(_float32(table), size=SMALL)
     values = per_seed(sel, "noise_elasticity")["noise_elasticity"]
     spread = intervals(sel, "noise_elasticity")
-    return Claim(
+    return build_claim(
         id="longrun-noise-not-tracking-bias",
         statement=("The candidate explanation that the gradient's rounding noise grows with ||b_k|| (the scores carry "
                    "q.b_k) does not hold: in float32 the small model's noise elasticity d log sigma / d log ||b_k|| "
@@ -285,20 +288,20 @@ def step_rate_claims(table: pd.DataFrame) -> list[Claim]:
     default = _float32(table, DEFAULT_EPS)["step_rate"]
     bf16 = _select(table, dtype=BFLOAT16, eps=DEFAULT_EPS)["step_rate"]
     return [
-        Claim(id="adam-full-steps-float32-small-eps",
+        build_claim(id="adam-full-steps-float32-small-eps",
               statement=("In float32 with eps = 1e-12 Adam takes full-size steps on b_k's rounding noise: the step rate "
                          f"r = (sigma / (s + eps))^2 is at least {FULL_STEP_RATE} in every run (smallest)."),
               value=finite_min(small, "step rates"), bound=FULL_STEP_RATE, comparison=">=", kind="consistency",
               # r is computed from the logged noise by Adam's own formula, which gives about 1 whenever
               # eps is far below the noise: a cross-check of that regime, not a test
               bound_origin="theory: r ~ 1 when eps is far below the noise (the formula's own limit)"),
-        Claim(id="adam-full-steps-bfloat16-default-eps",
+        build_claim(id="adam-full-steps-bfloat16-default-eps",
               statement=("In bfloat16 autocast with the default eps = 1e-8 Adam also takes full-size steps on b_k: "
                          f"r >= {FULL_STEP_RATE} in every run (smallest)."),
               value=finite_min(bf16, "step rates"), bound=FULL_STEP_RATE, comparison=">=", kind="consistency",
               bound_origin="theory: bfloat16's rounding noise is about 2^16 times float32's, far above 1e-8 "
                            "(the formula's own limit)"),
-        Claim(id="adam-sgd-steps-float32-default-eps",
+        build_claim(id="adam-sgd-steps-float32-default-eps",
               statement=("In float32 with the default eps = 1e-8 Adam's steps on b_k are SGD-like, lr g / eps: "
                          f"r <= {SGD_STEP_RATE} in every run (largest)."),
               value=finite_max(default, "step rates"), bound=SGD_STEP_RATE, comparison="<=", kind="test",
@@ -310,7 +313,7 @@ def damping_claims(table: pd.DataFrame) -> list[Claim]:
     pairs = paired_ratio(table, "drift_end", num=(FLOAT32, DEFAULT_EPS), den=(FLOAT32, SMALL_EPS))
     control = paired_ratio(table, "drift_at_short", num=(BFLOAT16, DEFAULT_EPS), den=(FLOAT32, SMALL_EPS))
     return [
-        Claim(id="adam-default-eps-damps-drift",
+        build_claim(id="adam-default-eps-damps-drift",
               statement=("In float32 the default eps = 1e-8 at least halves the drift of b_k: at the run's end the drift "
                          "with eps = 1e-8 over the drift with eps = 1e-12, same seed and size, is at most "
                          f"{DAMPING_RATIO} in every pair (largest)."),
@@ -471,3 +474,62 @@ def findings_text(table: pd.DataFrame, spans: pd.DataFrame, m: dict) -> str:
             f"{m['LongFullRateBfloatEpsEightMin']:.2f}); in float32 at the default eps they are SGD-like "
             f"(r <= {m['LongFullRateFloatEpsEightMax']:.3f}, about {m['LongFullStepFloatEpsEight']:.2f} of full size), "
             f"and the drift is at most {m['LongFullDampingMax']:.2f} of the small-eps drift of the same seed.")
+
+# -- the claims this judge emits, declared once (keybias.core.claimspec): the judge builds each
+# claim from its spec, and the manifests, verify's classes and the tests read them from here --
+register_claim(ClaimSpec(
+    'longrun-exponent-small-model', '08_longrun', 'test',
+    comparison='>',
+    bound=EXPONENT_BOUND,
+    origin='halfway between a walk and constant velocity, fixed before the runs',
+    finding='long-run-drift',
+))
+register_claim(ClaimSpec(
+    'longrun-velocity-from-gradient-bias', '08_longrun', 'consistency',
+    bound=1.0,
+    origin="Adam's update in the small-signal limit, a factor 2 for sqrt(v_i) ~ sigma; fixed before the runs; computed from the logged gradients by Adam's own rule, so a cross-check",
+))
+register_claim(ClaimSpec(
+    'longrun-drift-along-mean-query', '08_longrun', 'test',
+    comparison='>',
+    bound=QUERY_COS_BOUND,
+    origin='isotropic chance: a median of three above 2 has probability about 0.002',
+    finding='long-run-drift',
+))
+register_claim(ClaimSpec(
+    'longrun-noise-not-tracking-bias', '08_longrun', 'test',
+    comparison='<',
+    bound=ELASTICITY_BOUND,
+    origin='halfway between no growth and the proportional growth the candidate predicts; fixed before the runs',
+    finding='long-run-drift',
+))
+register_claim(ClaimSpec(
+    'adam-full-steps-float32-small-eps', '08_longrun', 'consistency',
+    comparison='>=',
+    bound=FULL_STEP_RATE,
+    origin="theory: r ~ 1 when eps is far below the noise (the formula's own limit)",
+))
+register_claim(ClaimSpec(
+    'adam-full-steps-bfloat16-default-eps', '08_longrun', 'consistency',
+    comparison='>=',
+    bound=FULL_STEP_RATE,
+    origin="theory: bfloat16's rounding noise is about 2^16 times float32's, far above 1e-8 (the formula's own limit)",
+))
+register_claim(ClaimSpec(
+    'adam-sgd-steps-float32-default-eps', '08_longrun', 'test',
+    bound=SGD_STEP_RATE,
+    origin="theory: float32 rounding noise of b_k's gradient below eps",
+    finding='adam-drift-regimes',
+))
+register_claim(ClaimSpec(
+    'adam-default-eps-damps-drift', '08_longrun', 'test',
+    bound=DAMPING_RATIO,
+    origin='theory: the step shrinks by sigma / (sigma + eps) < 1/2 when sigma < eps',
+    finding='adam-drift-regimes',
+))
+register_claim(ClaimSpec(
+    'adam-drift-ratio-control-bfloat16', '08_longrun', 'control',
+    comparison='>',
+    bound=DAMPING_RATIO,
+    origin='the bound of the claim it protects',
+))

@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 from keybias import verdict
+from keybias.core.claimspec import ClaimSpec, build_claim, register_claim
 from keybias.core.recorder import Claim
 from keybias.core.reduce import (
     Exclusion,
@@ -412,25 +413,25 @@ def precision_claims(law, pooled, errors, checks, gsum, grads, seq_len, law_cali
     z_tex = f"{normal_quantile():.2f}"
     lam_sqrt_n = verdict.LAMBDA * math.sqrt(seq_len)
     claims = [
-        Claim(id="precision-output-change-within-tolerance", kind="test",
+        build_claim(id="precision-output-change-within-tolerance", kind="test",
              bound_origin="verdict rule's rounding bound for each magnitude's own scores and values (theory); rows judged by the 5% rule of keybias.verdict, fixed before the data",
              min_detectable=_ratio_max(judged["tolerance"], judged["ref_rms"], "tolerance over output RMS"),
              exclusions=output_exclusions(errors),
              statement=f"In float64 and float32, for every code path and key-bias magnitude whose rounding tolerance is at most {100 * OUTPUT_TOLERANCE_FRACTION:g}% of the RMS output (the project's 5% rule; each dtype must have such magnitudes, and the others are listed as exclusions), the largest output change that b_k causes stays within the tolerance for that magnitude; the smallest detectable change, relative to the RMS output, is given for the worst judged magnitude. In bfloat16 and float16 the analytic tolerance exceeds the output, and the rounding-model claim judges those dtypes.",
              value=output_claim_value(errors),
              bound=1.0, comparison="<="),
-        Claim(id="precision-law-slope-one", kind="test",
+        build_claim(id="precision-law-slope-one", kind="test",
              bound_origin="fixed margin: the first-order model's validity limit VALIDITY, set before the run",
              min_detectable=_per_fit_max(detectable, "detectable slope deviation per dtype"),
              statement=f"For every dtype, the pooled log-log slope of the b_k-induced output change against |b_k|/|k| is within the fixed margin of 1 that the first-order model allows; a true slope farther from 1 than the margin plus z standard errors (z for p = {p_tex}), the smallest detectable deviation, would have failed it.",
              value=_per_fit_max(slope_dev, "slope deviation per dtype") / SLOPE_MARGIN, bound=1.0, comparison="<="),
-        Claim(id="precision-rounding-model-constant", kind="test",
+        build_claim(id="precision-rounding-model-constant", kind="test",
              bound_origin=f"held-out calibration: z = {z_tex} (two-sided normal quantile at p = {p_tex}, the failure probability of every notebook-03 claim) times sqrt(2) times the scatter of log10 C in the calibration seed's fits, pooled over dtypes and paths",
              statement=f"For every dtype and code path, the constant C by which the measured change exceeds the first-order rounding model reproduces the constant calibrated on a held-out seed (fresh inputs and b_k direction) within z = {z_tex} times the scatter of that calibration (pooled over its fits, times sqrt(2) for a difference of two draws): C is a property of the dtype and kernel, not of the data.",
              value=_per_fit_max(covered["deviation_log10"] / covered["allowance_log10"],
                                 "model constant deviation over allowance") if len(covered) else math.nan,
              bound=1.0, comparison="<="),
-        Claim(id="precision-accuracy-crossing-law", kind="test",
+        build_claim(id="precision-accuracy-crossing-law", kind="test",
              bound_origin="half a grid step plus z times the scatter of the model constant calibrated on a held-out seed",
              statement="The magnitude |b_k|/|k| at which the error against float64 doubles agrees with the prediction of the rounding model calibrated on a held-out seed, within half a grid step plus z times the scatter of that calibration.",
              value=_ratio_max(checks["deviation_log10"], checks["allowance_log10"], "crossing deviation over allowance")
@@ -438,14 +439,14 @@ def precision_claims(law, pooled, errors, checks, gsum, grads, seq_len, law_cali
              # checks made by crossing_check carry the crossings it left out; a hand-built table has none
              exclusions=checks.attrs.get("exclusions", ()),
              bound=1.0, comparison="<="),
-        Claim(id="precision-bk-gradient-within-tolerance", kind="test",
+        build_claim(id="precision-bk-gradient-within-tolerance", kind="test",
              bound_origin="verdict rule's rounding bound from the measured query, value and upstream-gradient magnitudes (theory)",
              min_detectable=_ratio_max(1.0 / powered["control_over_tol_min"].to_numpy(dtype=float),
                                        np.ones(len(powered)), "tolerance over control"),
              statement="In every dtype and code path where the b_q gradient (positive control) exceeds the rounding tolerance, every entry of the b_k gradient stays within it; the smallest b_k gradient it would have seen, as a fraction of the b_q gradient, is given for the worst case.",
              value=finite_max(powered["grad_over_tol_max"], "b_k gradient over tolerance (powered rows)"),
              bound=1.0, comparison="<="),
-        Claim(id="precision-bk-gradient-noise-scale", kind="test",
+        build_claim(id="precision-bk-gradient-noise-scale", kind="test",
              bound_origin="rounding of n-term row sums: lambda sqrt(n) u times the measured b_q gradient (theory)",
              min_detectable=finite_max(lam_sqrt_n * ok_b["unit_roundoff"], "largest noise bound"),
              statement="In every dtype, code path and batch, |grad b_k| / |grad b_q| stays below lambda sqrt(n) u, the size of rounding noise in row sums of n terms: the b_k gradient is no larger than rounding noise at the scale of the measured gradients.",
@@ -454,7 +455,7 @@ def precision_claims(law, pooled, errors, checks, gsum, grads, seq_len, law_cali
     ]
     g_dtypes = list(dict.fromkeys(ok_g["dtype"])) if len(ok_g) else []
     if len(g_dtypes) >= 2:
-        claims.append(Claim(
+        claims.append(build_claim(
             id="precision-bk-gradient-scales-with-u", kind="test",
             bound_origin="lambda sqrt(n), the spread rounding noise allows (theory)",
             statement=f"The ratio |grad b_k| / |grad b_q| divided by the unit roundoff varies across dtypes and paths by less than lambda sqrt(n), while u itself spans {_span_tex(g_dtypes)}.",
@@ -463,13 +464,13 @@ def precision_claims(law, pooled, errors, checks, gsum, grads, seq_len, law_cali
     # a consistent component of relative size a (to the noise) gives mean cosine a^2 / (1 + a^2)
     cos_bound = ok_g["cos_bound"].to_numpy(dtype=float) if len(ok_g) else np.array([])
     claims += [
-        Claim(id="precision-bk-gradient-no-direction", kind="test",
+        build_claim(id="precision-bk-gradient-no-direction", kind="test",
              bound_origin=f"isotropic-noise bound on the mean pairwise cosine at p = {p_tex} (theory)",
              min_detectable=finite_max(np.sqrt(cos_bound / np.clip(1 - cos_bound, 1e-12, None)), "detectable consistent component"),
              statement=f"The b_k gradients of independent batches point in unrelated directions: their mean pairwise cosine stays within what isotropic noise reaches (p = {p_tex}); a consistent component of the size given, relative to the noise, would have exceeded it.",
              value=finite_max(ok_g["bk_mean_cos"].abs().to_numpy(dtype=float) / cos_bound, "b_k cosine over bound"),
              bound=1.0, comparison="<="),
-        Claim(id="precision-bq-gradient-consistent", kind="control", protects=("precision-bk-gradient-no-direction",),
+        build_claim(id="precision-bq-gradient-consistent", kind="control", protects=("precision-bk-gradient-no-direction",),
              bound_origin=f"isotropic-noise bound on the mean pairwise cosine at p = {p_tex} (theory)",
              statement=f"Positive control of the direction test: the b_q gradients of the same batches, whose loss and values the data generator ties to a fixed direction, share that direction: their mean pairwise cosine exceeds what isotropic noise reaches (p = {p_tex}), so the test that finds no direction in the b_k gradients would have seen one.",
              value=finite_min(ok_g["bq_mean_cos"].to_numpy(dtype=float) / cos_bound, "b_q cosine over bound"),
@@ -606,3 +607,68 @@ def gradient_macros(gsum: pd.DataFrame, grads: pd.DataFrame, seq_len: int) -> di
         "PrecGradInvalidCount": (int(okg["verdict"].eq(verdict.INVALID).sum()), 3),
         "PrecGradCaseCount": (len(okg), 3),
     }
+
+# -- the claims this judge emits, declared once (keybias.core.claimspec): the judge builds each
+# claim from its spec, and the manifests, verify's classes and the tests read them from here --
+register_claim(ClaimSpec(
+    'precision-output-change-within-tolerance', '03_precision', 'test',
+    bound=1.0,
+    origin="verdict rule's rounding bound for each magnitude's own scores and values (theory); rows judged by the 5% rule of keybias.verdict, fixed before the data",
+    finding='precision-law',
+    value_class='noise',
+))
+register_claim(ClaimSpec(
+    'precision-law-slope-one', '03_precision', 'test',
+    bound=1.0,
+    origin="fixed margin: the first-order model's validity limit VALIDITY, set before the run",
+    finding='precision-law',
+    value_class='fit',
+))
+register_claim(ClaimSpec(
+    'precision-rounding-model-constant', '03_precision', 'test',
+    bound=1.0,
+    origin="held-out calibration: z = 4.89 (two-sided normal quantile at p = 1e-06, the failure probability of every notebook-03 claim) times sqrt(2) times the scatter of log10 C in the calibration seed's fits, pooled over dtypes and paths",
+    finding='precision-law',
+    value_class='fit',
+))
+register_claim(ClaimSpec(
+    'precision-accuracy-crossing-law', '03_precision', 'test',
+    bound=1.0,
+    origin='half a grid step plus z times the scatter of the model constant calibrated on a held-out seed',
+    finding='precision-law',
+    value_class='fit',
+))
+register_claim(ClaimSpec(
+    'precision-bk-gradient-within-tolerance', '03_precision', 'test',
+    bound=1.0,
+    origin="verdict rule's rounding bound from the measured query, value and upstream-gradient magnitudes (theory)",
+    finding='gradient-is-rounding-noise',
+    value_class='noise',
+))
+register_claim(ClaimSpec(
+    'precision-bk-gradient-noise-scale', '03_precision', 'test',
+    bound=1.0,
+    origin='rounding of n-term row sums: lambda sqrt(n) u times the measured b_q gradient (theory)',
+    finding='gradient-is-rounding-noise',
+    value_class='noise',
+))
+register_claim(ClaimSpec(
+    'precision-bk-gradient-scales-with-u', '03_precision', 'test',
+    origin='lambda sqrt(n), the spread rounding noise allows (theory)',
+    finding='gradient-is-rounding-noise',
+    value_class='noise',
+))
+register_claim(ClaimSpec(
+    'precision-bk-gradient-no-direction', '03_precision', 'test',
+    bound=1.0,
+    origin='isotropic-noise bound on the mean pairwise cosine at p = 1e-06 (theory)',
+    finding='gradient-is-rounding-noise',
+    value_class='noise_stat',
+))
+register_claim(ClaimSpec(
+    'precision-bq-gradient-consistent', '03_precision', 'control',
+    comparison='>',
+    bound=1.0,
+    origin='isotropic-noise bound on the mean pairwise cosine at p = 1e-06 (theory)',
+    value_class='f32',
+))

@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 
 from keybias import verdict
+from keybias.core.claimspec import ClaimSpec, build_claim, register_claim
 from keybias.core.recorder import Claim, format_number, latex_escape
 from keybias.core.reduce import (
     finite_max,
@@ -175,14 +176,14 @@ def pair_results(pairs: pd.DataFrame) -> tuple[list[Claim], dict[str, object]]:
                                                                "control discordant images", strict=True)),
                    "TrainAccPairedImages": n_images, "TrainDivergenceRatio": div_ratio})
     claims = [
-        Claim(id="train-accuracy-agrees-kept-removed",
+        build_claim(id="train-accuracy-agrees-kept-removed",
              statement=("Kept and removed b_k classify the same test images: the images that exactly one of the "
                         "two paired models gets right, in either direction, pooled over optimizers and seeds, "
                         f"number at most {DISCORDANT_FRACTION_BOUND:g} of the paired images ({bound} of {n_images})."),
              value=discordant, bound=bound, comparison="<=", kind="test",
              bound_origin="one image in 200, the rate of boundary flips between runs that differ by rounding; "
                           "fixed before the runs"),
-        Claim(id="train-divergence-within-rounding-control",
+        build_claim(id="train-divergence-within-rounding-control",
              statement=("The kept-b_k run ends within one decade (at most "
                         f"{DIVERGENCE_RATIO_BOUND} times) of the removed-b_k run, relative to the larger of two "
                         "controls of the same run whose initial weights differ by one unit in the last place, up "
@@ -233,7 +234,7 @@ def bias_results(bias: pd.DataFrame) -> tuple[list[Claim], dict[str, object]]:
             macros[f"TrainGradPoweredRuns{word}"] = int((d["powered_steps"] > 0).sum())
             macros[f"TrainGradRuns{word}"] = len(d)
     tested = ", ".join(sorted(powered["dtype"].unique())) or "none"
-    claims.append(Claim(
+    claims.append(build_claim(
         id="train-bk-gradient-within-rounding",
         statement=("At every step where the b_q gradient exceeds the rounding tolerance (so a real gradient of "
                    f"that size would show; dtypes tested: {tested}), the b_k gradient of every layer lies within "
@@ -253,7 +254,7 @@ def bias_results(bias: pd.DataFrame) -> tuple[list[Claim], dict[str, object]]:
         macros["TrainSgdRuns"] = len(sgd)
         macros["TrainSgdDriftMax"] = finite_max(sgd["drift_b_k"], "SGD drifts")
         sgd_tested = ", ".join(sorted(sgd_powered["dtype"].unique())) or "none"
-        claims.append(Claim(
+        claims.append(build_claim(
             id="train-sgd-bk-stays-put",
             statement=("Under SGD and SGD with momentum, in every run where b_q moved farther than the bound "
                        f"(dtypes tested: {sgd_tested}), b_k moves no farther than {SGD_WALK_BOUND} times the "
@@ -268,13 +269,20 @@ def bias_results(bias: pd.DataFrame) -> tuple[list[Claim], dict[str, object]]:
         log_err = finite_max(np.abs(np.log2(noise["drift_b_k"] / noise["predicted_drift"])), "Adam drift ratios")
         macros["TrainAdamLogErr"] = log_err
         macros["TrainAdamFactor"] = 2.0**log_err
-        claims.append(Claim(
+        # The effect the claim exists to see is a consistent gradient, whose displacement adds to the
+        # walk's in quadrature: a run at ratio r fails once a systematic displacement s (in units of
+        # its predicted walk) reaches sqrt(F^2 - r^2). The run nearest the bound sets the smallest s.
+        ratio_max = finite_max(noise["drift_b_k"] / noise["predicted_drift"], "Adam drift over prediction")
+        detectable = math.sqrt(max(ADAM_FACTOR_BOUND**2 - ratio_max**2, 0.0))
+        macros["TrainAdamMinDetectable"] = detectable
+        claims.append(build_claim(
             id="train-adam-drift-matches-noise-prediction",
             statement=("Under Adam (every eps and dtype) and AdamW without weight decay on biases, the measured "
                        "drift of b_k agrees with the random-walk prediction from the measured gradient noise and "
                        f"eps within a factor of {ADAM_FACTOR_BOUND} (max |log2(measured/predicted)|)."),
             value=log_err, bound=math.log2(ADAM_FACTOR_BOUND), comparison="<=", kind="test",
-            bound_origin="a factor of two, fixed before the runs (a consistent gradient drifts sqrt(T) farther)"))
+            bound_origin="a factor of two, fixed before the runs (a consistent gradient drifts sqrt(T) farther)",
+            min_detectable=detectable))
     decay = bias[bias["optimizer"] == "adamw_bias_decay"]
     if len(decay):
         decay_dev = finite_max((decay["norm_b_k"] - decay["decayed_norm"]).abs() / decay["predicted_drift"],
@@ -285,7 +293,7 @@ def bias_results(bias: pd.DataFrame) -> tuple[list[Claim], dict[str, object]]:
                             / (DECAY_DEV_BOUND * decay["predicted_drift"]), "decay effects")
         macros["TrainDecayDev"] = decay_dev
         macros["TrainDecayEffectOverBound"] = effect
-        claims.append(Claim(
+        claims.append(build_claim(
             id="train-adamw-bias-decay-shrinks-bk",
             statement=("With weight decay on biases, ||b_k|| follows (1 - lr wd)^T ||b_k(0)|| within "
                        f"{DECAY_DEV_BOUND} times the predicted Adam random walk (max deviation / predicted walk)."),
@@ -396,7 +404,7 @@ def verdict_results(verdicts: pd.DataFrame) -> tuple[list[Claim], dict[str, obje
         "TrainPredictionChanges": int(finite_sum(verdicts.groupby(["setting", "seed"])["prediction_changes"].first(),
                                                  "prediction changes", strict=True)),
     }
-    claims: list[Claim] = [Claim(
+    claims: list[Claim] = [build_claim(
         id="train-drifted-bk-never-changes-function",
         statement=("No trained key bias, under any optimizer, eps or dtype, changes an attention output beyond "
                    "rounding (number of not_redundant verdicts)."),
@@ -405,10 +413,65 @@ def verdict_results(verdicts: pd.DataFrame) -> tuple[list[Claim], dict[str, obje
     adam = verdicts[verdicts["optimizer"].str.startswith("adam")]
     if len(adam):
         powered = adam.groupby(["setting", "seed"])["verdict"].apply(lambda v: int((v == verdict.REDUNDANT).sum()))
-        claims.append(Claim(
+        claims.append(build_claim(
             id="train-drift-verdict-has-power",
             statement=("The verdict could see a change of the drifted size in at least one layer of every "
                        "Adam-family run (min over those runs of the number of redundant, that is powered, layers)."),
             value=int(powered.min()), bound=1, comparison=">=", kind="consistency",
             bound_origin="at least one powered layer per run, the verdict rule's definition of a usable test"))
     return claims, macros
+
+# -- the claims this judge emits, declared once (keybias.core.claimspec): the judge builds each
+# claim from its spec, and the manifests, verify's classes and the tests read them from here --
+register_claim(ClaimSpec(
+    'train-accuracy-agrees-kept-removed', '04_training', 'test',
+    origin='one image in 200, the rate of boundary flips between runs that differ by rounding; fixed before the runs',
+    finding='training-unchanged',
+    value_class='images',
+))
+register_claim(ClaimSpec(
+    'train-divergence-within-rounding-control', '04_training', 'test',
+    bound=DIVERGENCE_RATIO_BOUND,
+    origin='one decade around rounding-sized controls of the same run, fixed before the runs',
+    finding='training-unchanged',
+    value_class='noise',
+))
+register_claim(ClaimSpec(
+    'train-bk-gradient-within-rounding', '04_training', 'test',
+    bound=1.0,
+    origin="verdict.gradient_tolerance from each step's measured query, value and upstream maxima",
+    finding='training-unchanged',
+    value_class='noise',
+))
+register_claim(ClaimSpec(
+    'train-sgd-bk-stays-put', '04_training', 'test',
+    bound=SGD_WALK_BOUND,
+    origin="tail of an n-entry random walk of the verdict rule's per-step tolerances (theory)",
+    finding='adam-drift-regimes',
+    value_class='noise',
+))
+register_claim(ClaimSpec(
+    'train-adam-drift-matches-noise-prediction', '04_training', 'test',
+    bound=1.0,
+    origin='a factor of two, fixed before the runs (a consistent gradient drifts sqrt(T) farther)',
+    finding='adam-drift-regimes',
+    value_class='chaotic',
+))
+register_claim(ClaimSpec(
+    'train-adamw-bias-decay-shrinks-bk', '04_training', 'consistency',
+    bound=DECAY_DEV_BOUND,
+    origin="the noise law's factor-of-two tolerance, fixed before the runs; AdamW's own decay rule",
+    value_class='chaotic',
+))
+register_claim(ClaimSpec(
+    'train-drifted-bk-never-changes-function', '04_training', 'test',
+    bound=0.0,
+    origin='verdict.output_tolerance from the measured score and value maxima',
+    finding='training-unchanged',
+))
+register_claim(ClaimSpec(
+    'train-drift-verdict-has-power', '04_training', 'consistency',
+    comparison='>=',
+    bound=1.0,
+    origin="at least one powered layer per run, the verdict rule's definition of a usable test",
+))
