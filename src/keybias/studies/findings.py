@@ -235,8 +235,8 @@ register(Finding(
     id="gradient-is-rounding-noise",
     title=r"The gradient of $\bk$ is rounding noise",
     statement=(r"In floating point the gradient of $\bk$ is rounding noise: its size is at most "
-               r"\PrecGradNoiseScaleMax{} of the bound $\lambda\sqrt n\,u\|g_{\bq}\|$ that rounding of its row "
-               r"sums allows, and its direction is random "
+               r"\PrecGradNoiseScaleMax{} of the bound $\lambda\sqrt{n}\,u\|g_{\bq}\|$ that rounding of its row "
+               r"sums allows, and it keeps no consistent direction "
                r"(mean pairwise cosine \PrecBkCosMax{}, where a systematic direction would give 1)."),
     section="sec:noise", figure="precision_gradient", notebook="03_precision", basis="test",
     decided_by=("precision-bk-gradient-within-tolerance", "precision-bk-gradient-noise-scale",
@@ -284,13 +284,14 @@ register(Finding(
 register(Finding(
     id="adam-drift-regimes",
     title="Adam turns the noise into drift, by regime",
-    statement=(r"Adam divides the noise gradient of $\bk$ by its own scale, so its steps are full-size where "
-               r"$\varepsilon$ lies far below the noise (step rate \LongFullRateFloatEpsTwelveMedian{} of full size "
-               r"in float32 at $\varepsilon=10^{-12}$, \LongFullRateBfloatEpsEightMedian{} in bfloat16 at the default "
-               r"$\varepsilon=10^{-8}$) and SGD-like, $\eta g/\varepsilon$, in float32 at the default "
-               r"(\LongFullRateFloatEpsEightMedian{}), where the drift is at most \LongFullDampingMax{} of the "
-               r"small-$\varepsilon$ drift of the same run; under SGD in float32, $\bk$ moves no farther than the "
-               r"random walk of its noise gradient."),
+    statement=(r"Adam divides the noise gradient of $\bk$ by its own scale: where $\varepsilon$ lies far below "
+               r"the noise its steps are full-size (step rate \LongFullRunRateFloatEpsTwelveMin{}--"
+               r"\LongFullRunRateFloatEpsTwelveMax{} per run in float32 at $\varepsilon=10^{-12}$, "
+               r"\LongFullRunRateBfloatEpsEightMin{}--\LongFullRunRateBfloatEpsEightMax{} under bfloat16 autocast "
+               r"at the default $10^{-8}$); in float32 at the default they are SGD-like "
+               r"(\LongFullRunRateFloatEpsEightMin{}--\LongFullRunRateFloatEpsEightMax{}) and the drift is at most "
+               r"\LongFullDampingMax{} of the small-$\varepsilon$ drift at the same seed and size; under SGD in "
+               r"float32 $\bk$ only random-walks."),
     section="sec:training", figure="training_bias_norms", notebook="04_training", basis="test",
     decided_by=("train-sgd-bk-stays-put", "train-adam-drift-matches-noise-prediction",
                 "adam-sgd-steps-float32-default-eps",
@@ -300,20 +301,20 @@ register(Finding(
     headlines=tuple(Headline(name, "rel", 0.02,
                              "computed from the recorded runs, which every machine reads as they are; printed "
                              "to two or three digits")
-                    for name in ("LongFullRateFloatEpsTwelveMedian", "LongFullRateBfloatEpsEightMedian",
-                                 "LongFullRateFloatEpsEightMedian", "LongFullDampingMax")),
+                    for name in (*(f"LongFullRunRate{regime}{end}" for regime in
+                                   ("FloatEpsTwelve", "BfloatEpsEight", "FloatEpsEight") for end in ("Min", "Max")),
+                                 "LongFullDampingMax")),
 ))
 
 register(Finding(
     id="long-run-drift",
     title="The drift over a long run, and what drives it",
-    statement=(r"Over \LongFullRuns{} long runs (\LongFullSeeds{} fresh seeds, two model sizes), the small "
-               r"model's $\|\bk\|$ grows like $t^{\alpha}$ with median $\alpha=\LongFullExponentMedianSmall{}$ over "
-               r"the seeds at $\varepsilon=10^{-12}$, faster than a random walk ($\alpha=1/2$) in the median seed "
-               r"though three seeds cannot exclude one; its velocity is the one Adam makes of a small bias of the "
-               r"gradient along the drift (measured over predicted \LongFullVelocityRatioMin{} to "
-               r"\LongFullVelocityRatioMax{}), a bias the weakest seed shows at only \LongFullBiasMinSe{} standard "
-               r"errors, and the candidate explanation that the noise grows with $\|\bk\|$ fails (elasticity "
+    statement=(r"Over \LongFullRuns{} long runs (\LongFullSeeds{} seeds, two sizes), the small model's "
+               r"$\|\bk\|$ grows like $t^{\alpha}$ with median $\alpha=\LongFullExponentMedianSmall{}$ at "
+               r"$\varepsilon=10^{-12}$, faster than a random walk's $1/2$, though three seeds cannot exclude one; "
+               r"in the small model's float32 runs Adam's response to a small gradient bias along the drift "
+               r"predicts its velocity (measured over predicted \LongFullVelocityRatioMin{} to "
+               r"\LongFullVelocityRatioMax{}), and noise that grows with $\|\bk\|$ does not explain it (elasticity "
                r"\LongFullNoiseElasticity{})."),
     section="sec:longrun", figure="longrun_full_drift", notebook="08_longrun", basis="test",
     decided_by=("longrun-exponent-small-model", "longrun-drift-along-mean-query",
@@ -330,7 +331,7 @@ register(Finding(
     id="pretrained-strip-exact",
     title=r"Stripping $\bk$ from trained models is exact",
     statement=(r"In the trained MiniLM encoder $\bk$ is at most \PretBkOverBqMax{} of $\bq$, and removing it "
-               r"changes its float64 embeddings by at most $\PretBothDiffFloatSixtyFour{}$, within rounding; of "
+               r"changes its unit-norm float64 sentence embeddings by at most $\PretBothDiffFloatSixtyFour{}$, within rounding; of "
                r"\PretFamilies{} models (tiny random instances of Hugging Face families, and MiniLM) the tool "
                r"handles \PretFamiliesHandled{} and refuses the \PretFamiliesRefused{} whose attention the "
                r"criterion excludes."),
@@ -352,11 +353,10 @@ register(Finding(
     id="shipped-checkpoints",
     title=r"$\bk$ in the checkpoints that ship with packages",
     statement=(r"In the two MiniLM sentence embedders that ship with packages $\bk$ is at most "
-               r"\CkptMiniLMSixBkOverBqMax{} of $\bq$, as rounding drift under their published optimizer "
-               r"predicts, but in multilingual-e5-small it is \CkptEFiveBkOverBqMedian{} times $\bq$ at the "
-               r"median layer; in that model, as measured and not tested, subtracting $\bk$ before per-token int4 "
-               r"key quantization lowers the attention error from \CkptQuantFourEFiveKeepMedian{} to "
-               r"\CkptQuantFourEFiveStripMedian{}."),
+               r"\CkptMiniLMSixBkOverBqMax{} of $\bq$, but in multilingual-e5-small it is "
+               r"\CkptEFiveBkOverBqMedian{} times $\bq$ at the median layer; in that one model, as measured and "
+               r"not tested, subtracting $\bk$ before per-token int4 key quantization lowers the relative "
+               r"attention error from \CkptQuantFourEFiveKeepMedian{} to \CkptQuantFourEFiveStripMedian{}."),
     section="sec:pretrained", figure="checkpoint_bias_and_quantization", notebook="10_checkpoints", basis="measurement",
     rests_on=("checkpoints-strip-reduces-int8-error", "checkpoints-strip-reduces-int4-error",
               "checkpoints-strip-control-int8", "checkpoints-strip-control-int4"),
@@ -371,10 +371,10 @@ register(Finding(
 register(Finding(
     id="cost-saving",
     title=r"What $\bk$ costs",
-    statement=(r"Removing $\bk$ saves what a count of the bytes it moves predicts, of the order of a tenth of a "
-               r"percent of a BERT-base block's pass, and the timings show no departure from that prediction "
-               r"beyond \CostByteMarginPercent{} percentage points; counting the removed kernels instead, as if "
-               r"each cost as much as an average one, would allow up to \CostSavingBoundMaxPercent{}\%."),
+    statement=(r"A count of the bytes $\bk$ moves predicts that removing it saves about a tenth of a percent "
+               r"of a BERT-base block's pass, far below the \CostByteMarginPercent{} percentage points our timings "
+               r"resolve, so they cannot confirm it; counting the removed kernels instead, as if each cost as much "
+               r"as an average one, would allow up to \CostSavingBoundMaxPercent{}\%."),
     section="sec:cost", figure="cost_time_saving", notebook="06_cost", basis="measurement",
     rests_on=("cost-saving-within-byte-prediction", "cost-saving-not-below-byte-prediction"),
     headlines=(_exact("CostByteMarginPercent"),
