@@ -356,6 +356,8 @@ FILES: list[tuple[str, FileClass]] = [
     ("provenance.json", FileClass(MACHINE, "commit, versions, CPU, wall times of this run")),
     ("data/cost_timing*.csv", FileClass(MACHINE, "timings: never compared (notebook 06 writes them under machine/)")),
     ("tables/cost_timing*.tex", FileClass(MACHINE, "tables of timings")),
+    # its rows hold timing-derived values too; claims.json compares each with its claim's own class
+    ("tables/claims.tex", FileClass(MACHINE, "a rendering of claims.json, compared there claim by claim")),
     ("macros/provenance.tex", FileClass(MACHINE, "provenance printed in the paper")),
     ("steps/*.json", FileClass(MACHINE, "per-notebook provenance; its claims are compared in claims.json")),
     ("notebooks/*", FileClass(MACHINE, "executed notebooks and their pages: outputs carry timings")),
