@@ -662,10 +662,14 @@ def invariance_claims(df: pd.DataFrame, mags: pd.DataFrame, *, min_configs: int,
         macros[names["known_mod"]] = int(c["known_modules"])
         macros[names["missed_mod"]] = int(c["missed_modules"])
         macros[names["ties"]] = int(c["tie_misses"])
+        # the paper states how far the per-module misses place the rate above MAX_MISS_RATE
+        macros[names["known"].replace("InvKnownBreaks", "InvMissLowerLimit")] = miss_rate_lower_limit(
+            int(c["missed_modules"]), int(c["known_modules"]))
         # a cell with power can still hold no verdict of one class (only breaking categories have power there)
         macros[names["red"]] = c["redundant_over_tol"] if math.isfinite(c["redundant_over_tol"]) else NONE_IN_CELL
         macros[names["brk"]] = c["break_over_tol"] if math.isfinite(c["break_over_tol"]) else NONE_IN_CELL
     macros["InvMaxMissRate"] = f"{MAX_MISS_RATE:.0%}".replace("%", r"\%")
+    macros["InvMissLevel"] = f"{1 - MISS_ALPHA:.0%}".replace("%", r"\%")
     macros["InvSeparation"] = SEPARATION
     macros["InvPowerBound"] = POWER_BOUND
     macros["InvEpsMax"] = decade(max(EPS_GRID))

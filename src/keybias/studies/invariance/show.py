@@ -53,10 +53,11 @@ CATEGORY_LABELS = {
     "HF vit": "ViT (Hugging Face)",
     "HF whisper": "Whisper (Hugging Face)",
     "HF qwen2": "Qwen2 (Hugging Face)",
-    "device cuda": "CUDA: not run with these results (GPU results in the GPU appendix)",
-    "device mps": "MPS: not run (no MPS device on the machine that produced these results)",
+    "device cuda": "CUDA: not measured on the CPU (see the GPU appendix)",
+    "device mps": "MPS: not measured (no MPS device available)",
 }
-_VERDICT_WORDS = {"redundant": "redundant", "not_redundant": "not redundant", "invalid": "invalid"}
+# the verdict table's joint column, abbreviated as its count headers are so that it fits the page
+_VERDICT_ABBREVIATIONS = {"redundant": "red.", "not_redundant": "not red.", "invalid": "inval."}
 
 
 def category_label(category: str) -> str:
@@ -134,6 +135,9 @@ def _tabular(table: pd.DataFrame, head: dict, align: str) -> str:
 def verdict_latex(table: pd.DataFrame) -> str:
     """booktabs tabular of `judge.verdict_table`, categories and joint verdicts in words."""
     table = table.copy()
+    if "category" in table:
+        # the device rows hold no CPU verdict; the caption says once where the GPU's verdicts are
+        table = table[~table["category"].astype(str).str.startswith("device ")]
     if "category" in table:  # the figure's order: MHA, layers, SDPA, variants, Hugging Face models
         order = list(CATEGORY_LABELS)
         rank = table["category"].map(lambda c: order.index(c) if c in order else len(order))
@@ -141,9 +145,9 @@ def verdict_latex(table: pd.DataFrame) -> str:
         table["category"] = table["category"].map(category_label)
     if "joint" in table:
         table["joint"] = table["joint"].map(
-            lambda v: ", ".join(_VERDICT_WORDS.get(w, w) for w in str(v).split(",")) if isinstance(v, str) else v)
+            lambda v: ", ".join(_VERDICT_ABBREVIATIONS.get(w, w) for w in str(v).split(",")) if isinstance(v, str) else v)
     head = {"category": "configuration", "redundant": "red.", "not_redundant": "not red.",
-            "invalid": "inval.", "skipped": "skip.", "matches_theory": "as predicted", "joint": "joint"}
+            "invalid": "inval.", "skipped": "skip.", "matches_theory": "as predicted", "joint": "with slot"}
     return _tabular(table, head, "l" + "r" * (len(table.columns) - 1))
 
 

@@ -424,7 +424,23 @@ def macros(table: pd.DataFrame, spans: pd.DataFrame, run: dict) -> dict[str, obj
     out["LongFullBkOverKeyMax"] = finite_max(small["bk_over_key_end"], "ratios")
     out["LongFullBkOverKeyMedian"] = finite_median(small["bk_over_key_end"], "ratios")
     out.update(per_run_range_macros(table))
+    out.update(velocity_outside_macros(table))
     return out
+
+
+def velocity_outside_macros(table: pd.DataFrame) -> dict[str, float]:
+    """Adam's velocity for the gradient's bias (measured over predicted) and the noise's elasticity in
+    the runs outside the small float32 model, where the mechanism is confirmed: the paper must say how
+    far it fails there. A predicted velocity of the wrong sign gives a negative ratio, counted apart."""
+    rest = table[~((table["dtype"] == FLOAT32) & (table["size"] == SMALL))]
+    ratio = rest["velocity_measured"] / rest["velocity_predicted"]
+    positive = ratio[ratio > 0]
+    return {"LongFullVelocityOutsideRows": int(ratio.notna().sum()),
+            "LongFullVelocityOutsideWrongSign": int((ratio <= 0).sum()),
+            "LongFullVelocityOutsideRatioMin": finite_min(positive, "velocity ratios"),
+            "LongFullVelocityOutsideRatioMax": finite_max(positive, "velocity ratios"),
+            "LongFullElasticityOutsideMin": finite_min(rest["noise_elasticity"], "elasticities"),
+            "LongFullElasticityOutsideMax": finite_max(rest["noise_elasticity"], "elasticities")}
 
 
 def per_run_range_macros(table: pd.DataFrame) -> dict[str, float]:

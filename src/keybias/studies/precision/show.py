@@ -171,7 +171,7 @@ def _reason_words(device: str, reason: str) -> str:
     if "not present" in reason:
         if device == "cuda":
             return "measured on the GPU (APPENDIX)"
-        return f"the machine that produced these results has no {device.upper()} device"
+        return f"no {device.upper()} device available"
     if "no cpu kernel" in reason.lower():
         return "no CPU kernel for this dtype"
     return reason.split(" (")[0]
@@ -186,11 +186,11 @@ def gradient_table(gsum: pd.DataFrame) -> str:
         if r["status"] != "ok":
             reason = latex_escape(_reason_words(r["device"], str(r["reason"]))).replace(
                 "APPENDIX", r"Appendix~\ref{sec:gpu}")
-            rows.append({**base, "ratio": "not run", "cos_k": "", "cos_q": "", "bound": reason})
+            rows.append({**base, "ratio": "not measured", "cos_k": "", "cos_q": "", "bound": reason})
             continue
         rows.append({**base, "ratio": f"{r['ratio_over_u']:.3f}", "cos_k": f"{r['bk_mean_cos']:+.3f}",
-                     "cos_q": f"{r['bq_mean_cos']:.3f}", "bound": f"{r['cos_bound']:.3f}"})
+                     "cos_q": f"{r['bq_mean_cos']:.2f}", "bound": f"{r['cos_bound']:.3f}"})
     frame = pd.DataFrame(rows).rename(columns={
         "ratio": r"$\|g_{b_k}\|/(u\|g_{b_q}\|)$", "cos_k": r"$\cos b_k$", "cos_q": r"$\cos b_q$",
-        "bound": "noise bound, or why not run"})
+        "bound": "noise bound, or why not measured"})
     return frame.to_latex(index=False, escape=False)

@@ -52,10 +52,19 @@ def changes_table(changes: pd.DataFrame) -> pd.DataFrame:
                                  "over_noise_floor": "/ noise floor", "tolerance_kind": "tolerance from"})
 
 
+# families named by a constructor option, in words (the option's own name is code, not a name)
+FAMILY_WORDS = {
+    "BERT relative_key": "BERT, relative key positions",
+    "BERT relative_key_query": "BERT, relative key-and-query positions",
+    "LLaMA attention_bias": "LLaMA with projection biases",
+    "MHA add_zero_attn": "MHA with an appended zero slot",
+}
+
+
 def family_table_latex(table: pd.DataFrame) -> str:
     shown = table[["family", "strip", "fold", "key_bias_removed", "value_bias_folded", "certified_max_ratio",
                    "whole_change", "forced_change", "bound"]].copy()
-    shown["family"] = shown["family"].str.replace("_", r"\_", regex=False)
+    shown["family"] = shown["family"].map(lambda f: FAMILY_WORDS.get(f, f)).str.replace("_", " ", regex=False)
     shown = shown.rename(columns={"key_bias_removed": "$b_k$ removed", "value_bias_folded": "$b_v$ folded",
                                   "certified_max_ratio": "certified/tol.", "whole_change": "change",
                                   "forced_change": "by hand", "bound": "bound"})
@@ -99,7 +108,7 @@ def architectures_latex(table: pd.DataFrame) -> str:
         if status in ("refused", "not certified", "could not build"):
             parts = sorted(groups, key=lambda g: (-len(g[1]), g[0]))
             for i, (why, part) in enumerate(parts):
-                names = ", ".join(part["model_type"].str.replace("_", r"\_", regex=False)) if listed else ""
+                names = ", ".join(part["model_type"].str.replace("_", " ", regex=False)) if listed else ""
                 head = "" if i else f"{status}, {len(rows)}" if len(parts) > 1 else status
                 names = rf"{{\footnotesize {names}}}" if names else ""
                 lines.append(rf"{head} & {why} & {len(part)} & {names} \\")
