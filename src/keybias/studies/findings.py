@@ -233,10 +233,11 @@ register(Finding(
 
 register(Finding(
     id="gradient-is-rounding-noise",
-    title=r"The gradient of $\bk$ is rounding noise",
-    statement=(r"In floating point the gradient of $\bk$ is rounding noise: its size is at most "
+    title=r"The gradient of $\bk$ is dominated by rounding noise",
+    statement=(r"In floating point the gradient of $\bk$ is dominated by rounding noise: its size is at most "
                r"\PrecGradNoiseScaleMax{} of the bound $\lambda\sqrt{n}\,u\|g_{\bq}\|$ that rounding of its row "
-               r"sums allows, and it keeps no consistent direction "
+               r"sums allows, and its direction is indistinguishable from "
+               r"isotropic noise "
                r"(mean pairwise cosine \PrecBkCosMax{}, where a systematic direction would give 1)."),
     section="sec:noise", figure="precision_gradient", notebook="03_precision", basis="test",
     decided_by=("precision-bk-gradient-within-tolerance", "precision-bk-gradient-noise-scale",
@@ -254,8 +255,9 @@ register(Finding(
     title=r"A large $\bk$ costs precision in proportion to its size",
     statement=(r"Although $\bk$ never changes the function, the rounding error it adds to the output grows "
                r"in proportion to $\|\bk\|/\|k\|$: the fitted log--log slopes are \PrecSlopeFloatSixtyFour{}, "
-               r"\PrecSlopeFloatThirtyTwo{}, \PrecSlopeFloatSixteen{} and \PrecSlopeBfloatSixteen{} in float64, "
-               r"float32, float16 and bfloat16, against the first-order model's 1."),
+               r"\PrecSlopeFloatThirtyTwo{}, \PrecSlopeFloatSixteen{} and \PrecSlopeBfloatSixteen{}$\pm$\PrecSlopeSeBfloatSixteen{} in "
+               r"float64, float32, float16 and bfloat16, close to the first-order model's 1; no shipped checkpoint "
+               r"we measured reaches the size where the error doubles."),
     section="sec:noise", figure="precision_error_vs_bias", notebook="03_precision", basis="test",
     decided_by=("precision-output-change-within-tolerance", "precision-law-slope-one",
                 "precision-rounding-model-constant", "precision-accuracy-crossing-law"),
@@ -267,8 +269,9 @@ register(Finding(
 
 register(Finding(
     id="training-unchanged",
-    title=r"Training without $\bk$ is the same training",
-    statement=(r"A small vision transformer trained with and without $\bk$ reaches the same test "
+    title=r"In one small model, training without $\bk$ is the same training",
+    statement=(r"A small vision transformer (\TrainNParams{} parameters, \TrainSteps{} steps) trained with and "
+               r"without $\bk$ reaches the same test "
                r"accuracy with Adam (\TrainAccKeptAdam{} with $\bk$, \TrainAccRemovedAdam{} without), and the two runs "
                r"differ by about as much (\TrainDivergenceRatio{} times) as a run differs from its own copy "
                r"perturbed at the rounding level."),
@@ -314,7 +317,8 @@ register(Finding(
                r"$\varepsilon=10^{-12}$, faster than a random walk's $1/2$, though three seeds cannot exclude one; "
                r"in the small model's float32 runs Adam's response to a small gradient bias along the drift "
                r"predicts its velocity (measured over predicted \LongFullVelocityRatioMin{} to "
-               r"\LongFullVelocityRatioMax{}), and noise that grows with $\|\bk\|$ does not explain it (elasticity "
+               r"\LongFullVelocityRatioMax{}; elsewhere \LongFullVelocityOutsideWrongSign{} of "
+               r"\LongFullVelocityOutsideRows{} layers have the wrong sign), and noise that grows with $\|\bk\|$ does not explain it (elasticity "
                r"\LongFullNoiseElasticity{})."),
     section="sec:longrun", figure="longrun_full_drift", notebook="08_longrun", basis="test",
     decided_by=("longrun-exponent-small-model", "longrun-drift-along-mean-query",
@@ -354,9 +358,10 @@ register(Finding(
     title=r"$\bk$ in the checkpoints that ship with packages",
     statement=(r"In the two MiniLM sentence embedders that ship with packages $\bk$ is at most "
                r"\CkptMiniLMSixBkOverBqMax{} of $\bq$, but in multilingual-e5-small it is "
-               r"\CkptEFiveBkOverBqMedian{} times $\bq$ at the median layer; in that one model, as measured and "
-               r"not tested, subtracting $\bk$ before per-token int4 key quantization lowers the relative "
-               r"attention error from \CkptQuantFourEFiveKeepMedian{} to \CkptQuantFourEFiveStripMedian{}."),
+               r"\CkptEFiveBkOverBqMedian{} times $\bq$ at the median layer; in that encoder, as measured and "
+               r"not tested, subtracting $\bk$ before per-token int4 absmax key quantization multiplies the relative "
+               r"attention-output error by \CkptQuantFourEFiveRatioMedian{}, about the "
+               r"\CkptQuantFourControlRatioMedian{} of a positive-control offset as large as the keys."),
     section="sec:pretrained", figure="checkpoint_bias_and_quantization", notebook="10_checkpoints", basis="measurement",
     rests_on=("checkpoints-strip-reduces-int8-error", "checkpoints-strip-reduces-int4-error",
               "checkpoints-strip-control-int8", "checkpoints-strip-control-int4"),
@@ -364,20 +369,23 @@ register(Finding(
                         "a ratio of fixed trained weights in float64; printed to three digits"),
                Headline("CkptEFiveBkOverBqMedian", "rel", 0.01,
                         "a ratio of fixed trained weights in float64; printed to three digits"),
-               Headline("CkptQuantFourEFiveStripMedian", "rel", 0.1,
-                        "an RMS over thousands of quantization errors; its size reproduces to a few percent")),
+               Headline("CkptQuantFourEFiveRatioMedian", "rel", 0.1,
+                        "a ratio of two RMS errors over thousands of quantized keys; it reproduces to a few "
+                        "percent")),
 ))
 
 register(Finding(
     id="cost-saving",
     title=r"What $\bk$ costs",
-    statement=(r"A count of the bytes $\bk$ moves predicts that removing it saves about a tenth of a percent "
-               r"of a BERT-base block's pass, far below the \CostByteMarginPercent{} percentage points our timings "
-               r"resolve, so they cannot confirm it; counting the removed kernels instead, as if each cost as much "
-               r"as an average one, would allow up to \CostSavingBoundMaxPercent{}\%."),
+    statement=(r"A count of the bytes that removing $\bk$ saves predicts \CostPredictedMinPercent{}\% to "
+               r"\CostPredictedMaxPercent{}\% of a BERT-base block's pass on the CPU, below the "
+               r"\CostMinDetectablePercent{}\% our timings resolve, so they can neither confirm nor refute it; "
+               r"the largest measured saving is \CostLargestPointSavingPercent{}\% "
+               r"(\CostLargestPointSavingWhere{}), and no simultaneous interval reaches above "
+               r"\CostSavingUpperAllPercent{}\%."),
     section="sec:cost", figure="cost_time_saving", notebook="06_cost", basis="measurement",
     rests_on=("cost-saving-within-byte-prediction", "cost-saving-not-below-byte-prediction"),
-    headlines=(_exact("CostByteMarginPercent"),
-               Headline("CostSavingBoundMaxPercent", "rel", 0.01,
-                        "a share of counted kernels and bytes, exact; printed to three digits"),),
+    # every number here is a timing, or a prediction from the machine's measured bandwidth:
+    # machine outputs, which verify never compares
+    headlines=(),
 ))
