@@ -13,6 +13,7 @@ and Ito's (2008), which stays distinct under the common forms of colour blindnes
 from __future__ import annotations
 
 import matplotlib as mpl
+import matplotlib._mathtext as mathtext
 
 FULL_WIDTH = 6.5  # inches: the paper's \linewidth (letter paper, 1 in margins)
 HALF_WIDTH = 3.15  # two side by side with a small gap
@@ -45,9 +46,16 @@ RC = {
 }
 
 
+SCRIPT_SHRINK = 0.85
+
+
 def apply() -> None:
     """Set the paper's rcParams; call once before making figures."""
     mpl.rcParams.update(RC)
+    # mathtext draws exponents and subscripts at 0.7 of the text: 5.6 pt on 8-pt tick labels of a
+    # log axis. No rcParam sets it, so the pinned matplotlib's module constant is raised to 0.85
+    # (6.8 pt), which keeps them readable in print; the test of the style checks it took effect.
+    mathtext.SHRINK_FACTOR = SCRIPT_SHRINK
 
 
 def legend_outside(ax_or_fig, **kwargs):
