@@ -102,7 +102,7 @@ def _regime(dtype, eps) -> str:
 
 
 def plot_full_drift(traj: pd.DataFrame, intervals: pd.DataFrame):
-    """Per size (panel): ||b_k(t) - b_k(0)|| of every recorded run and layer, colored by regime, with
+    """Per size (panel) and regime: the median over runs and layers of ||b_k(t) - b_k(0)|| and its range, with
     reference slopes 1/2 (walk) and 1 (constant velocity) through the end of the float32 eps 1e-12 runs.
     Returns (figure, caption); the caption's numbers are the exponent intervals the panels show."""
     import matplotlib.pyplot as plt
@@ -116,10 +116,18 @@ def plot_full_drift(traj: pd.DataFrame, intervals: pd.DataFrame):
         g = traj[traj["size"] == size]
         for i, (dtype, eps) in enumerate(regimes):
             h = g[(g["dtype"] == dtype) & np.isclose(g["eps"], eps, rtol=1e-9, atol=0)]
-            for j, (_, run) in enumerate(h.groupby(["seed", "layer"])):
-                # the short bfloat16 runs are drawn on top: under the float32 lines they vanish
-                ax.loglog(run["step"], run["drift_b_k"].clip(lower=1e-9), color=style.OKABE_ITO[i % 8], lw=0.8,
-                          alpha=0.9, zorder=3 if dtype == "bfloat16" else 2, label=_regime(dtype, eps) if j == 0 and size == sizes[0] else None)
+            if h.empty:
+                continue
+            # one line per regime (the median over seeds and layers) and a band (their range): the
+            # runs of one regime overlap, and one line each would make the panel unreadable
+            drift = h.assign(drift=h["drift_b_k"].clip(lower=1e-9)).groupby("step")["drift"]
+            spread = drift.agg(["median", "min", "max"])
+            color = style.OKABE_ITO[i % 8]
+            # the short bfloat16 runs are drawn on top: under the float32 lines they vanish
+            z = 3 if dtype == "bfloat16" else 2
+            ax.fill_between(spread.index, spread["min"], spread["max"], color=color, alpha=0.25, lw=0, zorder=z)
+            ax.loglog(spread.index, spread["median"], color=color, lw=1.1, zorder=z,
+                      label=_regime(dtype, eps) if size == sizes[0] else None)
         ref = g[(g["dtype"] == "float32") & np.isclose(g["eps"], 1e-12, rtol=1e-9, atol=0)]
         t_end = float(ref["step"].max())
         d_end = float(ref.loc[ref["step"] == t_end, "drift_b_k"].median())
@@ -144,7 +152,8 @@ def full_drift_caption(intervals: pd.DataFrame) -> str:
                  for _, r in g.iterrows()]
         parts.append(f"{size} model: " + "; ".join(cells))
     seeds = int(intervals["seeds"].max())
-    return ("Drift of the key bias in every recorded run (one line per seed and layer). Growth exponent over the "
+    return ("Drift of the key bias: per regime, the median over seeds and layers (line) and their range (band). "
+            "Growth exponent over the "
             f"last decade, mean over {seeds} seeds with its 95% interval across seeds: " + ". ".join(parts) + ". "
             "Dotted: slope 1/2 (a walk); dashed: slope 1 (constant velocity).")
 
