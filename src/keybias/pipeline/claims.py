@@ -85,8 +85,11 @@ import contextlib
 import io
 import json
 import math
+import os
 import re
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from keybias.core.claimspec import list_specs, spec_errors
@@ -305,9 +308,6 @@ def run_mutations(root: Path = ROOT, tests: str = "tests") -> list[dict]:
     The tests run in a fresh interpreter (their conftest and modules must not meet this one's);
     the fixture (tests/conftest.py) appends JSON lines to the file named by `MUTATION_LOG_ENV`.
     A failing mutation test is an error here, since its distance would mean nothing."""
-    import os
-    import subprocess
-    import tempfile
 
     with tempfile.TemporaryDirectory() as scratch:
         path = Path(scratch) / "mutations.jsonl"

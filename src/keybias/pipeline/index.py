@@ -18,6 +18,12 @@ import json
 import re
 from pathlib import Path
 
+import pandas as pd
+import yaml
+
+from keybias.core.recorder import atomic_write_text
+from keybias.pipeline.findings_out import findings_records, read_macros
+from keybias.pipeline.render_page import notebook_title, paper_pages, subscript_html
 from keybias.studies.tables import format_number
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -177,7 +183,6 @@ def _notebook_title(results: Path, name: str) -> str:
     path = results / "notebooks" / f"{name}.ipynb"
     if not path.is_file():
         return name
-    from keybias.pipeline.render_page import notebook_title
 
     try:
         return notebook_title(json.loads(path.read_text()), name)
@@ -194,7 +199,6 @@ def _citation(root: Path, title_html: str = "") -> str:
     path = root / "CITATION.cff"
     if not path.is_file():
         return "<p>See <code>CITATION.cff</code> in the repository.</p>"
-    import yaml
 
     try:
         cff = yaml.safe_load(path.read_text()) or {}
@@ -219,20 +223,6 @@ def _citation(root: Path, title_html: str = "") -> str:
 
 
 # -- where things are ---------------------------------------------------------------------------
-def paper_pages(root: Path = ROOT) -> dict[str, dict]:
-    """{LaTeX label: {"number", "page"}} from the paper's .aux (paper/build/main.aux, then
-    paper/main.aux); empty when the paper has not been built: links then open the PDF's start.
-    `\\newlabel{sec:x}{{3}{5}...}` is section 3 on page 5."""
-    for aux in (root / "paper" / "build" / "main.aux", root / "paper" / "main.aux"):
-        if aux.is_file():
-            found = {}
-            pattern = re.compile(r"\\newlabel\{([^}]+)\}\{\{([^}]*)\}\{(\d+)\}")
-            for match in pattern.finditer(aux.read_text(errors="replace")):
-                found[match.group(1)] = {"number": match.group(2), "page": int(match.group(3))}
-            return found
-    return {}
-
-
 def load_findings(results: Path) -> list[dict]:
     """results/findings.json; without it, the registry with the run's macros filled in."""
     path = Path(results) / "findings.json"
@@ -241,7 +231,6 @@ def load_findings(results: Path) -> list[dict]:
             return json.loads(path.read_text())
         except json.JSONDecodeError:
             pass
-    from keybias.pipeline.findings_out import findings_records, read_macros
 
     return findings_records(read_macros(results))
 
@@ -274,7 +263,6 @@ _SUPER = str.maketrans("0123456789-", "\u2070\u00b9\u00b2\u00b3\u2074\u2075\u207
 
 def statement_html(text: str) -> str:
     """A finding's plain statement as HTML: `10^-12` as a power, `b_k` and `q_i` with subscripts."""
-    from keybias.pipeline.render_page import subscript_html
 
     text = _esc(text)
     text = re.sub(r"\^\{?(-?\d+)\}?", lambda m: m.group(1).translate(_SUPER), text)
@@ -344,7 +332,6 @@ def retired_predictions(results: Path, root: Path = ROOT) -> list[dict]:
     results as they were registered (`invariance.judge.retired_predictions`,
     `longrun.judge_full.failed_predictions`): one dict each with the notebook, id, statement, value,
     bound and outcome. A study whose data are absent here (a partial or smoke build) adds none."""
-    import pandas as pd
 
     out = []
     data = Path(results) / "data"
@@ -631,7 +618,6 @@ def load_steps(results: Path) -> list[dict]:
 
 def write_index(results: Path, root: Path = ROOT) -> Path:
     """Write `<results>/index.html` from the step records there (for re-renders and tests)."""
-    from keybias.core.recorder import atomic_write_text
 
     results = Path(results)
     steps = load_steps(results)

@@ -12,6 +12,8 @@ import os
 import sys
 from pathlib import Path
 
+from keybias.pipeline.render import kernel_startup
+
 KERNEL = "keybias"
 # Intra-op threads of every notebook kernel. The count, not the machine's cores, decides how
 # torch and MKL split a reduction, so a declared count gives the same bits on any core count.
@@ -57,7 +59,6 @@ def kernel_environment(name: str = "") -> dict[str, str]:
         "TQDM_DISABLE": "1",  # progress bars would land in the notebook's outputs
         "PYTHONWARNINGS": os.environ.get("PYTHONWARNINGS", ""),
     }
-    from keybias.pipeline.render import kernel_startup
 
     env["PYTHONSTARTUP"] = kernel_startup()  # pandas shows whole cells; the page wraps them
     env.update(isa_pins(name))

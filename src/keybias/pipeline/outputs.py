@@ -22,6 +22,7 @@ table per class. tests/pipeline/test_verify.py plants a wrong value for each cla
 
 from __future__ import annotations
 
+import argparse
 import fnmatch
 import importlib
 import json
@@ -30,9 +31,13 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pandas as pd
+
 from keybias.core.claimspec import list_specs, spec_of
+from keybias.pipeline.findings_out import macro_definitions, read_macros
 from keybias.studies import claims as study_claims
 from keybias.studies.columns import cols
+from keybias.studies.findings import list_findings
 
 EXACT = "exact"
 MACHINE = "machine"
@@ -491,7 +496,6 @@ def result_files(folder: Path) -> list[str]:
 
 def undeclared(folder: Path) -> list[str]:
     """What a results folder holds that this module does not classify, as the lines to add."""
-    import pandas as pd
 
     missing = []
     for rel in result_files(folder):
@@ -634,8 +638,6 @@ def _as_float(value) -> float | None:
 
 
 def _row_dtypes(rel: str, rows: list[dict], reference: Path | None) -> list[str]:
-    import pandas as pd
-
     if rel in ROW_DTYPE_FROM and reference is not None and (reference / ROW_DTYPE_FROM[rel][1]).exists():
         key, other = ROW_DTYPE_FROM[rel]
         table = pd.read_csv(reference / other, dtype=str, keep_default_na=False)
@@ -645,8 +647,6 @@ def _row_dtypes(rel: str, rows: list[dict], reference: Path | None) -> list[str]
 
 
 def _compare_csv(rel: str, ref: Path, new: Path, report: Report, reference: Path | None = None) -> None:
-    import pandas as pd
-
     declared = DATA_COLUMNS.get(rel, {})
     a = pd.read_csv(ref, dtype=str, keep_default_na=False)
     b = pd.read_csv(new, dtype=str, keep_default_na=False)
@@ -868,8 +868,6 @@ def _compare_text(rel: str, ref: Path, new: Path, tolerance: str | None, report:
 
 
 def _macros(text: str) -> dict[str, str]:
-    from keybias.pipeline.findings_out import macro_definitions
-
     return macro_definitions(text)
 
 
@@ -956,8 +954,6 @@ def _compare_findings(reference: Path, candidate: Path, report: Report, only: se
     """Each finding's headline numbers within the tolerance the registry declares; returns the
     headline macro names, which the macro comparison then leaves to this one. With `only`, just
     the macros of those files are compared."""
-    from keybias.pipeline.findings_out import read_macros
-    from keybias.studies.findings import list_findings
 
     files = None if only is None else {Path(r).name for r in only if r.startswith("macros/")}
     a, b = read_macros(reference, files), read_macros(candidate, files)
@@ -1019,7 +1015,6 @@ def compare_folders(reference: Path, candidate: Path, only: set[str] | None = No
 def main(argv: list[str] | None = None) -> int:
     """`python -m keybias.pipeline.outputs REFERENCE CANDIDATE`: compare two results folders (the
     candidate may be partial: only the files it holds are compared) and print the class table."""
-    import argparse
 
     parser = argparse.ArgumentParser(prog="python -m keybias.pipeline.outputs", description=main.__doc__)
     parser.add_argument("reference")

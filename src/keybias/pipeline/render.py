@@ -30,7 +30,10 @@ import re
 import sys
 from pathlib import Path
 
+from bs4 import BeautifulSoup
+
 from keybias.core.recorder import atomic_write_bytes, atomic_write_text
+from keybias.pipeline.index import load_findings, site_commit
 from keybias.pipeline.render_cells import (
     claim_cells,
     displayed_csv,
@@ -227,7 +230,6 @@ def external_references(page: str) -> list[str]:
     `@import`/`url()` and JavaScript `import()`/`fetch()` of a remote URL. Links a reader
     may follow (`<a href>`) are not fetches and are not listed.
     """
-    from bs4 import BeautifulSoup
 
     soup = BeautifulSoup(page, features="html.parser")
     found = []
@@ -315,7 +317,6 @@ def render_results(results: Path) -> list[Path]:
     commit, the results' own (provenance.json, as the entry page does); a notebook whose inputs did
     not change since an earlier commit was not rerun, and its outputs are those of this commit.
     """
-    from keybias.pipeline.index import load_findings, site_commit
 
     results = Path(results)
     publish_assets(results)

@@ -13,6 +13,8 @@ from __future__ import annotations
 import ast
 import re
 
+import pandas as pd
+
 from keybias.pipeline.render_clean import (
     cell_source,
     code_cells,
@@ -20,6 +22,7 @@ from keybias.pipeline.render_clean import (
     plain_text,
     stream_text,
 )
+from keybias.studies.tables import table_html
 
 PLUMBING_TAGS = ("parameters", "injected-parameters", "kb-hide")
 _SERIES_FOOTER = re.compile(r"^(?:Name: .*, )?(?:Length: \d+, )?dtype: \w+$")
@@ -299,9 +302,7 @@ _MISSING = object()
 
 def _html_table(header: list[str] | None, rows: list[list]) -> str:
     """Rows a cell printed (a Series, a list of tuples) as a reader's table, through the one formatter."""
-    import pandas as pd
 
-    from keybias.studies.tables import table_html
 
     width = len(rows[0]) if rows else len(header or [])
     columns = [str(h) if str(h) else f"column {i + 1}" for i, h in enumerate(header)] if header else [

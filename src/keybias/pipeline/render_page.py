@@ -11,11 +11,18 @@ with links to their CSV, the claim boxes under the cells that judge them, and th
 from __future__ import annotations
 
 import ast
+import base64
 import html
 import re
+import struct
 from pathlib import Path
 
+import yaml
+from bs4 import BeautifulSoup, NavigableString
+
+from keybias.core.provenance import commit_info
 from keybias.pipeline.render_clean import PACKAGE_DIR, cell_source, code_cells, parse_code
+from keybias.studies.tables import tidy_table_html
 
 ROOT = Path(__file__).resolve().parents[3]
 INDEX_HREF = "../index.html"
@@ -50,6 +57,20 @@ _PATH_LIKE = re.compile(r"[\w-]\.(?:csv|json|tex|pdf|png|svg|py|ipynb|html|yaml|
 _NOT_PROSE = ("script", "style", "code", "pre", "kbd", "samp", "textarea", "title", "head")
 
 
+def paper_pages(root: Path = ROOT) -> dict[str, dict]:
+    """{LaTeX label: {"number", "page"}} from the paper's .aux (paper/build/main.aux, then
+    paper/main.aux); empty when the paper has not been built: links then open the PDF's start.
+    `\\newlabel{sec:x}{{3}{5}...}` is section 3 on page 5."""
+    for aux in (root / "paper" / "build" / "main.aux", root / "paper" / "main.aux"):
+        if aux.is_file():
+            found = {}
+            pattern = re.compile(r"\\newlabel\{([^}]+)\}\{\{([^}]*)\}\{(\d+)\}")
+            for match in pattern.finditer(aux.read_text(errors="replace")):
+                found[match.group(1)] = {"number": match.group(2), "page": int(match.group(3))}
+            return found
+    return {}
+
+
 def subscript_html(escaped: str) -> str:
     """Escaped prose with b_k, q_i and g_b_q as a reader writes them (italic, subscripted)."""
     escaped = _NESTED_SUB.sub(r"<i>\1</i><sub><i>\2</i><sub>\3</sub></sub>", escaped)
@@ -64,7 +85,6 @@ def prose_html(text: str) -> str:
 def subscript_prose(soup) -> int:
     """Every text node of prose on the page (not code, not TeX the page typesets, not a path)
     with b_k written as b with subscript k; the number of text nodes changed."""
-    from bs4 import BeautifulSoup, NavigableString
 
     changed = 0
     for node in list(soup.find_all(string=_SUB)):
@@ -129,7 +149,6 @@ def repository_url(root: Path = ROOT) -> str | None:
     path = root / "CITATION.cff"
     if not path.is_file():
         return None
-    import yaml
 
     try:
         url = (yaml.safe_load(path.read_text()) or {}).get("repository-code")
@@ -145,8 +164,6 @@ def module_href(module: str, commit: str | None, repo: str | None) -> str:
 
 
 def current_commit(root: Path = ROOT) -> dict:
-    from keybias.core.provenance import commit_info
-
     return commit_info(root)
 
 # -- the paper's figures ------------------------------------------------------------------
@@ -355,7 +372,6 @@ def _pager_html(previous: str | None, following: str | None, css: str) -> str:
 def _png_css_width(src: str) -> int | None:
     """The CSS width at which an embedded PNG prints at its drawn size: its pixel width times
     96 / its dpi (a 150-dpi figure of 6.3 in shows 605 px wide, 1.56 pixels per CSS pixel)."""
-    import base64
 
     if not src.startswith("data:image/png;base64,"):
         return None
@@ -368,7 +384,6 @@ def _png_css_width(src: str) -> int | None:
 
 def png_css_width(data: bytes) -> int | None:
     """`_png_css_width` of a PNG's first bytes."""
-    import struct
 
     if data[:8] != b"\x89PNG\r\n\x1a\n":
         return None
@@ -415,9 +430,7 @@ def finish_page(page: str, *, header: str, name: str, claims: list[dict], judged
                  findings: list[dict] | None = None) -> str:
     """Everything nbconvert does not do: header, anchors, captions, claim boxes, tables, findings,
     code folded under a "Code" toggle."""
-    from bs4 import BeautifulSoup
 
-    from keybias.studies.tables import tidy_table_html
 
     findings = list(findings or [])
     finding_by_id = {f["id"]: f for f in findings}
@@ -427,7 +440,6 @@ def finish_page(page: str, *, header: str, name: str, claims: list[dict], judged
 
     soup = BeautifulSoup(page, features="html.parser")
     main = soup.find("main") or soup.body
-    from keybias.pipeline.index import paper_pages
 
     pages = paper_pages(ROOT)  # LaTeX labels and their pages, once the paper has been built
 

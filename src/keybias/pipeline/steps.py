@@ -36,7 +36,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from keybias.core.provenance import GENERATED, collect, cpu_flags, cpu_model, git
 from keybias.core.recorder import atomic_write_text
+from keybias.pipeline.arxiv import check_compiles, make_arxiv
 from keybias.pipeline.console import _show, log, sha256_bytes, status_line
 from keybias.pipeline.kernel import (
     KERNEL,
@@ -45,7 +47,9 @@ from keybias.pipeline.kernel import (
     _patched_environ,
     kernel_environment,
 )
+from keybias.pipeline.outputs import compare_folders
 from keybias.pipeline.paper import BuildError, PaperSteps
+from keybias.pipeline.render import publish_assets, render_notebook_html
 from keybias.studies import params as P
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -230,8 +234,6 @@ class Build(PaperSteps):
         return all((self.results / rel).exists() for rel in outputs)
 
     def run_notebooks(self) -> None:
-        from keybias.pipeline.render import publish_assets
-
         for name in self.selected:
             key = self.step_key(name)
             if self.up_to_date(name, key):
@@ -285,7 +287,6 @@ class Build(PaperSteps):
             raise BuildError(f"notebook {name} recorded profile/notebook {step.get('profile')}/{step.get('notebook')}")
         with _output_to(log_path, append=True):
             self._scrub_and_render(executed, step.get("figures_alt"), step.get("claims"))
-        from keybias.core.provenance import collect
 
         step["provenance"] = {
             **collect(self.root),
@@ -315,7 +316,6 @@ class Build(PaperSteps):
         for prefix in sorted({str(self.root), str(Path(sys.prefix))}, key=lambda p: (-len(p), p)):
             text = text.replace(prefix + "/", "").replace(prefix, ".")
         atomic_write_text(executed, text)
-        from keybias.pipeline.render import render_notebook_html
 
         html = render_notebook_html(
             text, name=executed.stem, profile=self.profile, device=self.device, figures_alt=figures_alt,
@@ -393,7 +393,6 @@ def refuse_dirty_tree(root: Path, profile: str) -> None:
     """Committed results must come from a clean commit: with the paper profile, stop before any
     work on results/ if tracked source files have uncommitted changes, unless
     KEYBIAS_ALLOW_DIRTY=1. A scratch folder (--results elsewhere) is never refused."""
-    from keybias.core.provenance import GENERATED, git
 
     if profile not in CLEAN_PROFILES or os.environ.get(ALLOW_DIRTY) == "1":
         if profile in CLEAN_PROFILES:
@@ -414,7 +413,6 @@ def verify(reference: Path, scratch: Path, seconds: float | None = None, record:
     """Compare freshly regenerated results with the reference; print the failures, then the three
     tiers (findings, exact and stable data, rounding statistics), the values compared per output
     class, and the summary. Writes nothing under `reference` unless `record` (`make verify-record`)."""
-    from keybias.pipeline.outputs import compare_folders
 
     report = compare_folders(reference, scratch)
     for failure in report.failures:
@@ -434,7 +432,6 @@ def record_verify(folder: Path, scratch: Path, report) -> None:
     """`<folder>/machine/verify.json`: where the verify ran (CPU, instruction-set flags and caps),
     what each notebook took there, and the outcome. `make verify` writes it into its scratch
     folder; `make verify-record` into results/, where the README prints it."""
-    from keybias.core.provenance import cpu_flags, cpu_model
 
     walls = {}
     for step in sorted((scratch / "steps").glob("*.json")):
@@ -540,8 +537,6 @@ def main(argv: list[str] | None = None) -> int:
 
 def make_and_check_arxiv(root: Path, source_date: str) -> Path:
     """dist/keybias-arxiv-<commit>.tar.gz, proven by compiling it alone with pdflatex."""
-    from keybias.core.provenance import git
-    from keybias.pipeline.arxiv import check_compiles, make_arxiv
 
     commit = git(root, "rev-parse", "--short=10", "HEAD") or "unknown"
     out = make_arxiv(root / "paper", root / "dist" / f"keybias-arxiv-{commit}.tar.gz", int(source_date))

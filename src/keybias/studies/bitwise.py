@@ -22,6 +22,8 @@ import subprocess
 import sys
 import time
 
+import numpy as np
+
 # Emulated machines: what each library would pick on a CPU of that class. This machine has
 # AVX-512 and AMX; the AVX2 "machine" caps ATen, MKL and oneDNN at AVX2, as a laptop or an
 # older server would; "default" is ATen's scalar fallback (a CPU without AVX2).
@@ -48,7 +50,6 @@ def workload(repeats: int = 1) -> dict[str, str]:
     a differing output is the kernel's doing. torch's own generators are hashed separately
     (`torch_randn`, `torch_mha_init`): their vectorised paths are part of the question too.
     """
-    import numpy as np
     import torch
 
     digests: dict[str, str] = {}

@@ -12,6 +12,8 @@ import html
 import math
 import re
 
+import pandas as pd
+
 MISSING = "\u2014"
 COMPARISONS = {"<=": "\u2264", ">=": "\u2265", "!=": "\u2260", "==": "="}
 MAX_ROWS = 25
@@ -172,8 +174,6 @@ def breakable(escaped: str) -> str:
 
 
 def _frame(frame):
-    import pandas as pd
-
     if not isinstance(frame, pd.DataFrame):
         frame = pd.DataFrame(frame)
     index = frame.index

@@ -11,7 +11,9 @@ tensors keep their dtype and shape, so the header, and every offset in it, is th
 from __future__ import annotations
 
 import json
+import threading
 import zlib
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -164,9 +166,6 @@ class Writer:
     as soon as every module with a tensor in it is done (`ready`), so it has all its changes."""
 
     def __init__(self, src: Path, dst: Path, tables: dict[str, dict]):
-        import threading
-        from concurrent.futures import ThreadPoolExecutor
-
         self.src, self.dst, self.tables = src, dst, tables
         self.stop = threading.Event()
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="keybias-shards")

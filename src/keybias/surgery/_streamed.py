@@ -31,17 +31,21 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
+from keybias import surgery
 from keybias.surgery import _shards
+from keybias.surgery._sites import discover
 from keybias.surgery.cli import (
     TEMP_TAG,
     WEIGHT_SUFFIXES,
     CliError,
+    _architecture,
     _commit,
     _dropout_refusal,
     _more,
@@ -156,11 +160,7 @@ def _shared_outside(unit_path: str, unit: nn.Module, held: dict[int, list[str]])
 def convert_sharded(in_dir: Path, out_dir: Path, *, fold_value: bool, allow_dropout: bool, log) -> dict[str, Any]:
     """The command on a sharded checkpoint: check, plan on the meta device, certify and change
     one module at a time, then copy the shards with the changed tensors, atomically."""
-    import warnings
 
-    from keybias import surgery
-    from keybias.surgery._sites import discover
-    from keybias.surgery.cli import _architecture
 
     try:
         weight_map, tables = _shards.read_index(in_dir)

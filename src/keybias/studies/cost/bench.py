@@ -17,11 +17,14 @@ from pathlib import Path
 import pandas as pd
 import torch
 
+from keybias.core import provenance
+from keybias.core.recorder import atomic_write_text
 from keybias.studies.cost import judge as cost_judge
 from keybias.studies.cost import measure as cost_measure
 from keybias.studies.cost import traffic as cost_traffic
 from keybias.studies.cost.config import FULL_BENCH, QUICK_BENCH
 from keybias.studies.cost.measure import CLOCKS
+from keybias.studies.params import ParameterError, resolve_device
 
 
 def bench_outputs(res: dict, device: str, optimizer: str, bounds=None) -> dict:
@@ -63,8 +66,6 @@ def main(argv=None) -> int:
     parser.add_argument("--budget-seconds", type=float, default=None,
                         help="timing budget of the whole grid (default 7200; min_reps always run)")
     args = parser.parse_args(argv)
-    from keybias.core.recorder import atomic_write_text
-    from keybias.studies.params import ParameterError, resolve_device
 
     try:
         device = resolve_device(args.device)
@@ -88,7 +89,6 @@ def main(argv=None) -> int:
     bounds = cost_traffic.saving_bounds(configs, spec["optimizer"], spec["seed"])
     for name, frame in bench_outputs(res, device, spec["optimizer"], bounds).items():
         atomic_write_text(args.out / f"{name}.csv", frame.to_csv(index=False, float_format="%.9g"))
-    from keybias.core import provenance
 
     prov = {
         "machine_specific": True,

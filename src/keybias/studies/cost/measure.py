@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from keybias.studies.cost.memory import make_optimizer
-from keybias.studies.cost.stats import HEADLINE_PHASE, config_seed, half_width
+from keybias.studies.cost.stats import HEADLINE_PHASE, RATIOS, config_seed, half_width, summarize
 from keybias.studies.params import check_choice, check_positive_int
 
 ATTENTIONS = ("self", "cross")
@@ -379,7 +379,6 @@ def run_benchmark(
     dict `machine` (threads, copy bandwidth, small-kernel overhead, one-parameter optimizer
     step per width): the inputs of the byte model.
     """
-    from keybias.studies.cost.stats import summarize
 
     check_choice("device", device, ("cpu", "cuda", "mps"))
     check_positive_int("threads", threads)
@@ -442,7 +441,6 @@ def device_status(device: str) -> pd.DataFrame:
 def not_run_rows(configs: pd.DataFrame, device: str, reason: str, per: str | None = "ratio") -> pd.DataFrame:
     """Rows for a device that was not run, with the reason: one per configuration and, with
     per="ratio" or "implementation", one per ratio or implementation."""
-    from keybias.studies.cost.stats import RATIOS
 
     out = configs[["block", "attention", "mode", "embed_dim", "num_heads", "seq_len", "batch"]].drop_duplicates()
     if per is not None:

@@ -9,6 +9,9 @@ modules (transformers models built on the meta device, and `nn.TransformerEncode
 
 from __future__ import annotations
 
+import os
+import warnings
+
 import pandas as pd
 import torch
 from torch import nn
@@ -121,9 +124,6 @@ def per_layer_memory(embed_dims, num_heads: int | None = None) -> pd.DataFrame:
 
 
 def _hf_model(name: str):
-    import os
-    import warnings
-
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     with warnings.catch_warnings():

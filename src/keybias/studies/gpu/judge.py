@@ -17,6 +17,7 @@ from keybias.core.claimspec import ClaimSpec, build_claim, register_claim
 from keybias.core.recorder import Claim
 from keybias.core.reduce import NonFiniteValues, finite_max, finite_min, require_finite
 from keybias.studies.cost import judge as cost_judge
+from keybias.studies.invariance import judge as invariance_judge
 from keybias.studies.precision import judge as precision_judge
 
 PREFIX = "gpu-"
@@ -149,7 +150,6 @@ def memory_claims(allocator: pd.DataFrame) -> tuple[list[Claim], dict]:
 def invariance_results(rows: pd.DataFrame, mags: pd.DataFrame) -> dict:
     """Notebook 02's claims of kind `test` on the GPU's sweep (the implied and consistency claims
     follow from these or count the CPU's profile), the verdict table and the sweep's counts."""
-    from keybias.studies.invariance import judge as invariance_judge
 
     out = invariance_judge.invariance_claims(rows, mags, min_configs=0)
     tests = [c for c in map(Claim.from_any, out["claims"]) if c.kind == "test"]

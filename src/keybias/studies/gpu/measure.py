@@ -36,11 +36,19 @@ import time
 import traceback
 from pathlib import Path
 
+import numpy
 import pandas as pd
 import torch
 
 from keybias.studies.config import StudyConfig
+from keybias.studies.cost import judge as cost_judge
+from keybias.studies.cost import measure as cost_measure
+from keybias.studies.cost import memory, traffic
+from keybias.studies.invariance import controls
+from keybias.studies.invariance import measure as invariance_measure
 from keybias.studies.params import Param
+from keybias.studies.precision import judge as precision_judge
+from keybias.studies.precision import measure as precision_measure
 
 SECTIONS = ("cost", "memory", "precision", "invariance")
 
@@ -152,18 +160,15 @@ def machine_record(device: str, commit: str) -> dict:
                 timeout=30, check=True).stdout.strip()
         except (OSError, subprocess.SubprocessError):
             rec["driver"] = "unknown"
-    import numpy
 
     rec.update(pandas=pd.__version__, numpy=numpy.__version__)
     return rec
 
 
 def run_invariance(out: Path, device: str, spec: dict, deadline: float) -> dict:
-    from keybias.studies.invariance import controls, measure
-
-    cfg = measure.InvarianceConfig.from_mapping(spec)
+    cfg = invariance_measure.InvarianceConfig.from_mapping(spec)
     magnitudes = list(cfg.magnitudes)
-    configs = [c for c in measure.build_configs(cfg, device=device) if c["device"] == device]
+    configs = [c for c in invariance_measure.build_configs(cfg, device=device) if c["device"] == device]
     t0 = time.perf_counter()
     null_factor, calibration = controls.calibrate_null_factor(configs, magnitudes, cases=cfg.calibration_cases)
     unpowered, power = controls.calibrate_power(configs, magnitudes, null_factor)
@@ -175,7 +180,7 @@ def run_invariance(out: Path, device: str, spec: dict, deadline: float) -> dict:
     while done < len(order) and time.perf_counter() < stop:
         one = configs[order[done]]
         try:  # one configuration at a time: an unforeseen failure costs that row, recorded, not the section
-            rows, per_mag, secs = measure.run_sweep([one], magnitudes, null_factor=null_factor, unpowered=unpowered)
+            rows, per_mag, secs = invariance_measure.run_sweep([one], magnitudes, null_factor=null_factor, unpowered=unpowered)
         except Exception as exc:  # noqa: BLE001 - kept as an `error` row with PyTorch's message
             errors.append({"config_id": done, "family": one["family"], "case": one["case"], "dtype": one["dtype"],
                            "error": f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"})
@@ -205,15 +210,13 @@ def run_invariance(out: Path, device: str, spec: dict, deadline: float) -> dict:
 
 
 def run_precision(out: Path, device: str, spec: dict) -> dict:
-    from keybias.studies.precision import judge, measure
-
     sizes = dict(head_dim=spec["head_dim"], num_heads=spec["num_heads"], seq_len=spec["seq_len"],
                  batch=spec["batch"], device=device)
-    ratios = measure.bias_ratios(spec["ratio_log10_min"], spec["ratio_log10_max"], spec["ratio_points"])
-    errors = judge.add_floor(measure.error_sweep(spec["dtypes"], spec["paths"], ratios=ratios, seed=spec["seed"], **sizes))
-    calibration = judge.add_floor(measure.error_sweep(spec["dtypes"], spec["paths"], ratios=ratios,
+    ratios = precision_measure.bias_ratios(spec["ratio_log10_min"], spec["ratio_log10_max"], spec["ratio_points"])
+    errors = precision_judge.add_floor(precision_measure.error_sweep(spec["dtypes"], spec["paths"], ratios=ratios, seed=spec["seed"], **sizes))
+    calibration = precision_judge.add_floor(precision_measure.error_sweep(spec["dtypes"], spec["paths"], ratios=ratios,
                                                       seed=spec["calibration_seed"], **sizes))
-    grads = measure.gradient_sweep(spec["dtypes"], spec["paths"], batches=spec["grad_batches"], seed=spec["seed"], **sizes)
+    grads = precision_measure.gradient_sweep(spec["dtypes"], spec["paths"], batches=spec["grad_batches"], seed=spec["seed"], **sizes)
     _write_csv(errors, out / "precision_errors.csv")
     _write_csv(calibration, out / "precision_errors_calibration.csv")
     vectors = grads[["dtype", "path", "batch_index", "g_bq", "g_bk"]] if "batch_index" in grads else None
@@ -221,20 +224,18 @@ def run_precision(out: Path, device: str, spec: dict) -> dict:
     if vectors is not None:
         vectors = vectors.assign(g_bq=vectors["g_bq"].map(json.dumps), g_bk=vectors["g_bk"].map(json.dumps))
         _write_csv(vectors, out / "precision_gradient_vectors.csv")
-    _write_csv(measure.gradient_summary(grads), out / "precision_gradient_summary.csv")
+    _write_csv(precision_measure.gradient_summary(grads), out / "precision_gradient_summary.csv")
     return {"error_rows": len(errors), "gradient_rows": len(grads)}
 
 
 def run_cost(out: Path, device: str, spec: dict, deadline: float) -> dict:
-    from keybias.studies.cost import judge, measure, traffic
-
     spec = dict(spec)
     grid = {k: spec.pop(k) for k in ("blocks", "seq_lens", "batch", "attentions", "passes")}
-    configs = measure.block_configs(**grid)
-    clock = measure.clock_for(device, spec.pop("clock"))
-    res = measure.run_benchmark(configs, **spec, budget_seconds=deadline, device=device, clock=clock)
+    configs = cost_measure.block_configs(**grid)
+    clock = cost_measure.clock_for(device, spec.pop("clock"))
+    res = cost_measure.run_benchmark(configs, **spec, budget_seconds=deadline, device=device, clock=clock)
     bounds = traffic.saving_bounds(configs, spec["optimizer"], spec["seed"])
-    model = judge.predict_saving(res["ratios"], res["machine"], spec["optimizer"])
+    model = cost_judge.predict_saving(res["ratios"], res["machine"], spec["optimizer"])
     _write_csv(res["raw"], out / "cost_raw.csv")
     _write_csv(res["medians"], out / "cost_medians.csv")
     _write_csv(res["ratios"], out / "cost_ratios.csv")
@@ -248,8 +249,6 @@ def run_cost(out: Path, device: str, spec: dict, deadline: float) -> dict:
 
 
 def run_memory(out: Path, device: str, widths) -> dict:
-    from keybias.studies.cost import memory
-
     rows = [memory.allocator_check(e, opt, device) for e in widths for opt in ("adam", "sgd_momentum")]
     _write_csv(pd.DataFrame(rows), out / "memory_allocator.csv")
     return {"rows": len(rows)}

@@ -28,6 +28,7 @@ import math
 
 import numpy as np
 import pandas as pd
+from scipy.stats import beta
 
 from keybias import verdict as VD
 from keybias.core import reduce as R
@@ -293,7 +294,6 @@ def retired_predictions(cells: pd.DataFrame) -> list[dict]:
 def miss_rate_lower_limit(missed: int, known: int, cells: int = 1) -> float:
     """The one-sided lower confidence limit of a miss rate of `missed` in `known`, at level
     MISS_ALPHA / cells (Clopper-Pearson: the rate p at which P(X >= missed | known, p) equals it)."""
-    from scipy.stats import beta
 
     if known <= 0:
         return math.nan

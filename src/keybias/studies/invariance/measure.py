@@ -40,6 +40,7 @@ from keybias.studies.config import StudyConfig
 from keybias.studies.fixtures import variants as V
 from keybias.studies.fixtures.hf_attention import MODELS as HF_MODELS
 from keybias.studies.invariance import cases as C
+from keybias.studies.invariance.schema import TABLES
 from keybias.studies.params import DTYPES, Param, ParameterError
 
 FAMILIES = ("mha", "sizes", "realistic", "layers", "sdpa", "variants", "hf")
@@ -630,7 +631,6 @@ def _declared(frame: pd.DataFrame, table: str) -> pd.DataFrame:
     measured (say the power probe, in a profile without a power-control configuration) is a
     column of NaN ("not measured"), so the judge reads every column by name and a missing one
     stops it instead of passing."""
-    from keybias.studies.invariance.schema import TABLES
 
     missing = [c for c in TABLES[table] if c not in frame.columns]
     return frame.assign(**dict.fromkeys(missing, math.nan)) if missing else frame

@@ -24,6 +24,7 @@ of the entries of one run. Per run and layer (`units`):
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -198,7 +199,6 @@ FINDING_OF.update({
 
 def _claim(**kw) -> Claim:
     """A Claim; `protects` (a control's protected test) only where this checkout's Claim has it."""
-    import dataclasses
 
     if "protects" in kw and "protects" not in {f.name for f in dataclasses.fields(Claim)}:
         protects = kw.pop("protects")

@@ -14,10 +14,11 @@ import math
 
 import numpy as np
 import pandas as pd
+from scipy.stats import norm
 
 from keybias import verdict
 from keybias.core.claimspec import ClaimSpec, build_claim, register_claim
-from keybias.core.recorder import Claim
+from keybias.core.recorder import Claim, format_number
 from keybias.core.reduce import (
     Exclusion,
     finite_max,
@@ -212,7 +213,6 @@ def _crossing(x: np.ndarray, y: np.ndarray, level: float) -> float:
 # ----------------------------------------------------------------------------- claims
 def normal_quantile(failure_probability: float = verdict.FAILURE_PROBABILITY) -> float:
     """z with P(|N(0, 1)| > z) = p: the number of standard errors a fit may miss by chance."""
-    from scipy.stats import norm
 
     return float(norm.isf(failure_probability / 2))
 
@@ -255,7 +255,6 @@ def crossing_check(crossing: pd.DataFrame, law: pd.DataFrame, grid_step_log10: f
 
 def failure_probability_tex(p: float = verdict.FAILURE_PROBABILITY) -> str:
     """p as LaTeX math: `10^{-6}` for a power of ten, else a x 10^{b}."""
-    from keybias.core.recorder import format_number
 
     e = math.log10(p)
     return f"10^{{{round(e)}}}" if abs(e - round(e)) < 1e-12 else format_number(p)

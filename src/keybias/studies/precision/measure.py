@@ -41,11 +41,13 @@ import numpy as np
 import pandas as pd
 import torch
 import torch.nn.functional as F
+from scipy.stats import chi2
 from torch.nn.attention import SDPBackend, sdpa_kernel
+from tqdm import tqdm
 
 from keybias import verdict
 from keybias.studies.config import StudyConfig
-from keybias.studies.params import DTYPES, Param, ParameterError
+from keybias.studies.params import DTYPES, Param, ParameterError, devices_present
 
 # Code paths: the attention product written out, F.scaled_dot_product_attention with each
 # backend that runs on CPU, and nn.MultiheadAttention (b_k enters through the in-projection).
@@ -293,7 +295,6 @@ def _available(path: str, dtype: str, device: str) -> str | None:
 def _check_device(device: str) -> str:
     if device not in DEVICES:
         raise ValueError(f"device {device!r} is unknown; allowed: {list(DEVICES)}")
-    from keybias.studies.params import devices_present
 
     if not devices_present()[device]:
         raise ValueError(f"device {device!r} is not present here; run with device='cpu'")
@@ -337,7 +338,6 @@ def error_sweep(
     ratios = np.asarray(ratios, dtype=float)
     if ratios.ndim != 1 or ratios.size == 0 or not np.all(np.isfinite(ratios)) or np.any(ratios <= 0):
         raise ValueError(f"ratios must be a non-empty list of positive numbers, got {ratios!r}")
-    from tqdm import tqdm
 
     e = head_dim * num_heads
     direction = _direction(num_heads, head_dim, seed)
@@ -444,7 +444,6 @@ def gradient_sweep(
     dtypes, paths, head_dim, num_heads, seq_len, batch, device = _check_common(
         dtypes, paths, head_dim, num_heads, seq_len, batch, device)
     batches = _check_size("batches", batches, 3)
-    from tqdm import tqdm
 
     e = head_dim * num_heads
     w = torch.randn(1, num_heads, 1, head_dim, generator=_gen(seed + 31), dtype=torch.float64)
@@ -542,7 +541,6 @@ def noise_consistency_bound(dim: float, vectors: int, failure_probability: float
     """Largest mean pairwise cosine that S independent isotropic directions in `dim`
     dimensions reach with probability 1 - p: |sum of S unit vectors|^2 ~ S chi2_dim / dim,
     so mean cos = (|sum|^2 - S) / (S (S - 1)) <= (chi2_{dim, 1-p} / dim - 1) / (S - 1)."""
-    from scipy.stats import chi2
 
     if not dim >= 1:
         raise ValueError(f"dim must be >= 1, got {dim!r}")

@@ -24,6 +24,7 @@ real calls: a refusal is needed only where one of them moves beyond its bound.
 
 from __future__ import annotations
 
+import copy
 import math
 import os
 import re
@@ -35,6 +36,12 @@ from typing import Any
 
 import pandas as pd
 import torch
+
+from keybias import surgery
+from keybias.studies.fixtures import families
+from keybias.surgery import _calls
+from keybias.surgery._core import _owner
+from keybias.surgery._sites import discover
 
 STATUSES = ("removed exactly", "no key bias", "refused", "not certified", "could not build")
 # Parameters of a tiny instance, at most: a config whose sizes the shrinking cannot reach (a
@@ -130,8 +137,6 @@ def _key_slots_edited(model, shift: bool, seed: int) -> None:
     add a seeded random vector as large as the bias plus one. If b_k were redundant no edit
     could move the output; the larger of the two moves is the independent witness that a
     refusal was needed (zeroing alone has little power where the random b_k is small)."""
-    from keybias.surgery._core import _owner
-    from keybias.surgery._sites import discover
 
     sites, _ = discover(model)
     gen = torch.Generator().manual_seed(seed)
@@ -157,10 +162,7 @@ def _unit_moves(model, inputs, seed: int) -> tuple[float, float]:
     or shifted as in `_key_slots_edited`), and that module's rounding bound. The tool certifies
     modules, and a module's output can carry rows that the model later drops (padding added
     inside the model): there b_k can be visible to the module and not to the model."""
-    import copy
 
-    from keybias.surgery import _calls
-    from keybias.surgery._sites import discover
 
     sites, _ = discover(model)
     paths = [s.unit_path for s in sites if s.key is not None]
@@ -188,9 +190,6 @@ def one_architecture(model_type: str, seed: int = 0) -> dict[str, Any]:
     import transformers
     from transformers.models.auto import configuration_auto
 
-    from keybias import surgery
-    from keybias.studies.fixtures import families
-    from keybias.surgery import _calls
 
     transformers.utils.logging.set_verbosity_error()
     row: dict[str, Any] = {"model_type": model_type, "model_class": "", "status": "could not build", "strip": "",
@@ -235,7 +234,6 @@ def one_architecture(model_type: str, seed: int = 0) -> dict[str, Any]:
         row["reason"] = ("needs timm (not installed)" if isinstance(exc, ImportError) and "timm" in str(exc)
                          else _short(exc))
         return row
-    from keybias.surgery._sites import discover
 
     sites, _ = discover(model)
     row["key_bias_sites"] = sum(1 for s in sites if s.key is not None)

@@ -21,6 +21,7 @@ import dataclasses
 import math
 import os
 import random
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,9 @@ from torch import nn
 
 from keybias import surgery, verdict
 from keybias.studies.config import StudyConfig
+from keybias.studies.fixtures import families
 from keybias.studies.params import Param, ParameterError
+from keybias.surgery._sites import discover
 
 PARAMETERS = {
     "n_sentences": Param(int, minimum=2, help="sentences embedded (paper >= 100)"),
@@ -147,7 +150,6 @@ def load_model(dtype: str = "float32"):
         raise ValueError(f"dtype must be 'float32' or 'float64', got {dtype!r}")
     os.environ["HF_HUB_OFFLINE"] = "1"
     os.environ["TRANSFORMERS_OFFLINE"] = "1"
-    import warnings
 
     # tqdm.auto warns about missing ipywidgets inside a notebook; there is no progress bar here
     warnings.filterwarnings("ignore", message="IProgress not found")
@@ -454,7 +456,6 @@ _PROJECTIONS = {"key": ("k_proj", "key_proj", "key", "k_lin", "linear_K"),
 
 def _zero_bias_by_hand(model: nn.Module, which: str = "key") -> None:
     """Zero every key (or query) bias of the attention modules by hand, refused ones included."""
-    from keybias.surgery._sites import discover
 
     sites, _ = discover(model)
     with torch.no_grad():
@@ -480,9 +481,7 @@ def family_row(name: str, model: nn.Module, args: tuple, kwargs: dict, expected:
     """One family: run strip and fold (certified inside the tools) on a float64 copy and compare
     the whole model's outputs; for refusals, zero b_k by hand instead (is the refusal needed?);
     as positive control zero b_q by hand (an edit of the same kind that the check must see)."""
-    import warnings
 
-    from keybias.studies.fixtures import families
 
     base = families.model_outputs(model, args, kwargs)
     bound = 2.0**-24 * float(base.abs().max())
@@ -527,7 +526,6 @@ def family_table(seed: int = 0, names: list[str] | tuple[str, ...] | None = None
     (handled families) or after zeroing b_k by hand (`forced_change`, refused families), the
     change from zeroing b_q by hand (`forced_change`, handled families: the positive control),
     and the bound 2^-24 max|y| that a change must stay under to be invisible in float32."""
-    from keybias.studies.fixtures import families
 
     rows = []
     for name in names or families.FAMILIES:
