@@ -127,8 +127,8 @@ PLANTS = {
         "LongFullExponentMedianSmall", lambda v: round(v + 0.2, 3))),
     "finding long-run-drift: exponent - 0.2": ("headline", _headline(
         "LongFullExponentMedianSmall", lambda v: round(v - 0.2, 3))),
-    "finding adam-drift-regimes: float32 default-eps step rate doubled": ("headline", _headline(
-        "LongFullRateFloatEpsEightMedian", lambda v: round(2 * v, 4))),
+    "finding adam-drift-regimes: float32 default-eps largest step rate doubled": ("headline", _headline(
+        "LongFullRunRateFloatEpsEightMax", lambda v: round(2 * v, 4))),
     "finding invariance-map: measured configurations + 1": ("headline", _headline("InvMeasured", lambda v: int(v) + 1)),
     "finding invariance-map: one more float32 contradiction": ("headline", _headline(
         "InvContradictionsFloatThirtyTwo", lambda v: int(v) + 1)),
