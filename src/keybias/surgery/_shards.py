@@ -62,7 +62,7 @@ def read_index(folder: Path) -> tuple[dict[str, str], dict[str, dict]]:
     if missing:
         count = sum(len(shards[s]) for s in missing)
         raise CheckpointError(f"{INDEX} names shard{'s' if len(missing) > 1 else ''} {_names(missing)}, not in "
-                              f"{folder} ({count} tensors would be missing)")
+                              f"{folder} ({count} tensor{'s' if count != 1 else ''} would be missing)")
     unnamed = sorted(p.name for p in folder.glob("*.safetensors") if p.name not in shards)
     if unnamed:
         raise CheckpointError(f"{_names(unnamed)} in {folder} {'is' if len(unnamed) == 1 else 'are'} not named by "

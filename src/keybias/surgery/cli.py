@@ -48,6 +48,7 @@ import shutil
 import signal
 import sys
 import threading
+import traceback
 import warnings
 from pathlib import Path
 from typing import Any
@@ -262,6 +263,43 @@ def _refuse_mismatch(in_dir: Path, what: str, info: dict) -> None:
                        "nothing written")
 
 
+def _stored_dtypes(in_dir: Path) -> dict[str, str]:
+    """{tensor name: safetensors dtype} of every weight file, read from the headers only."""
+    from keybias.surgery._shards import header
+
+    stored = {}
+    for path in sorted(in_dir.glob("*.safetensors")):
+        stored.update({k: v["dtype"] for k, v in header(path)[1].items() if k != "__metadata__"})
+    return stored
+
+
+def _refuse_changed_dtypes(in_dir: Path, model) -> None:
+    """Without --dtype the output must hold each tensor in the dtype it was stored in; the model
+    is built in one dtype, so a checkpoint that mixes dtypes, or stores a weight as an integer,
+    would come back converted."""
+    stored = _stored_dtypes(in_dir)
+    state = model.state_dict()
+    changed = sorted(n for n, d in stored.items()
+                     if n in state and _SAFETENSORS_DTYPES.get(d) != str(state[n].dtype).removeprefix("torch."))
+    kinds = sorted({d for n, d in stored.items() if n in state})
+    if changed:
+        first = changed[0]
+        raise CliError(f"{in_dir} stores its tensors as {', '.join(kinds)}, but the model holds them as "
+                       f"{str(state[first].dtype).removeprefix('torch.')} ({first} is {stored[first]}"
+                       f"{_more(changed[1:], 0)}): the output would change their dtype; pass --dtype to choose "
+                       "one; nothing written")
+
+
+def _refuse_non_finite(model) -> None:
+    """A change cannot be certified against a NaN or an infinity: rounding bounds are then NaN."""
+    import torch
+
+    bad = [n for n, t in model.state_dict().items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+    if bad:
+        raise CliError(f"tensor {bad[0]}{_more(bad[1:], 0)} holds NaN or infinite values; the tool cannot "
+                       "certify a change to such a model; nothing written")
+
+
 def _import_library(name: str, extra: str):
     try:
         return importlib.import_module(name)
@@ -377,6 +415,9 @@ def convert(in_dir: Path, out_dir: Path, *, fold_value: bool = False, dtype: str
         cls = None
     if dtype is not None:
         model = model.to(getattr(torch, dtype))
+    else:
+        _refuse_changed_dtypes(in_dir, model)
+    _refuse_non_finite(model)
     log(f"loaded {type(model).__name__} ({label}) from {in_dir}: "
         f"{sum(p.numel() for p in model.parameters()):,} parameters, {next(model.parameters()).dtype}")
 
@@ -509,7 +550,15 @@ def _commit(tmp: Path, out_dir: Path, log) -> None:
     held = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if held else None
     try:
-        os.replace(tmp, out_dir)
+        if INTERRUPTED.is_set():  # a Ctrl-C that a library swallowed still stops the run
+            raise KeyboardInterrupt
+        try:
+            os.replace(tmp, out_dir)
+        except OSError as exc:
+            if out_dir.exists() or out_dir.is_symlink():
+                raise CliError(f"output {out_dir} appeared while this run worked (another run writing it?); "
+                               "this run wrote nothing") from exc
+            raise
         log(f"wrote {out_dir}")
     finally:
         if held:
@@ -544,7 +593,28 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"error: {message} (keybias-surgery --help lists the arguments)\n")
 
 
+INTERRUPTED = threading.Event()
+
+
+def _on_interrupt(signum, frame):
+    # recorded as well as raised: a library may turn the KeyboardInterrupt into another error
+    # (an ImportError while a module loads) or swallow it in a __del__
+    INTERRUPTED.set()
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
+    INTERRUPTED.clear()
+    if threading.current_thread() is not threading.main_thread():
+        return _main(argv)
+    previous = signal.signal(signal.SIGINT, _on_interrupt)
+    try:
+        return _main(argv)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _main(argv: list[str] | None) -> int:
     parser = _Parser(
         prog="keybias-surgery",
         description="Remove key biases (and fold value biases) of a Hugging Face model directory, certified.")
@@ -553,7 +623,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fold-value", action="store_true", help="also fold every value bias into the output bias")
     parser.add_argument("--allow-dropout", action="store_true",
                         help="fold b_v even where attention dropout is configured (exact in eval mode only)")
-    parser.add_argument("--dtype", choices=DTYPES, default=None, help="convert the weights to this dtype first")
+    parser.add_argument("--dtype", choices=DTYPES, default=None, help="convert the weights to this dtype first (single-file checkpoints; needed when one mixes dtypes)")
     args = parser.parse_args(argv)
     if args.allow_dropout and not args.fold_value:
         parser.error("--allow-dropout only applies with --fold-value")
@@ -570,8 +640,9 @@ def main(argv: list[str] | None = None) -> int:
         print("error: interrupted; nothing written", file=sys.stderr)
         return 2
     except Exception as exc:  # noqa: BLE001  (one line for the user, the bug's place kept visible)
-        import traceback
-
+        if INTERRUPTED.is_set():
+            print("error: interrupted; nothing written", file=sys.stderr)
+            return 2
         where = traceback.extract_tb(exc.__traceback__)[-1]
         print(f"error: {clip(exc) or type(exc).__name__}; nothing written "
               f"[internal {type(exc).__name__} at {Path(where.filename).name}:{where.lineno}; please report it]",

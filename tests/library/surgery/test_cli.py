@@ -177,3 +177,67 @@ def test_module_entry_point_prints_usage():
     done = subprocess.run([sys.executable, "-m", "keybias.surgery", "--help"], capture_output=True, text=True,
                           check=True)
     assert "IN_DIR" in done.stdout.upper() and "--fold-value" in done.stdout and "--dtype" in done.stdout
+
+
+def _save(directory: Path, tensors: dict, like: Path) -> Path:
+    import shutil
+
+    from safetensors.torch import save_file
+
+    shutil.copytree(like, directory)
+    save_file(tensors, str(directory / "model.safetensors"), metadata={"format": "pt"})
+    return directory
+
+
+@pytest.mark.parametrize("case", ["mixed_dtypes", "integer_bias", "nan_weight"])
+def test_a_checkpoint_the_output_would_silently_change_is_refused(tmp_path, case, capsys):
+    from safetensors.torch import load_file
+
+    plain = _write_tiny(tmp_path / "plain", "BERT")
+    tensors = load_file(str(plain / "model.safetensors"))
+    key = next(k for k in tensors if k.endswith("attention.self.key.bias"))
+    if case == "mixed_dtypes":
+        tensors[key.replace("key.bias", "query.weight")] = tensors[key.replace("key.bias", "query.weight")].half()
+    elif case == "integer_bias":
+        tensors[key] = torch.zeros_like(tensors[key], dtype=torch.int32)
+    else:
+        tensors[key][0] = float("nan")
+    src, out = _save(tmp_path / "in", tensors, plain), tmp_path / "out"
+    capsys.readouterr()
+    assert cli.main([str(src), str(out), "--fold-value", "--allow-dropout"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1
+    assert ("NaN or infinite" if case == "nan_weight" else "--dtype") in err
+    assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["in", "plain"]
+    if case != "nan_weight":  # --dtype says which dtype the output holds, so the run goes ahead
+        assert cli.main([str(src), str(out), "--dtype", "float32"]) == 0
+
+
+def test_an_interrupt_a_library_swallowed_still_writes_nothing(tmp_path, capsys, monkeypatch):
+    src, out = _write_tiny(tmp_path / "in", "BERT"), tmp_path / "out"
+    real = cli.verify_written
+
+    def swallowed(*args):  # a Ctrl-C that a __del__ caught: recorded, never raised here
+        cli.INTERRUPTED.set()
+        return real(*args)
+
+    monkeypatch.setattr(cli, "verify_written", swallowed)
+    assert cli.main([str(src), str(out)]) == 2
+    assert "interrupted; nothing written" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in"]
+
+
+def test_an_output_another_run_wrote_meanwhile_is_named(tmp_path, capsys, monkeypatch):
+    src, out = _write_tiny(tmp_path / "in", "BERT"), tmp_path / "out"
+    real = cli.verify_written
+
+    def other_run_finishes_first(folder, state):
+        real(folder, state)
+        out.mkdir()
+        (out / "model.safetensors").write_bytes(b"the other run's")
+
+    monkeypatch.setattr(cli, "verify_written", other_run_finishes_first)
+    assert cli.main([str(src), str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "appeared while this run worked" in err and "internal" not in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in", "out"]
