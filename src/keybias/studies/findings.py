@@ -197,9 +197,9 @@ register(Finding(
     title=r"\texttt{need\_weights} changes PyTorch's output",
     statement=(r"In PyTorch's \texttt{nn.MultiheadAttention} with a causal mask, appended key slots "
                r"(\texttt{add\_bias\_kv} or \texttt{add\_zero\_attn}) make \texttt{need\_weights=True} "
-               r"change the output by up to \CondQuirkZeroAttnDiff{} of its size, while every path without "
-               r"appended slots agrees to rounding."),
-    section="sec:invariance", figure=None, notebook="07_conditions", basis="test",
+               r"change the float64 output by up to \CondQuirkZeroAttnDiff{} in absolute value, while every path "
+               r"without appended slots agrees to rounding."),
+    section="sec:invariance", figure="conditions_quirk", notebook="07_conditions", basis="test",
     decided_by=("cond-quirk-add-bias-kv-need-weights-true-documented",
                 "cond-quirk-add-zero-attn-need-weights-true-documented",
                 "cond-quirk-plain-paths-agree"),

@@ -55,6 +55,7 @@ from typing import Any
 
 from keybias import surgery
 from keybias.surgery import _calls
+from keybias.surgery._shards import header
 
 DTYPES = ("float32", "float64", "bfloat16", "float16")
 INDEX = "model.safetensors.index.json"
@@ -265,8 +266,6 @@ def _refuse_mismatch(in_dir: Path, what: str, info: dict) -> None:
 
 def _stored_dtypes(in_dir: Path) -> dict[str, str]:
     """{tensor name: safetensors dtype} of every weight file, read from the headers only."""
-    from keybias.surgery._shards import header
-
     stored = {}
     for path in sorted(in_dir.glob("*.safetensors")):
         stored.update({k: v["dtype"] for k, v in header(path)[1].items() if k != "__metadata__"})

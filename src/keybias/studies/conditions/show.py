@@ -59,3 +59,49 @@ def effect_figure(summary_frame: pd.DataFrame):
     style.legend_outside(fig, ncol=3)
     fig.tight_layout()
     return fig
+
+
+QUIRK_LABELS = {"plain": "no appended slot", "add_bias_kv": "add_bias_kv=True", "add_zero_attn": "add_zero_attn=True"}
+
+
+def quirk_figure(quirk: pd.DataFrame):
+    """Per option of nn.MultiheadAttention (causal mask): how far need_weights=True moves the output
+    from need_weights=False, and how far each call lies from the documented computation. Returns
+    (figure, caption); the caption's numbers are the ones drawn."""
+    import matplotlib.pyplot as plt
+
+    from keybias.studies import style
+
+    style.apply()
+    frame = quirk.reset_index(drop=True)
+    floor = 1e-18  # an exact zero is drawn at the floor, not dropped
+    series = (("max_abs_diff_need_weights", "True against False", "o", 0),
+              ("max_abs_diff_false_vs_reference", "False against the documented result", "s", 3),
+              ("max_abs_diff_true_vs_reference", "True against the documented result", "^", 2))
+    fig, ax = plt.subplots(figsize=(style.FULL_WIDTH, 0.35 * len(frame) + 1.0))
+    for offset, (column, label, marker, colour) in zip((-0.15, 0.0, 0.15), series, strict=True):
+        ax.scatter(frame[column].clip(lower=floor), frame.index + offset, marker=marker, s=22,
+                   color=style.OKABE_ITO[colour], label=f"need_weights={label}")
+    ax.set_xscale("log")
+    ax.set_yticks(frame.index, [QUIRK_LABELS.get(o, o) for o in frame["option"]])
+    ax.invert_yaxis()
+    ax.set_xlabel("largest absolute difference of an output entry (float64, causal mask)")
+    style.legend_outside(fig, ncol=2)
+    fig.tight_layout()
+    by = frame.set_index("option")
+    slots = [o for o in by.index if o != "plain"]
+
+    def num(value: float) -> str:
+        return f"${format_number(float(value), 2)}$"
+
+    parts = [f"{num(by.loc[o, 'max_abs_diff_need_weights'])} with {QUIRK_LABELS.get(o, o)}" for o in slots]
+    worst = by.loc[slots] if slots else by
+    false_off = worst["max_abs_diff_false_vs_reference"] > worst["max_abs_diff_true_vs_reference"]
+    departs = ("; it is the need_weights=False call that departs from the documented result" if false_off.all()
+               else "; it is the need_weights=True call that departs from the documented result"
+               if (~false_off).all() else "")
+    caption = ("With a causal mask, need_weights=True changes the float64 output by up to " + " and ".join(parts)
+               + f"{departs}. Without an appended slot the two calls differ by "
+               f"{num(by.loc['plain', 'max_abs_diff_need_weights'])}, float64 rounding."
+               if "plain" in by.index and slots else "")
+    return fig, caption
