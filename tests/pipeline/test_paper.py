@@ -543,8 +543,12 @@ def test_cost_text_reports_the_resolved_saving_of_its_table():
         largest = max(_number(r[5]) for r in rows)
         assert _number(macros["CostLargestPointSavingPercent"]) == pytest.approx(largest, abs=6e-3)
         assert "\\CostLargestPointSavingPercent" in text and "\\CostLargestPointSavingWhere" in text
-    if any("under-predicts" in r[8] for r in resolved):
-        assert "byte model under-predicts" in text
+    # the text counts the table's verdicts of the byte model from macros, so it cannot disagree with it
+    for verdict, macro in (("consistent", "CostModelConsistent"), ("under-predicts", "CostModelUnderPredicts"),
+                           ("over-predicts", "CostModelOverPredicts")):
+        assert sum(verdict in r[8] for r in rows) == _number(macros[macro]), verdict
+        assert f"\\{macro}{{}}" in text
+    assert "not a speed-up" not in text, "the timings cannot resolve a speed-up, so they cannot deny one"
 
 
 def test_bq_cosine_is_printed_as_its_table_prints_it():

@@ -161,7 +161,7 @@ def _math_text(math: str) -> str:
     math = re.sub(r"\\(bk|bq|bv)\b(\{\})?", lambda m: _LATEX_WORDS[m.group(1)], math)
     for a, b in ((r"\le", "≤"), (r"\ge", "≥"), (r"\times", "×"), (r"\cdot", "·"), (r"\approx", "≈"),
                  (r"\sqrt", "√"), (r"\alpha", "α"), (r"\varepsilon", "ε"), (r"\epsilon", "ε"),
-                 (r"\lambda", "λ"), (r"\|", "‖"), (r"\,", " "), (r"\eta", "η"), ("g_b_q", "g_bq")):
+                 (r"\lambda", "λ"), (r"\pm", "±"), (r"\|", "‖"), (r"\,", " "), (r"\eta", "η"), ("g_b_q", "g_bq")):
         math = math.replace(a, b)
     return latex_number_to_text(math.replace("{", "").replace("}", ""))
 

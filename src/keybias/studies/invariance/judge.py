@@ -648,13 +648,14 @@ def invariance_claims(df: pd.DataFrame, mags: pd.DataFrame, *, min_configs: int,
         macros[names["rows"]] = len(rows)
     indexed = cells.set_index(["dtype", "magnitude"]) if len(cells) else None
     for key, names in CELL_MACROS.items():
+        limit_name = names["known"].replace("InvKnownBreaks", "InvMissLowerLimit")
         if indexed is None or key not in indexed.index:
-            for name in names.values():
+            for name in (*names.values(), limit_name):
                 macros[name] = NOT_RUN
             continue
         c = indexed.loc[key]
         if not c["powered"]:
-            for name in names.values():
+            for name in (*names.values(), limit_name):
                 macros[name] = "no power"
             continue
         macros[names["known"]] = int(c["known_breaks"])
@@ -663,7 +664,7 @@ def invariance_claims(df: pd.DataFrame, mags: pd.DataFrame, *, min_configs: int,
         macros[names["missed_mod"]] = int(c["missed_modules"])
         macros[names["ties"]] = int(c["tie_misses"])
         # the paper states how far the per-module misses place the rate above MAX_MISS_RATE
-        macros[names["known"].replace("InvKnownBreaks", "InvMissLowerLimit")] = miss_rate_lower_limit(
+        macros[limit_name] = miss_rate_lower_limit(
             int(c["missed_modules"]), int(c["known_modules"]))
         # a cell with power can still hold no verdict of one class (only breaking categories have power there)
         macros[names["red"]] = c["redundant_over_tol"] if math.isfinite(c["redundant_over_tol"]) else NONE_IN_CELL
