@@ -33,7 +33,8 @@ def table_latex(summary_frame: pd.DataFrame) -> str:
 
 
 def effect_figure(summary_frame: pd.DataFrame):
-    """Worst effect per case on a log axis, coloured by prediction, with each case's bound."""
+    """Worst effect per case on a log axis, coloured by prediction, with each case's bound. The Adam
+    rows count learning rates, the others are relative changes, so each unit gets its own panel."""
     # deferred with `style`, which loads matplotlib: measuring and judging need no plotting library
     import matplotlib.pyplot as plt
 
@@ -41,23 +42,30 @@ def effect_figure(summary_frame: pd.DataFrame):
 
     style.apply()
     frame = summary_frame.reset_index(drop=True)
-    fig, ax = plt.subplots(figsize=(style.FULL_WIDTH, 0.16 * len(frame) + 0.9))
+    is_step = frame["quantity"] == "adam_step"
+    panels = [(frame[~is_step], "worst relative change over seeds (output, folded output or gradient)"),
+              (frame[is_step], r"worst step on $b_k$ over seeds (learning rates per step)")]
+    panels = [(p.reset_index(drop=True), label) for p, label in panels if len(p)]
+    fig, axes = plt.subplots(len(panels), 1, squeeze=False,
+                             figsize=(style.FULL_WIDTH, 0.16 * len(frame) + 0.75 * len(panels) + 0.5),
+                             gridspec_kw={"height_ratios": [len(p) + 1.5 for p, _ in panels]})
     floor = 1e-18  # exact zeros are drawn at the floor, not dropped
     colours = {REDUNDANT: style.OKABE_ITO[0], NOT_REDUNDANT: style.OKABE_ITO[3]}
     markers = {REDUNDANT: "o", NOT_REDUNDANT: "s"}
-    for predicted in (REDUNDANT, NOT_REDUNDANT):
-        sel = frame[frame["predicted"] == predicted]
-        ax.scatter(sel["effect"].clip(lower=floor), sel.index, color=colours[predicted],
-                   marker=markers[predicted], s=16, label=f"predicted {predicted.replace('_', ' ')}")
-    # each case is judged against its own bound (Adam rows in learning rates), so mark it per row
-    ax.scatter(frame["bound"], frame.index, marker="|", s=60, color=style.OKABE_ITO[7],
-               label="bound of the case")
-    ax.set_xscale("log")
-    ax.set_yticks(frame.index, [case_label(c, v) for c, v in zip(frame["condition"], frame["variant"], strict=True)])
-    ax.invert_yaxis()
-    ax.set_xlabel("worst effect over seeds (relative change; Adam rows: learning rates per step)")
-    style.legend_outside(fig, ncol=3)
+    for ax, (part, xlabel) in zip(axes[:, 0], panels, strict=True):
+        for predicted in (REDUNDANT, NOT_REDUNDANT):
+            sel = part[part["predicted"] == predicted]
+            ax.scatter(sel["effect"].clip(lower=floor), sel.index, color=colours[predicted],
+                       marker=markers[predicted], s=16, label=f"predicted {predicted.replace('_', ' ')}")
+        # each case is judged against its own bound, so mark it per row
+        ax.scatter(part["bound"], part.index, marker="|", s=60, color=style.OKABE_ITO[7], label="bound of the case")
+        ax.set_xscale("log")
+        ax.set_yticks(part.index, [case_label(c, v) for c, v in zip(part["condition"], part["variant"], strict=True)])
+        ax.set_ylim(len(part) - 0.5, -0.5)
+        ax.set_xlabel(xlabel)
+    handles, labels = axes[0, 0].get_legend_handles_labels()
     fig.tight_layout()
+    style.legend_outside(fig, handles=handles, labels=labels, ncol=3)
     return fig
 
 

@@ -190,7 +190,7 @@ def memory_claims(layer: pd.DataFrame, memory: pd.DataFrame) -> tuple[list[Claim
 
 
 def _where(r: pd.Series) -> str:
-    return f"{r['block']}, {r['attention']}-attention {r['mode']}, $S={int(r['seq_len'])}$, $B={int(r['batch'])}$"
+    return f"{r['block']}, {r['attention']}-attention {r['mode']}, {int(r['seq_len'])} tokens, batch {int(r['batch'])}"
 
 
 # A configuration is named by these columns in the timing, byte-model and bound tables.

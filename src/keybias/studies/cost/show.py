@@ -38,7 +38,7 @@ def _pct(x: float, digits: int = 2) -> str:
 def verdict_latex(table: pd.DataFrame) -> str:
     """One row per configuration: step time, saving with its interval, resolved or bounded, model."""
     lines = [r"\begin{tabular}{lllrrrrll}", r"\toprule",
-             r"block & attention & pass & $S$ & step (ms) & saving (\%) & interval (\%) & verdict & byte model (\%) \\",
+             r"block & attention & pass & tokens & step (ms) & saving (\%) & interval (\%) & verdict & byte model (\%) \\",
              r"\midrule"]
     for r in table.itertuples():
         verdict = "resolved" if r.resolved else rf"$\le {_pct(r.saving_upper_bound)}$"
@@ -51,7 +51,7 @@ def verdict_latex(table: pd.DataFrame) -> str:
 
 
 def _label(r) -> str:
-    return f"{r.block} {r.attention} {r.mode}, S={int(r.seq_len)}"
+    return f"{r.block} {r.attention} {r.mode}, {int(r.seq_len)} tokens"
 
 
 def time_saving_figure(model: pd.DataFrame, ratios: pd.DataFrame, *, device: str, threads: int):
@@ -99,17 +99,17 @@ def time_saving_figure(model: pd.DataFrame, ratios: pd.DataFrame, *, device: str
                          label=phase if j == 0 else None)
                 ax2.plot(100 * r.measured_saving, yj, "o", color=style.OKABE_ITO[k + 1], ms=3)
         ax2.axvline(0, color="k", lw=0.8)
-        ax2.set_yticks(np.arange(len(keys))[::-1], [f"{b} {a}, S={s}" for b, a, s, _ in keys])
+        ax2.set_yticks(np.arange(len(keys))[::-1], [f"{b} {a}, {s} tokens" for b, a, s, _ in keys])
         ax2.set_xlabel("saving (% of the phase)")
         ax2.set_title("training step, by phase", loc="left")
     ax.set_title("whole pass", loc="left")
     fig.tight_layout()
-    handles, labels = [], []
+    # one legend over each panel, so that no legend lists more than four entries
     for a in fig.axes:
         h, lab = a.get_legend_handles_labels()
-        handles += h
-        labels += lab
-    style.legend_outside(fig, handles=handles, labels=labels, ncol=4, bbox_to_anchor=(0.5, 1.0))
+        if h:
+            a.legend(h, lab, loc="lower left", bbox_to_anchor=(0.0, 1.06), ncol=2 if len(h) > 3 else len(h),
+                     borderaxespad=0.0, frameon=False, handlelength=1.5, columnspacing=1.0)
     return fig
 
 

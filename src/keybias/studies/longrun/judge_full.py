@@ -33,6 +33,7 @@ from scipy import stats
 
 from keybias.core.claimspec import ClaimSpec, build_claim, register_claim
 from keybias.core.recorder import Claim
+from keybias.studies.longrun import record
 from keybias.core.reduce import (
     finite_max,
     finite_mean,
@@ -378,6 +379,11 @@ def macros(table: pd.DataFrame, spans: pd.DataFrame, run: dict) -> dict[str, obj
         "LongFullCpu": str(run["cpu"]),
         "LongFullTorch": str(run["torch"]),
     }
+    # the training setup the paper states: the recorder's common settings and the context of its sizes
+    out.update(LongFullLr=record.COMMON["lr"], LongFullBatch=record.COMMON["batch_size"],
+               LongFullWeightDecay=record.COMMON["weight_decay"])
+    contexts = {int(s["context"]) for s in run.get("sizes", record.SIZES).values()}
+    out["LongFullContext"] = contexts.pop() if len(contexts) == 1 else "/".join(map(str, sorted(contexts)))
     for _, r in spans[spans["column"] == "exponent"].iterrows():
         stem = f"LongFullExponent{_SIZE_WORD[r['size']]}{_regime_word(r['dtype'], r['eps'])}"
         out[stem] = r["mean"]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pandas as pd
 
+from keybias.core.recorder import latex_escape
+
 
 def bias_norms_figure(norms: pd.DataFrame):
     """Norms of b_q, b_k, b_v by layer (log scale), at half the paper's width."""
@@ -62,10 +64,12 @@ FAMILY_WORDS = {
 
 
 def family_table_latex(table: pd.DataFrame) -> str:
-    shown = table[["family", "strip", "fold", "key_bias_removed", "value_bias_folded", "certified_max_ratio",
+    # the fold decision is the count of folded entries (zero where refused): one column fewer keeps
+    # the table readable at print size without scaling it down
+    shown = table[["family", "strip", "key_bias_removed", "value_bias_folded", "certified_max_ratio",
                    "whole_change", "forced_change", "bound"]].copy()
     shown["family"] = shown["family"].map(lambda f: FAMILY_WORDS.get(f, f)).str.replace("_", " ", regex=False)
-    shown = shown.rename(columns={"key_bias_removed": "$b_k$ removed", "value_bias_folded": "$b_v$ folded",
+    shown = shown.rename(columns={"strip": "decision", "key_bias_removed": "$b_k$ removed", "value_bias_folded": "$b_v$ folded",
                                   "certified_max_ratio": "certified/tol.", "whole_change": "change",
                                   "forced_change": "by hand", "bound": "bound"})
     return shown.to_latex(index=False, escape=False, float_format="%.2g", na_rep="--")
@@ -93,6 +97,12 @@ def short_reason(status: str, reason: str) -> str:
     return reason[:60]
 
 
+def model_name(model_class: str) -> str:
+    """A model type as readers know it: its class without the suffix (GPTNeoXModel -> GPTNeoX)."""
+    name = model_class[:-len("Model")] if model_class.endswith("Model") and model_class != "Model" else model_class
+    return latex_escape(name)
+
+
 def architectures_latex(table: pd.DataFrame) -> str:
     """The appendix table: one line per class, and for refused and not-certified architectures
     one line per reason with the model types (a tabular body)."""
@@ -108,7 +118,7 @@ def architectures_latex(table: pd.DataFrame) -> str:
         if status in ("refused", "not certified", "could not build"):
             parts = sorted(groups, key=lambda g: (-len(g[1]), g[0]))
             for i, (why, part) in enumerate(parts):
-                names = ", ".join(part["model_type"].str.replace("_", " ", regex=False)) if listed else ""
+                names = ", ".join(model_name(c) for c in part["model_class"]) if listed else ""
                 head = "" if i else f"{status}, {len(rows)}" if len(parts) > 1 else status
                 names = rf"{{\footnotesize {names}}}" if names else ""
                 lines.append(rf"{head} & {why} & {len(part)} & {names} \\")
