@@ -33,7 +33,6 @@ from scipy import stats
 
 from keybias.core.claimspec import ClaimSpec, build_claim, register_claim
 from keybias.core.recorder import Claim
-from keybias.studies.longrun import record
 from keybias.core.reduce import (
     finite_max,
     finite_mean,
@@ -43,6 +42,7 @@ from keybias.core.reduce import (
     finite_values,
     require_finite,
 )
+from keybias.studies.longrun import record
 
 WINDOW = 10  # the last decade of a run
 SMALL_EPS, DEFAULT_EPS = 1e-12, 1e-8
