@@ -470,7 +470,42 @@ def test_longrun_text_reports_where_the_velocity_match_fails():
     text = " ".join((_uncommented(SECTIONS / "longrun.tex") + _uncommented(SECTIONS / "appendix_tables.tex")).split())
     for name in ("LongFullVelocityOutsideWrongSign", "LongFullVelocityOutsideRatioMax", "LongFullElasticityOutsideMax"):
         assert "\\" + name in text, name
-    assert "confirmed only in the small float32 runs" in text
+    assert "\\LongFullMechanismRuns{} of the \\LongFullRuns{} runs only" in text
+
+
+def test_drift_mechanism_is_scoped_to_its_runs_wherever_it_is_summarised():
+    """The velocity prediction holds in the small float32 runs only: the abstract, the introduction
+    and the limits say in how many of the long runs, and that count is the units table's."""
+    import pandas as pd
+
+    macros = _macros()
+    path = RESULTS / "data" / "longrun_full_units.csv"
+    if path.is_file() and "LongFullMechanismRuns" in macros:
+        units = pd.read_csv(path)
+        small = units[(units["size"] == "small") & (units["dtype"] == "float32")]
+        assert _number(macros["LongFullMechanismRuns"]) == len(small.groupby(["eps", "seed"]))
+        assert _number(macros["LongFullRuns"]) == len(units.groupby(["size", "dtype", "eps", "seed"]))
+    for name in ("abstract", "intro", "discussion"):
+        text = " ".join(_uncommented(SECTIONS / f"{name}.tex").split())
+        assert "\\LongFullMechanismRuns{} of" in text or "\\LongFullMechanismRuns{} long runs" in text, name
+
+
+def test_training_setups_are_stated_from_macros():
+    """Both training studies state their optimiser settings, batch, length and seeds."""
+    training = " ".join(_uncommented(SECTIONS / "training.tex").split())
+    for name in ("TrainLrAdam", "TrainLrSgd", "TrainBatch", "TrainSteps", "TrainSeeds", "TrainTokens"):
+        assert "\\" + name + "{}" in training, name
+    longrun = " ".join(_uncommented(SECTIONS / "longrun.tex").split())
+    for name in ("LongFullLr", "LongFullBatch", "LongFullContext", "LongFullWeightDecay", "LongFullSeeds",
+                 "LongFullStepsSmall", "LongSteps"):
+        assert "\\" + name + "{}" in longrun, name
+
+
+def test_quantization_gain_is_scoped_to_its_one_checkpoint():
+    text = " ".join(_uncommented(SECTIONS / "pretrained.tex").split())
+    assert "rests on one checkpoint" in text
+    for name in ("abstract", "intro"):
+        assert re.search(r"one (shipped )?checkpoint", " ".join(_uncommented(SECTIONS / f"{name}.tex").split())), name
 
 
 def test_miss_rate_sentence_agrees_with_the_cells_table():

@@ -399,6 +399,8 @@ def macros(table: pd.DataFrame, spans: pd.DataFrame, run: dict) -> dict[str, obj
     z = f32_small["grad_along_drift"] / f32_small["grad_along_drift_se"]
     out["LongFullBiasMinSe"] = finite_min(z, "bias z")
     out["LongFullBiasSmall"] = finite_median(small["grad_along_drift"], "bias")
+    # the runs in which the velocity prediction is tested and holds: the paper says how few they are
+    out["LongFullMechanismRuns"] = int(f32_small.groupby(SETTING + ["seed"]).ngroups)
     ratio = f32_small["velocity_measured"] / f32_small["velocity_predicted"]
     out["LongFullVelocityRatioMin"] = finite_min(ratio, "velocity ratios")
     out["LongFullVelocityRatioMax"] = finite_max(ratio, "velocity ratios")

@@ -60,6 +60,7 @@ FAMILY_WORDS = {
     "BERT relative_key_query": "BERT, relative key-and-query positions",
     "LLaMA attention_bias": "LLaMA with projection biases",
     "MHA add_zero_attn": "MHA with an appended zero slot",
+    "DeBERTa-v2": "DeBERTa-v2, relative positions",
 }
 
 
