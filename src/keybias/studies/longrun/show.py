@@ -110,7 +110,7 @@ def plot_full_drift(traj: pd.DataFrame, intervals: pd.DataFrame):
     style.apply()
     order = {"small": 0, "medium": 1}
     sizes = sorted(dict.fromkeys(traj["size"]), key=lambda s: order.get(s, 9))
-    fig, axes = plt.subplots(1, len(sizes), figsize=(style.FULL_WIDTH, 2.5), sharey=True, squeeze=False)
+    fig, axes = plt.subplots(1, len(sizes), figsize=(style.FULL_WIDTH, 2.3), sharey=True, squeeze=False)
     regimes = list(dict.fromkeys(zip(traj["dtype"], traj["eps"].astype(float), strict=True)))
     for ax, size in zip(axes[0], sizes, strict=True):
         g = traj[traj["size"] == size]

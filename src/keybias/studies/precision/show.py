@@ -115,7 +115,7 @@ def plot_gradient(gsum: pd.DataFrame):
 
     colors = _path_colors()
     okg = gsum[gsum["status"].eq("ok")]
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(style.FULL_WIDTH, 2.6))
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(style.FULL_WIDTH, 2.35))
     for path, g in okg.groupby("path", sort=False):
         ax1.loglog(g["unit_roundoff"], g["ratio_median"], "o", ms=3.5, color=colors[path], label=path_label(path))
     u = np.array(sorted(okg["unit_roundoff"].unique()))
