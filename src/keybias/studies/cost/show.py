@@ -103,13 +103,17 @@ def time_saving_figure(model: pd.DataFrame, ratios: pd.DataFrame, *, device: str
         ax2.set_xlabel("saving (% of the phase)")
         ax2.set_title("training step, by phase", loc="left")
     ax.set_title("whole pass", loc="left")
-    fig.tight_layout()
-    # one legend over each panel, so that no legend lists more than four entries
+    # one legend over each panel, titled by the panel, so that no legend lists more than four entries;
+    # tight_layout then makes room for them inside the figure's width
     for a in fig.axes:
         h, lab = a.get_legend_handles_labels()
+        title = a.get_title(loc="left")
+        a.set_title("", loc="left")
         if h:
-            a.legend(h, lab, loc="lower left", bbox_to_anchor=(0.0, 1.06), ncol=2 if len(h) > 3 else len(h),
-                     borderaxespad=0.0, frameon=False, handlelength=1.5, columnspacing=1.0)
+            a.legend(h, lab, loc="lower left", bbox_to_anchor=(0.0, 1.02), ncol=2 if len(h) > 3 else 1,
+                     borderaxespad=0.0, frameon=False, handlelength=1.5, columnspacing=1.0,
+                     title=title, alignment="left")
+    fig.tight_layout()
     return fig
 
 
