@@ -653,6 +653,15 @@ def test_main_text_fits_the_page_budget(built):
     assert built["mainend"] <= MAX_MAIN_PAGES, f"main text runs to {built['mainend']} pages"
 
 
+def test_scaled_tables_print_at_seven_points_or_more(built):
+    """A table wider than the line is scaled down (\\FitTable logs by how much): its text, the font
+    size times the scale, stays at 7 pt or more on paper."""
+    scales = re.findall(r"FitTable: scale (\d+) per cent of ([\d.]+)pt", built["log"])
+    for scale, size in scales:
+        assert int(scale) * float(size) / 100 >= 7.0, f"a table prints at {int(scale) * float(size) / 100:.1f} pt"
+    assert "\\resizebox" not in _uncommented(SECTIONS / "appendix_tables.tex"), "scale tables with \\FitTable"
+
+
 def test_every_main_float_comes_before_the_references(built):
     labels = set()
     for name in MAIN_SECTIONS:
