@@ -36,7 +36,7 @@ def ratio_figure(norms: pd.DataFrame, quant: pd.DataFrame):
                 bx.plot(h["layer"], h["err_strip"] / h["err_keep"], marker=marker, ls=ls, color=colour)
     ax.set_yscale("log")
     ax.set_xlabel("layer")
-    ax.set_ylabel(r"$\|b_k\| / \|k\|_{\mathrm{med}}$")
+    ax.set_ylabel(r"$\|b_k\| / \|k\|_{\mathrm{typ}}$")
     bx.axhline(1.0, color="0.5", lw=0.8)
     bx.set_xlabel("layer")
     bx.set_ylabel("error, $b_k$ subtracted / kept")
@@ -53,7 +53,7 @@ def ratio_figure(norms: pd.DataFrame, quant: pd.DataFrame):
 
 def summary_latex(summary: pd.DataFrame) -> str:
     table = _labelled(summary).rename(columns={
-        "bk_over_key_max": r"$\|b_k\|/\|k\|_{\mathrm{med}}$ max", "bk_over_key_median": r"$\|b_k\|/\|k\|_{\mathrm{med}}$ median",
+        "bk_over_key_max": r"$\|b_k\|/\|k\|_{\mathrm{typ}}$ max", "bk_over_key_median": r"$\|b_k\|/\|k\|_{\mathrm{typ}}$ median",
         "bk_over_bq_max": r"$\|b_k\|/\|b_q\|$ max", "bk_over_bq_median": r"$\|b_k\|/\|b_q\|$ median"})
     return table.to_latex(index=False, escape=False, float_format="%.3g")
 

@@ -106,7 +106,7 @@ def plot_map(df: pd.DataFrame, mags: pd.DataFrame):
                        facecolors="none", edgecolors="0.6", lw=0.5, alpha=0.6,
                        label="$b_q$, $b_v$ control")
         ax.axvline(0.0, color="black", lw=0.8)
-        ax.set_title(rf"$\|b_k\| = {mag:g}\,\|k\|_{{\mathrm{{med}}}}$")
+        ax.set_title(rf"$\|b_k\| = {mag:g}\,\|k\|_{{\mathrm{{typ}}}}$")
         ax.set_xlim(-8, 8)  # zero or unbounded ratios are drawn at the edges
         ax.grid(axis="x", alpha=0.3)
     axes[0][len(levels) // 2].set_xlabel(r"log$_{10}$(change / tolerance); left of the line: no change")

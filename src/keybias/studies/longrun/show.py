@@ -40,7 +40,7 @@ def plot_drift(grid: pd.DataFrame, comparison: pd.DataFrame, probes_long: pd.Dat
         p = probes_long[(probes_long["layer"] == layer) & (probes_long["step"] > 0)]
         ax.loglog(p["step"], p["key_norm"], color=color, lw=0.8, ls=":")
     ax.axvline(float(comparison["grid_steps"].iloc[0]), color="0.5", lw=0.6)
-    ax.set(xlabel="step", ylabel=r"drift; $\|k\|_{\mathrm{med}}$ dotted", title="long run: measured, and the law (dashed)")
+    ax.set(xlabel="step", ylabel=r"drift; $\|k\|_{\mathrm{typ}}$ dotted", title="long run: measured, and the law (dashed)")
     ax.legend(loc="upper left", fontsize=7.0, frameon=False)
     fig.tight_layout()
     return fig
@@ -77,7 +77,7 @@ def _fmt(value) -> str:
 
 def grid_table_latex(summary: pd.DataFrame) -> str:
     """The grid summary (`judge.grid_summary`) as a booktabs tabular."""
-    header = ["dtype", "eps", "steps", "seeds", r"drift of $b_k$", r"median RMS $g_{b_k}$", r"rate $\kappa$", r"$\|k\|_{\mathrm{med}}$"]
+    header = ["dtype", "eps", "steps", "seeds", r"drift of $b_k$", r"median RMS $g_{b_k}$", r"rate $\kappa$", r"$\|k\|_{\mathrm{typ}}$"]
     lines = [r"\begin{tabular}{llrrrrrr}", r"\toprule", " & ".join(header) + r" \\", r"\midrule"]
     for _, r in summary.iterrows():
         cells = [str(r["dtype"]), _fmt(r["eps"]), str(int(r["steps"])), str(int(r["seeds"])), _fmt(r["drift_b_k"]),
@@ -224,7 +224,7 @@ def full_table_latex(units: pd.DataFrame) -> str:
             "velocity_predicted", "drift_end", "bk_over_key_end"]
     g = units.groupby(["size", "dtype", "eps", "seed"], sort=False)[cols].mean().reset_index()
     header = ["size", "regime", "seed", r"exponent $\alpha$", r"rate $\kappa$", r"$d\log\sigma/d\log\|b_k\|$",
-              "bias along drift", "velocity", "predicted", "drift", r"$\|b_k\|/\|k\|_{\mathrm{med}}$"]
+              "bias along drift", "velocity", "predicted", "drift", r"$\|b_k\|/\|k\|_{\mathrm{typ}}$"]
     lines = [r"\begin{tabular}{lllrrrrrrrr}", r"\toprule", " & ".join(header) + r" \\", r"\midrule"]
     for _, r in g.iterrows():
         cells = [str(r["size"]), _regime(r["dtype"], r["eps"]), str(int(r["seed"]))]

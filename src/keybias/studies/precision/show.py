@@ -64,7 +64,7 @@ def plot_error_vs_bias(errors: pd.DataFrame, law: pd.DataFrame, dtypes):
     for ax in axes.flat[len(dtypes):]:
         ax.set_visible(False)
     for ax in axes[-1]:
-        ax.set_xlabel(r"$\|b_k\| / \|k\|_{\mathrm{med}}$")
+        ax.set_xlabel(r"$\|b_k\| / \|k\|_{\mathrm{typ}}$")
     handles = [plt.Line2D([], [], color=colors[p], marker="o", ls="", ms=3, label=path_label(p))
                for p in PATHS if p in set(ok["path"])]
     handles += [plt.Line2D([], [], color=style.OKABE_ITO[7], lw=0.6, label="rounding model")]
@@ -96,7 +96,7 @@ def plot_accuracy(errors: pd.DataFrame, crossing: pd.DataFrame, dtypes, factor: 
                 ax.axvline(c.iloc[0], color=colors[path], lw=0.6, ls=":")
         ax.axhline(factor, color="0", lw=0.8, ls="--")
         ax.set_title(dtype)
-        ax.set_xlabel(r"$\|b_k\| / \|k\|_{\mathrm{med}}$")
+        ax.set_xlabel(r"$\|b_k\| / \|k\|_{\mathrm{typ}}$")
     axes[0][0].set_ylabel("error with $b_k$ / without")
     handles, labels = axes[0][0].get_legend_handles_labels()
     fig.tight_layout()
