@@ -669,11 +669,12 @@ def invariance_claims(df: pd.DataFrame, mags: pd.DataFrame, *, min_configs: int,
         # a cell with power can still hold no verdict of one class (only breaking categories have power there)
         macros[names["red"]] = c["redundant_over_tol"] if math.isfinite(c["redundant_over_tol"]) else NONE_IN_CELL
         macros[names["brk"]] = c["break_over_tol"] if math.isfinite(c["break_over_tol"]) else NONE_IN_CELL
-    # valid verdicts per cell (zero where the cell has no power): the paper says which size of b_k
-    # the half-precision verdicts come from, since power there differs by size
+    # valid verdicts per cell ("none" in words where the cell has none): the paper says which size
+    # of b_k the half-precision verdicts come from, since power there differs by size
     for key, names in CELL_MACROS.items():
-        present = indexed is not None and key in indexed.index
-        macros[names["known"].replace("InvKnownBreaks", "InvValid")] = int(indexed.loc[key, "valid"]) if present else NOT_RUN
+        count = int(indexed.loc[key, "valid"]) if indexed is not None and key in indexed.index else None
+        macros[names["known"].replace("InvKnownBreaks", "InvValid")] = (
+            NOT_RUN if count is None else count if count else "none")
     macros["InvMaxMissRate"] = f"{MAX_MISS_RATE:.0%}".replace("%", r"\%")
     macros["InvMissLevel"] = f"{1 - MISS_ALPHA:.0%}".replace("%", r"\%")
     macros["InvSeparation"] = SEPARATION
