@@ -536,6 +536,23 @@ def test_miss_rate_sentence_agrees_with_the_cells_table():
     assert "per verdict, \\InvMissedBfloatSixteenMagOne{} of \\InvKnownBreaksBfloatSixteenMagOne{}" in text
 
 
+def test_half_precision_verdicts_per_size_are_the_cells_tables():
+    """Where the audit's half-precision power is stated, the text says from which size of b_k its
+    bfloat16 verdicts come: those counts are the valid column of the cells table ("none" for 0)."""
+    macros = _macros()
+    if "InvValidBfloatSixteenMagOne" not in macros:
+        pytest.skip("results predate the macro")
+    words = {0.01: "Small", 1: "One", 100: "Large"}
+    for row in _cells("invariance_cells.tex"):
+        if row[0] != "bfloat16":
+            continue
+        printed = macros["InvValidBfloatSixteenMag" + words[_number(row[1])]]
+        assert printed == ("none" if _number(row[3]) == 0 else row[3].replace(",", "{,}")), row[:4]
+    text = " ".join(_uncommented(SECTIONS / "invariance.tex").split())
+    for size in words.values():
+        assert "\\InvValidBfloatSixteenMag" + size + "{}" in text, size
+
+
 def test_fully_masked_rows_agree_with_the_verdict_table():
     macros = _macros()
     row = next(r for r in _cells("invariance_verdicts.tex") if r[0] == "MHA, fully masked row")
