@@ -64,7 +64,7 @@ def time_saving_figure(model: pd.DataFrame, ratios: pd.DataFrame, *, device: str
     main = headline(model).reset_index(drop=True)
     ctrl = headline(ratios[ratios["ratio"] == "control"]).set_index(["block", "attention", "mode", "seq_len", "batch"])
     sub = model[(model["mode"] == "training") & (model["phase"] != "total")]
-    height = max(2.2, 0.32 * len(main) + 1.2)
+    height = max(2.8, 0.32 * len(main) + 1.6)  # room above the panels for their legends
     ncols = 2 if len(sub) else 1
     fig, axs = plt.subplots(1, ncols, figsize=(style.FULL_WIDTH, height), squeeze=False,
                             gridspec_kw={"width_ratios": [1.0, 0.8][:ncols]})
