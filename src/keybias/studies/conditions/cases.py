@@ -36,7 +36,7 @@ CASES = [
     Case("loss", "l2-on-bk", "gradient", NOT_REDUNDANT,
          "An L2 regulariser on b_k gives b_k a non-zero gradient (the zero-gradient statement needs a loss that sees b_k only through the output).",
          BY_CONSTRUCTION,
-         label="L2 penalty on $b_k$"),
+         label="squared-norm penalty on $b_k$"),
     Case("optimizer", "adam", "adam_step", REDUNDANT,
          "Plain Adam leaves b_k in place to float64 rounding after one step (its gradient is zero).",
          label="Adam"),
