@@ -304,17 +304,21 @@ def test_the_entry_page_names_its_commit_once_and_a_card_stays_short(tmp_path):
 
 def test_claims_no_finding_names_join_their_notebooks_one_unnamed_finding():
     """07's case claims are named by no finding: they belong to the conditions finding (the one
-    finding of 07 that names none), not to "other checks"; with two such findings they stay apart."""
+    finding of 07 that names none), not to "other checks"; 01's to its only finding, though that
+    names one claim; with two candidates they stay apart."""
     findings = [{"id": "quirk", "notebook": "07", "decided_by": ["q"], "rests_on": []},
                 {"id": "conditions", "notebook": "07", "decided_by": [], "rests_on": []},
+                {"id": "exact", "notebook": "01", "decided_by": [], "rests_on": ["split"]},
                 {"id": "x", "notebook": "08", "decided_by": [], "rests_on": []},
                 {"id": "y", "notebook": "08", "decided_by": [], "rests_on": []}]
     claims = [{"id": "q", "notebook": "07"}, {"id": "case-1", "notebook": "07"}, {"id": "case-2", "notebook": "07"},
-              {"id": "lone", "notebook": "08"}]
+              {"id": "split", "notebook": "01"}, {"id": "grid", "notebook": "01"}, {"id": "lone", "notebook": "08"},
+              {"id": "gpu", "notebook": "09"}]
     grouped, rest = index.claims_by_finding(findings, claims)
     assert [c["id"] for c in grouped["quirk"]] == ["q"]
     assert [c["id"] for c in grouped["conditions"]] == ["case-1", "case-2"]
-    assert [c["id"] for c in rest] == ["lone"]
+    assert [c["id"] for c in grouped["exact"]] == ["split", "grid"]
+    assert [c["id"] for c in rest] == ["lone", "gpu"]
 
 
 def test_a_finding_without_a_registry_figure_shows_its_notebooks_one_other_figure():

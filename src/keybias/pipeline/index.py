@@ -243,8 +243,8 @@ def load_findings(results: Path) -> list[dict]:
 
 def claims_by_finding(findings: list[dict], claims: list[dict]) -> tuple[dict[str, list[dict]], list[dict]]:
     """Each finding's claims (the tests that decide it, then the checks it rests on, then the checks
-    of its notebook that no finding names, where the notebook has one finding that names none),
-    and the claims that belong to no finding."""
+    of its notebook that no finding names, where the notebook has one finding for them), and the
+    claims that belong to no finding."""
     owner: dict[str, str] = {}
     for f in findings:
         for cid in f.get("decided_by", []):
@@ -255,18 +255,22 @@ def claims_by_finding(findings: list[dict], claims: list[dict]) -> tuple[dict[st
     for c in claims:
         if c.get("finding"):
             owner[c["id"]] = c["finding"]
-    # A claim no finding names belongs to its notebook's one finding that names no claims of its
-    # own (01's proof checks to "the key bias cancels exactly", 07's cases to the conditions);
-    # where a notebook has no such finding, or several, it stays among the other checks.
-    named = {fid for fid in owner.values()}
-    unnamed_owner: dict[str, list[str]] = {}
+    # A claim no finding names belongs to its notebook's finding when there is one to choose: the
+    # notebook's only finding (01's proof checks to "the key bias cancels exactly"), else its one
+    # finding that names no claims (07's cases to the conditions, not to the quirk); otherwise it
+    # stays among the other checks of its notebook.
+    named = set(owner.values())
+    per_notebook: dict[str, list[str]] = {}
     for f in findings:
-        if f["id"] not in named:
-            unnamed_owner.setdefault(f.get("notebook", ""), []).append(f["id"])
+        per_notebook.setdefault(f.get("notebook", ""), []).append(f["id"])
     for c in claims:
-        candidates = unnamed_owner.get(c.get("notebook", ""), [])
-        if c["id"] not in owner and len(candidates) == 1:
-            owner[c["id"]] = candidates[0]
+        if c["id"] in owner:
+            continue
+        mine = per_notebook.get(c.get("notebook", ""), [])
+        unnamed = [fid for fid in mine if fid not in named]
+        chosen = mine if len(mine) == 1 else unnamed
+        if len(chosen) == 1:
+            owner[c["id"]] = chosen[0]
     grouped: dict[str, list[dict]] = {f["id"]: [] for f in findings}
     rest = []
     for c in claims:
