@@ -112,27 +112,33 @@ def test_the_check_fails_a_page_that_breaks_every_rule(tmp_path):
 # -- the site at 1280 and 390 px: sideways scroll, links, cells, plumbing ----------------------------
 def test_the_layout_check_catches_every_fault_it_exists_for(tmp_path):
     """Negative control: a page too wide for a phone, a cut cell, "#" for a number, a config
-    repr, "uncommitted", two titles, two commits, a sha256 digest, a dangling link and anchor;
-    and a clean page (one title, one commit named twice, short and long) that passes."""
+    repr, "uncommitted", two titles, two commits, a sha256 digest, inline code wider than the
+    viewport and clipped by its box, a dangling link and anchor; and a clean page (one title, one
+    commit named twice, short and long, a code block that scrolls in its own box) that passes."""
     site = tmp_path / "results"
     (site / "notebooks").mkdir(parents=True)
     (site / "index.html").write_text(
         '<html><body><h1>Site</h1><p>Fine, at commit 4444404f7245; bundle keybias-4444404.tar.gz.</p>'
         '<a href="notebooks/good.html#here">ok</a> <a href="notebooks/good.html#gone">x</a>'
         ' <a href="figures/missing.png">y</a> <a href="../paper/main.pdf#page=3">paper</a></body></html>')
-    (site / "notebooks" / "good.html").write_text('<html><body><h1>Good</h1><p id="here">A short page.</p></body></html>')
+    (site / "notebooks" / "good.html").write_text(
+        '<html><body><h1>Good</h1><p id="here">A short page.</p><pre style="overflow-x:auto;white-space:pre">'
+        + "a long line of code " * 40 + '</pre></body></html>')
     (site / "notebooks" / "bad.html").write_text(
         '<html><body><h1>Bad</h1><h1>Bad again</h1><div style="width:900px">wide</div><p>(with uncommitted changes)</p>'
         '<p>Built at commit 4444404f7245, recorded at commit 24b10b8; sha256 '
         + "ab12" * 16 + '.</p>'
         '<table><tr><td style="max-width:40px;overflow:hidden;white-space:nowrap">a very long reason cut</td>'
         '<td>a change of # against the bound #</td></tr></table>'
-        '<div class="jp-OutputArea-output"><pre>DemoConfig(size=2, seeds=[0])</pre></div></body></html>')
+        '<div class="jp-OutputArea-output"><pre>DemoConfig(size=2, seeds=[0])</pre></div>'
+        '<div style="overflow:hidden;width:200px"><p><code style="white-space:nowrap">'
+        + "keybias.studies." * 30 + '</code></p></div></body></html>')
     narrow = browser.layout_problems(site, 390, CHROMIUM)
     bad = " | ".join(narrow["notebooks/bad.html"])
     for expected in ("scrolls sideways", "cell cut off: a very long reason cut", '"#" in place of a number',
                      "config repr: DemoConfig(", 'says "uncommitted"', "2 titles (h1) instead of one",
-                     "names 2 commits: 24b10b8, 4444404f7245", "a sha256 digest in view"):
+                     "names 2 commits: 24b10b8, 4444404f7245", "a sha256 digest in view",
+                     "px): code keybias.studies.keybias", "clipped inside its box (", "): div keybias.studies."):
         assert expected in bad, (expected, bad)
     assert narrow["index.html"] == [] and narrow["notebooks/good.html"] == []
     assert browser.layout_problems(site, 1280, CHROMIUM)["notebooks/good.html"] == []

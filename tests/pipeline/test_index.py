@@ -3,6 +3,7 @@ its figure, links to the figure, the judging cell and the paper page), the claim
 with a filter, the files on their own page, one title; the README's generated numbers come from
 provenance and claims."""
 
+import html
 import json
 import re
 import shutil
@@ -152,17 +153,30 @@ def test_index_renders_in_headless_chromium(tmp_path):
     ).stdout
     assert 'id="claim-a-claim"' in dom and 'id="claim-b-claim"' in dom
     assert '<div class="filter" id="claim-tools">' in dom, "the filter script did not run"
-    # a reader types a word: only the claims that hold it stay in view, with their count
+    # a reader types words: only the claims whose statement, finding or kind hold them stay in view,
+    # with their count; the words of a finding's title or sentence find its claims, an id finds none
+    queries = {"escaped": ["a-claim"], "the MAP": ["a-claim"], "cancels exact": ["b-claim"],
+               "b_k configurations": ["a-claim"], "positive control": ["c-claim"], "b-claim": [], "esc": ["a-claim"],
+               "fails": ["b-claim"], "": ["a-claim", "b-claim", "c-claim"]}
+    probe = ("<script>var q=document.getElementById('claim-filter'),out={};" + json.dumps(list(queries))
+             + ".forEach(function(w){q.value=w;q.dispatchEvent(new Event('input'));out[w]=[].slice.call("
+             "document.querySelectorAll('ul.claims li')).filter(function(li){return !li.hidden;}).map("
+             "function(li){return li.id.slice(6);});out[w+'#']=document.getElementById('claim-count').textContent;});"
+             "var p=document.createElement('pre');p.id='probe';p.textContent=JSON.stringify(out);"
+             "document.body.appendChild(p);</script>")
     typed = results / "typed.html"
-    typed.write_text(page.read_text().replace("</body>", "<script>var q=document.getElementById('claim-filter');"
-                                              "q.value='escaped';q.dispatchEvent(new Event('input'));</script></body>"))
+    typed.write_text(page.read_text().replace("</body>", probe + "</body>"))
     dom = subprocess.run(
         [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
          "--virtual-time-budget=5000", "--dump-dom", typed.as_uri()],
         capture_output=True, text=True, timeout=120, check=True,
     ).stdout
-    assert '<span id="claim-count" class="meta" aria-live="polite">1 shown</span>' in dom
-    assert re.search(r'<li id="claim-b-claim"[^>]* hidden=""', dom) and not re.search(r'<li id="claim-a-claim"[^>]* hidden', dom)
+    import html as html_module
+
+    shown = json.loads(html_module.unescape(re.search(r'<pre id="probe">(.*?)</pre>', dom, re.S).group(1)))
+    for words, expected in queries.items():
+        assert sorted(shown[words]) == expected, (words, shown[words])
+    assert shown["escaped#"] == "1 claim shown" and shown["#"] == "3 claims shown"
 
 
 def test_readme_blocks_are_generated_from_provenance_and_claims():
@@ -286,3 +300,46 @@ def test_the_entry_page_names_its_commit_once_and_a_card_stays_short(tmp_path):
         overhead = words - len(finding["statement"].split()) - len(finding["title"].split())
         assert overhead <= 12, (finding["id"], words)
     assert "(1 checks" not in text and "checks; all hold" not in text
+
+
+def test_claims_no_finding_names_join_their_notebooks_one_unnamed_finding():
+    """07's case claims are named by no finding: they belong to the conditions finding (the one
+    finding of 07 that names none), not to "other checks"; 01's to its only finding, though that
+    names one claim; with two candidates they stay apart."""
+    findings = [{"id": "quirk", "notebook": "07", "decided_by": ["q"], "rests_on": []},
+                {"id": "conditions", "notebook": "07", "decided_by": [], "rests_on": []},
+                {"id": "exact", "notebook": "01", "decided_by": [], "rests_on": ["split"]},
+                {"id": "x", "notebook": "08", "decided_by": [], "rests_on": []},
+                {"id": "y", "notebook": "08", "decided_by": [], "rests_on": []}]
+    claims = [{"id": "q", "notebook": "07"}, {"id": "case-1", "notebook": "07"}, {"id": "case-2", "notebook": "07"},
+              {"id": "split", "notebook": "01"}, {"id": "grid", "notebook": "01"}, {"id": "lone", "notebook": "08"},
+              {"id": "gpu", "notebook": "09"}]
+    grouped, rest = index.claims_by_finding(findings, claims)
+    assert [c["id"] for c in grouped["quirk"]] == ["q"]
+    assert [c["id"] for c in grouped["conditions"]] == ["case-1", "case-2"]
+    assert [c["id"] for c in grouped["exact"]] == ["split", "grid"]
+    assert [c["id"] for c in rest] == ["lone", "gpu"]
+
+
+def test_a_finding_without_a_registry_figure_shows_its_notebooks_one_other_figure():
+    findings = [{"id": "exact", "notebook": "01", "figure": None}, {"id": "map", "notebook": "02", "figure": "m"}]
+    steps = [{"notebook": "01", "outputs": ["figures/grid.png", "figures/grid.pdf", "data/g.csv"]},
+             {"notebook": "02", "outputs": ["figures/m.png", "figures/other.png"]}]
+    assert index.card_figure(findings[0], findings, steps) == "grid"
+    assert index.card_figure(findings[1], findings, steps) == "m"
+    steps[0]["outputs"].append("figures/second.png")
+    assert index.card_figure(findings[0], findings, steps) is None  # two candidates: none chosen
+
+
+def test_claim_kinds_read_the_same_on_the_entry_page_and_the_notebook_pages(tmp_path):
+    from keybias.pipeline import render_page
+
+    results, steps, claims, provenance = fake_results(tmp_path)
+    text = index.render_index(results, steps, claims, provenance, root=tmp_path)
+    box = render_page.claims_box(claims)
+    for kind in ("test", "consistency", "control"):
+        word = render_page.kind_name(kind)
+        assert f">{word}</span>" in box and f">{word}</span>" in text, word
+        assert f"<dt>{word}</dt><dd>{html.escape(render_page.KIND_MEANING[kind])}</dd>" in text
+    assert "cross-check" not in text and ">consistency</span>" not in box
+    assert render_page.kind_counts(claims) == "1 test, 1 positive control and 1 consistency check"

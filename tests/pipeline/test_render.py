@@ -462,6 +462,17 @@ def test_table_formatter_numbers_headers_missing_and_no_index():
     assert long.count("<tr>") == 26 and "The first 25 of 60 rows" in long and "../data/long.csv" in long
 
 
+def test_table_cells_with_tex_stay_whole_for_mathjax_and_identifiers_still_wrap():
+    import pandas as pd
+
+    from keybias.studies import tables
+
+    page = tables.show_table(pd.DataFrame({"case": ["$b_q$ tied to $b_k$", "add_bias_kv"]}))._repr_html_()
+    cells = BeautifulSoup(page, "html.parser").find_all("td")
+    assert cells[0].find("wbr") is None and cells[0].get_text() == "$b_q$ tied to $b_k$"
+    assert cells[1].find("wbr") is not None
+
+
 def test_pandas_tables_on_a_page_go_through_the_same_formatter():
     import pandas as pd
 
@@ -594,5 +605,5 @@ def test_what_we_found_counts_its_claims_in_sentences():
     assert "judges 2 tests, each at the cell that computes it" in " ".join(text.split())
     assert "0 other" not in text and "both hold" in text
     mixed = findings_html([test, {"id": "p", "kind": "proof", "holds": True}, {"id": "q", "kind": "proof", "holds": True}])
-    assert "1 test and 2 other checks" in mixed and "every one holds" in mixed
+    assert "1 test and 2 proof checks" in mixed and "every one holds" in mixed
     assert "macros" not in findings_html([])

@@ -406,6 +406,28 @@ function measure(doc) {
   var r = {page: pages[i], problems: []}, root = doc.documentElement;
   if (root.scrollWidth > frame.clientWidth + 1)
     r.problems.push('scrolls sideways: ' + root.scrollWidth + ' px wide in a ' + frame.clientWidth + '-px frame');
+  // nothing wider than the viewport, nor clipped inside its box, except inside a block made to
+  // scroll sideways (a code block, display math, a table's box), which must itself fit
+  var vw = root.clientWidth, SCROLLS = 'pre, mjx-container[display="true"], mjx-container.kb-wide-math, .jp-RenderedLatex, ' +
+    '.kb-table, .kb-equation, .jp-InputArea-editor';
+  var scrolls = function (el) { var s = getComputedStyle(el); return el.matches(SCROLLS) && /auto|scroll/.test(s.overflowX); };
+  var seenWide = 0;
+  doc.querySelectorAll('body *').forEach(function (el) {
+    if (seenWide >= 5 || !el.getClientRects().length || (el.checkVisibility && !el.checkVisibility()) ||
+        el.closest('script, style, svg') ||
+        (el.parentElement && el.parentElement.closest('mjx-container'))) return;
+    for (var a = el.parentElement; a && a !== doc.body; a = a.parentElement) if (scrolls(a)) return;
+    var box = el.getBoundingClientRect(), s = getComputedStyle(el), what = el.tagName.toLowerCase() +
+      (el.className && typeof el.className === 'string' ? '.' + el.className.split(/\s+/)[0] : '');
+    var t = (el.textContent || '').replace(/\s+/g, ' ').trim().slice(0, 50);
+    if (box.width > 0 && (box.right > vw + 1 || box.left < -1)) {
+      seenWide++; r.problems.push('wider than the ' + vw + '-px viewport (' + Math.round(box.left) + ' to ' +
+        Math.round(box.right) + ' px): ' + what + ' ' + t);
+    } else if (!scrolls(el) && s.overflowX !== 'visible' && el.scrollWidth > el.clientWidth + 1 &&
+               !el.matches('td, th') && el.clientWidth > 0) {
+      seenWide++; r.problems.push('clipped inside its box (' + el.scrollWidth + ' px in ' + el.clientWidth + '): ' + what + ' ' + t);
+    }
+  });
   doc.querySelectorAll('td, th').forEach(function (c) {
     var s = getComputedStyle(c), t = c.textContent.trim();
     if (c.scrollWidth > c.clientWidth + 1 && s.overflowX !== 'visible')

@@ -23,15 +23,19 @@ import yaml
 
 from keybias.core.recorder import atomic_write_text
 from keybias.pipeline.findings_out import findings_records, read_macros
-from keybias.pipeline.render_page import notebook_title, paper_pages, subscript_html
+from keybias.pipeline.render_page import (
+    KIND_MEANING,
+    KIND_ORDER,
+    KIND_WORDS,
+    kind_name,
+    notebook_title,
+    paper_pages,
+    subscript_html,
+)
 from keybias.studies.tables import format_number
 
 ROOT = Path(__file__).resolve().parents[3]
 
-KIND_WORDS = {"test": ("test", "tests"), "claim": ("claim", "claims"), "consistency": ("cross-check", "cross-checks"),
-              "implied": ("implied claim", "implied claims"), "proof": ("proof check", "proof checks"),
-              "control": ("positive control", "positive controls")}
-KIND_ORDER = ("test", "proof", "control", "consistency", "implied")
 
 # Colours meet WCAG AA on white (text >= 4.5:1): #1f2328 15.8, #4a5058 7.6, link #0b57a4 7.1,
 # visited #6a2c91 8.6, fails #a4161a 7.5, holds #1d5a37 7.8.
@@ -79,6 +83,8 @@ ul.claims code{font-size:.8rem;overflow-wrap:anywhere}
 code{font-size:.88rem}pre{background:var(--soft);padding:.6rem;font-size:.82rem;white-space:pre-wrap;overflow-wrap:anywhere;max-width:48rem}
 li:target,article:target{outline:2px solid #e9a23b;outline-offset:3px}
 ul.files li{max-width:min(48rem,64ch);margin:.3rem 0}
+dl.kinds{display:grid;grid-template-columns:minmax(0,max-content) minmax(0,1fr);gap:.15rem 1rem;font-size:.9rem;
+max-width:48rem;margin:.4rem 0}dl.kinds dt{font-weight:600}dl.kinds dd{margin:0;color:var(--muted)}
 """
 FAVICON = ("data:image/svg+xml,%3Csvg xmlns='http://www.w3.org/2000/svg' viewBox='0 0 16 16'%3E"
            "%3Crect width='16' height='16' rx='3' fill='%23264653'/%3E%3Ctext x='8' y='12.5' font-size='11' "
@@ -236,8 +242,9 @@ def load_findings(results: Path) -> list[dict]:
 
 
 def claims_by_finding(findings: list[dict], claims: list[dict]) -> tuple[dict[str, list[dict]], list[dict]]:
-    """Each finding's claims (the tests that decide it, then the checks it rests on), and the
-    claims no finding names."""
+    """Each finding's claims (the tests that decide it, then the checks it rests on, then the checks
+    of its notebook that no finding names, where the notebook has one finding for them), and the
+    claims that belong to no finding."""
     owner: dict[str, str] = {}
     for f in findings:
         for cid in f.get("decided_by", []):
@@ -248,6 +255,22 @@ def claims_by_finding(findings: list[dict], claims: list[dict]) -> tuple[dict[st
     for c in claims:
         if c.get("finding"):
             owner[c["id"]] = c["finding"]
+    # A claim no finding names belongs to its notebook's finding when there is one to choose: the
+    # notebook's only finding (01's proof checks to "the key bias cancels exactly"), else its one
+    # finding that names no claims (07's cases to the conditions, not to the quirk); otherwise it
+    # stays among the other checks of its notebook.
+    named = set(owner.values())
+    per_notebook: dict[str, list[str]] = {}
+    for f in findings:
+        per_notebook.setdefault(f.get("notebook", ""), []).append(f["id"])
+    for c in claims:
+        if c["id"] in owner:
+            continue
+        mine = per_notebook.get(c.get("notebook", ""), [])
+        unnamed = [fid for fid in mine if fid not in named]
+        chosen = mine if len(mine) == 1 else unnamed
+        if len(chosen) == 1:
+            owner[c["id"]] = chosen[0]
     grouped: dict[str, list[dict]] = {f["id"]: [] for f in findings}
     rest = []
     for c in claims:
@@ -268,6 +291,17 @@ def statement_html(text: str) -> str:
     text = re.sub(r"\^\{?(-?\d+)\}?", lambda m: m.group(1).translate(_SUPER), text)
     text = re.sub(r"\^\{?([\w\u0370-\u03ff])\}?", r"<sup>\1</sup>", text)
     return subscript_html(text)
+
+
+def card_figure(finding: dict, findings: list[dict], steps: list[dict]) -> str | None:
+    """The figure a finding's card shows: the registry's, or else the one figure of its notebook
+    that no other finding shows (01 draws its grid of derivatives for the exact cancellation)."""
+    if finding.get("figure"):
+        return finding["figure"]
+    shown = {f.get("figure") for f in findings}
+    mine = sorted({Path(p).stem for s in steps if s.get("notebook") == finding.get("notebook")
+                   for p in s.get("outputs", []) if p.startswith("figures/") and p.endswith(".png")} - shown)
+    return mine[0] if len(mine) == 1 else None
 
 
 def _judging_claim(finding: dict, claims_here: list[dict]) -> dict | None:
@@ -298,27 +332,40 @@ def _claim_numbers(c: dict, sign: str) -> str:
         return f"{_esc(_number(value))} {sign} {_esc(_number(bound))}"
 
 
-def _claim_item(c: dict, name_of_finding: str) -> str:
+def search_words(*texts: str) -> str:
+    """What the claim filter matches: the words of `texts`, lower case, `b_k` as `bk`, TeX and
+    punctuation as spaces (the filter normalises what a reader types the same way)."""
+    text = " ".join(t for t in texts if t).lower()
+    text = re.sub(r"\\[a-z]+", " ", text).replace("_", "").replace("ₖ", "k")
+    return " ".join(re.findall(r"[a-z0-9À-ɏͰ-Ͽ]+", text))
+
+
+def _claim_item(c: dict, finding: dict | None, group_title: str) -> str:
     holds = bool(c.get("holds"))
     sign = SIGNS.get(c.get("comparison", "<="), _esc(c.get("comparison", "")))
-    words = " ".join([c.get("statement", ""), c["id"], c.get("kind") or "", c.get("notebook", ""), name_of_finding])
+    words = search_words(c.get("statement", ""), group_title, (finding or {}).get("statement", ""),
+                         kind_name(c.get("kind")), "holds" if holds else "fails")
     return (f'<li id="claim-{_esc(c["id"])}" data-kind="{_esc(c.get("kind") or "")}" '
-            f'data-holds="{"yes" if holds else "no"}" data-text="{_esc(words.lower())}">'
+            f'data-holds="{"yes" if holds else "no"}" data-text="{_esc(words)}">'
             f'<span>{statement_html(c.get("statement", ""))} <a href="notebooks/{_esc(c.get("notebook", ""))}.html#claim-'
             f'{_esc(c["id"])}">where it is judged</a></span>'
             f'<span class="check">{_claim_numbers(c, sign)}'
             + (' <span class="holds">holds</span>' if holds else ' <span class="fails">FAILS</span>') + "</span>"
-            f'<span class="kind">{_esc(c.get("kind") or "")}</span></li>')
+            f'<span class="kind" title="{_esc(KIND_MEANING.get(c.get("kind") or "", ""))}">'
+            f'{_esc(kind_name(c.get("kind")))}</span></li>')
 
 
 _FILTER_SCRIPT = """
 (function(){var q=document.getElementById('claim-filter'),k=document.getElementById('claim-kind'),
 f=document.getElementById('claim-failing'),n=document.getElementById('claim-count');
-function run(){var words=q.value.toLowerCase().trim(),kind=k.value,only=f.checked,shown=0;
+function norm(t){return t.toLowerCase().replace(/\\\\[a-z]+/g,' ').replace(/_/g,'').replace(/\u2096/g,'k')
+.match(/[a-z0-9\u00c0-\u024f\u0370-\u03ff]+/g)||[];}
+function run(){var words=norm(q.value),kind=k.value,only=f.checked,shown=0,typed=words.length>0;
 document.querySelectorAll('details.group').forEach(function(g){var any=0;
-g.querySelectorAll('ul.claims li').forEach(function(li){var ok=(!kind||li.dataset.kind===kind)&&
-(!only||li.dataset.holds==='no')&&(!words||li.dataset.text.indexOf(words)>=0);li.hidden=!ok;if(ok){any++;shown++;}});
-g.hidden=!any;if(words||only||kind){g.open=any>0;}});n.textContent=shown+' shown';}
+g.querySelectorAll('ul.claims li').forEach(function(li){var text=' '+li.dataset.text;
+var ok=(!kind||li.dataset.kind===kind)&&(!only||li.dataset.holds==='no')&&
+words.every(function(w){return text.indexOf(' '+w)>=0;});li.hidden=!ok;if(ok){any++;shown++;}});
+g.hidden=!any;if(typed||only||kind){g.open=any>0;}});n.textContent=shown+(shown===1?' claim':' claims')+' shown';}
 [q,k,f].forEach(function(el){el.addEventListener('input',run);el.addEventListener('change',run);});
 document.getElementById('claim-tools').hidden=false;})();
 """
@@ -495,7 +542,7 @@ def render_index(results: Path, steps: list[dict], claims: list[dict], provenanc
         name = f.get("notebook", "")
         mine = grouped.get(f["id"], [])
         judge = _judging_claim(f, mine)
-        stem = f.get("figure")
+        stem = card_figure(f, findings, steps)
         has_figure = bool(stem) and (results / "figures" / f"{stem}.png").is_file()
         links = []
         if has_figure:
@@ -544,15 +591,18 @@ def render_index(results: Path, steps: list[dict], claims: list[dict], provenanc
     kinds = sorted({c.get("kind") or "" for c in claims}, key=lambda k: KIND_ORDER.index(k) if k in KIND_ORDER else 9)
     lead = (f"All {len(claims)} claims hold" if not failing else f"{len(failing)} of {len(claims)} claims FAIL")
     out.append(
-        f'<section id="claims"><h2>Claims, by finding</h2><p>{lead}. {_count(len(tests), "test")} could have '
-        "refuted a finding; the other claims are proof checks, positive controls and cross-checks of the "
-        "bookkeeping. Each bound was fixed before the data; each claim links to the cell that judges it.</p>"
+        f'<section id="claims"><h2>Claims, by finding</h2><p>{lead}. Only {_count(len(tests), "test")} could '
+        "have come out against a finding on plausible data; the others check what the code or the mathematics "
+        "guarantees. Each bound was fixed before the data; each claim links to the cell that judges it.</p>"
+        '<dl class="kinds">' + "".join(f"<dt>{_esc(kind_name(k))}</dt><dd>{_esc(KIND_MEANING[k])}</dd>"
+                                       for k in kinds if k in KIND_MEANING) + "</dl>"
         '<div class="filter" id="claim-tools" hidden><label>Filter <input type="search" id="claim-filter" '
-        'placeholder="words, an id"></label><label>Kind <select id="claim-kind"><option value="">any</option>'
-        + "".join(f'<option value="{_esc(k)}">{_esc(k)}</option>' for k in kinds)
+        'placeholder="words of a finding or claim"></label><label>Kind <select id="claim-kind"><option value="">any</option>'
+        + "".join(f'<option value="{_esc(k)}">{_esc(kind_name(k))}</option>' for k in kinds)
         + '</select></label><label><input type="checkbox" id="claim-failing"> failing only</label>'
         '<span id="claim-count" class="meta" aria-live="polite"></span></div>')
     titles = {f["id"]: f.get("title", f["id"]) for f in findings}
+    by_id = {f["id"]: f for f in findings}
     groups = [(fid, titles[fid], grouped[fid]) for fid in titles if grouped[fid]]
     by_notebook: dict[str, list[dict]] = {}
     for c in rest:
@@ -562,7 +612,7 @@ def render_index(results: Path, steps: list[dict], claims: list[dict], provenanc
         bad = any(not c.get("holds") for c in cs)
         out.append(f'<details class="group" id="group-{_esc(gid)}"{" open" if bad else ""}><summary>'
                    f'{statement_html(gtitle)} <span class="meta">({group_counts(cs)})</span></summary><ul class="claims">'
-                   + "".join(_claim_item(c, gtitle) for c in cs) + "</ul></details>")
+                   + "".join(_claim_item(c, by_id.get(gid), gtitle) for c in cs) + "</ul></details>")
     out.append(f"<script>{_FILTER_SCRIPT}</script></section>")
 
     # cite and bundle

@@ -45,6 +45,34 @@ HIDDEN_PARAMETERS = ("output_dir", "results_dir", "profile", "device")
 TABLE_ROWS_SHOWN = 25  # a longer table is trimmed to this many rows, with a link to its CSV
 TABLE_ROWS_MAX = 40
 CLAIMS_SHOWN = 8  # a cell judging more claims shows them folded under their count
+
+# The reader's words for the kinds of claim (design notes, "Claims"), the same on every page: the
+# name (one, many) and what it means. Only a test could have failed on plausible data.
+KIND_ORDER = ("test", "proof", "control", "consistency", "implied")
+KIND_WORDS = {"test": ("test", "tests"), "proof": ("proof check", "proof checks"),
+              "control": ("positive control", "positive controls"),
+              "consistency": ("consistency check", "consistency checks"),
+              "implied": ("implied claim", "implied claims"), "claim": ("claim", "claims")}
+KIND_MEANING = {
+    "test": "a measurement that plausible data could have contradicted",
+    "proof": "an exact identity, checked symbolically or on the project's own code, not measured",
+    "control": "a positive control: shows that the test it protects can see an effect",
+    "consistency": "a check of the code's own guarantees or bookkeeping, which no plausible data could fail",
+    "implied": "follows from another claim, which it names",
+}
+
+
+def kind_name(kind: str | None, n: int = 1) -> str:
+    one, many = KIND_WORDS.get(kind or "claim", (str(kind), str(kind)))
+    return one if n == 1 else many
+
+
+def kind_counts(claims: list[dict]) -> str:
+    """"3 tests, 17 proof checks and 8 consistency checks": a group of claims by kind, tests first."""
+    kinds = sorted({c.get("kind") or "claim" for c in claims},
+                   key=lambda k: KIND_ORDER.index(k) if k in KIND_ORDER else 9)
+    parts = [f"{n} {kind_name(k, n)}" for k in kinds for n in [sum((c.get("kind") or "claim") == k for c in claims)]]
+    return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
 COMPARISON_SIGNS = {"<=": "\u2264", ">=": "\u2265", "==": "=", "<": "<", ">": ">", "!=": "\u2260"}
 _INT = re.compile(r"^[-+]?\d+$")
 # symbols with subscripts in plain prose (b_k, q_i, g_b_q): the nested form first
@@ -258,7 +286,8 @@ def claims_box(claims: list[dict], findings: dict[str, dict] | None = None) -> s
             f'<li id="claim-{e(c["id"])}" class="kb-claim kb-{"holds" if c.get("holds") else "fails"}">'
             f'<span class="kb-claim-statement">{e(c.get("statement", ""))}</span> '
             f'<span class="kb-claim-check">{claim_line(c)}: {verdict}</span> '
-            f'<span class="kb-claim-kind">{e(c.get("kind") or "")}</span> '
+            f'<span class="kb-claim-kind" title="{e(KIND_MEANING.get(c.get("kind") or "", ""))}">'
+            f'{e(kind_name(c.get("kind")))}</span> '
             f'<a class="kb-claim-id" href="#claim-{e(c["id"])}" aria-label="Link to this claim">\u00b6</a>{decides}</li>')
     noun = "claim" if len(claims) == 1 else "claims"
     bad = sum(not c.get("holds") for c in claims)
@@ -281,14 +310,10 @@ def findings_html(claims: list[dict], findings: list[dict] | None = None, name: 
     for f in mine:
         parts.append(f'<p><strong>{e(f.get("title", f["id"]))}.</strong> {e(f.get("statement") or "")} '
                      f'<a href="{INDEX_HREF}#finding-{e(f["id"])}">This finding on the entry page</a>.</p>')
-    tests = [c for c in claims if c.get("kind") == "test"]
     failing = [c for c in claims if not c.get("holds")]
     if claims:
         first = claims[0]["id"]
-        others = len(claims) - len(tests)
-        counts = (f"{len(tests)} {'test' if len(tests) == 1 else 'tests'}"
-                  + (f" and {others} {'other check' if others == 1 else 'other checks'}" if others else "")
-                  ) if tests else f"{len(claims)} {'check' if len(claims) == 1 else 'checks'}"
+        counts = kind_counts(claims)
         if failing:
             state = (f'<strong class="kb-fails">{len(failing)} FAIL</strong>: '
                      + ", ".join(f'<a href="#claim-{e(c["id"])}">{e(c["id"])}</a>' for c in failing))

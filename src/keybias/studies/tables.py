@@ -36,6 +36,8 @@ ABBREVIATIONS = {"se": "standard error", "pred": "predicted", "resid": "residual
 # the words a verdict value is shown as (the data keep the identifiers the design names)
 VALUE_WORDS = {"not_redundant": "not redundant"}
 _SUPERSCRIPT = str.maketrans("0123456789-", "\u2070\u00b9\u00b2\u00b3\u2074\u2075\u2076\u2077\u2078\u2079\u207b")
+# TeX in a cell ("$b_q$ tied to $b_k$") is left whole for MathJax: a break inside it would stop typesetting
+_INLINE_MATH = re.compile(r"\$[^$]+\$")
 _NUMBER = re.compile(r"^[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)?(?:\.\d+)?(?:[eE][-+]?\d+)?$")
 _BIAS = re.compile(r"\bb_([kqvo])\b")
 # a symbol with a short subscript in a header (b_k, W_k, d_in) and log10, as a reader writes them
@@ -170,6 +172,8 @@ def whole_clauses(text: str, cut_at: int | None = None) -> str:
 def breakable(escaped: str) -> str:
     """Escaped text with a line-break opportunity after each underscore, so that identifiers
     (`not_redundant`, `add_bias_kv`) wrap on a phone instead of widening the table."""
+    if _INLINE_MATH.search(escaped):  # TeX stays whole for MathJax; only the text around it breaks
+        return "$".join(part if i % 2 else part.replace("_", "_<wbr>") for i, part in enumerate(escaped.split("$")))
     return escaped.replace("_", "_<wbr>")
 
 
@@ -355,7 +359,7 @@ def tidy_table_html(table, soup) -> None:
                 cell.string = "yes" if text == "True" else "no"
             elif text in COMPARISONS or text in VALUE_WORDS:
                 cell.string = VALUE_WORDS.get(text, COMPARISONS.get(text))
-            elif "_" in text and cell.name == "td" and not cell.find(True):
+            elif "_" in text and cell.name == "td" and not cell.find(True) and not _INLINE_MATH.search(text):
                 cell.clear()
                 for i, part in enumerate(text.split("_")):
                     if i:
