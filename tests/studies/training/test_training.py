@@ -264,6 +264,30 @@ def _pairs(kept_only=(1, 1, 1, 0), removed_only=(1, 1, 0, 1), div_kept=1e-6, div
     return frame
 
 
+def test_pair_claims_state_their_smallest_detectable_effects():
+    """The accuracy claim sees a b_k that moves (bound + 1 - the controls' flips) images; the
+    divergence claim a kept / control ratio of the bound times the controls' spread at 95%."""
+    claims = {c.id: c for c in J.pair_results(_pairs())[0]}
+    accuracy = claims["train-accuracy-agrees-kept-removed"]
+    assert accuracy.min_detectable == pytest.approx((7 + 1 - 4) / 1440)  # 4 rounding flips in the controls
+    # that many images moved by b_k on top of the rounding level fails the claim
+    flips = round(accuracy.min_detectable * 1440) + 4
+    moved = J.pair_results(_pairs(kept_only=(flips - 3, 1, 1, 1), removed_only=(0, 0, 0, 0)))[0]
+    assert not _held(moved)["train-accuracy-agrees-kept-removed"]
+    spread = abs(math.log10(2e-6 / 4e-6)) / math.sqrt(2)  # the two one-ulp controls of every run
+    divergence = claims["train-divergence-within-rounding-control"]
+    assert divergence.min_detectable == pytest.approx(J.DIVERGENCE_RATIO_BOUND * 10 ** (J.DETECT_Z * spread / math.sqrt(2)))
+    assert divergence.min_detectable > J.DIVERGENCE_RATIO_BOUND
+    equal = _pairs()
+    equal["final_divergence_control_down"] = 2e-6  # identical controls: no spread, the bound itself
+    assert {c.id: c for c in J.pair_results(equal)[0]}["train-divergence-within-rounding-control"].min_detectable \
+        == pytest.approx(J.DIVERGENCE_RATIO_BOUND)
+    zero = _pairs()
+    zero.loc[0, "final_divergence_control"] = 0.0
+    with pytest.raises(ValueError, match="zero divergence"):
+        J.pair_results(zero)
+
+
 def test_pair_results_pass():
     claims, macros = J.pair_results(_pairs())
     assert all(_held(claims).values())
@@ -493,13 +517,16 @@ def test_verdict_results_and_tables():
     import pandas as pd
 
     rows = [{"setting": s, "optimizer": o, "seed": 0, "layer": layer, "verdict": v, "delta": 1e-7,
-             "tolerance": 1e-6, "logit_delta": 1e-6, "prediction_changes": 0}
+             "tolerance": 1e-6, "control_delta": 1e-4 * (1 + layer), "logit_delta": 1e-6, "prediction_changes": 0}
             for s, o, vs in (("SGD", "sgd", ("invalid", "invalid")), ("Adam_x", "adam", ("redundant", "invalid")))
             for layer, v in enumerate(vs)]
     verdicts = pd.DataFrame(rows)
     claims, macros = J.verdict_results(verdicts)
     assert all(_held(claims).values())
     assert macros["TrainVerdictRedundant"] == 1 and macros["TrainVerdictInvalid"] == 3
+    # the one powered layer sees a change of 1e-6 / 1e-4 of its size-matched control's
+    assert {c.id: c for c in claims}["train-drifted-bk-never-changes-function"].min_detectable == pytest.approx(1e-2)
+    assert macros["TrainVerdictMinDetectable"] == pytest.approx(1e-2)
     table = J.verdict_table(verdicts)
     assert list(table["redundant"]) == [0, 1]
     latex = J.verdict_table_latex(table)
