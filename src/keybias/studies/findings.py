@@ -323,9 +323,7 @@ register(Finding(
                r"\LongFullVelocityOutsideRows{} layers have the wrong sign), and noise that grows with $\|\bk\|$ does not explain it (elasticity "
                r"\LongFullNoiseElasticity{})."),
     section="sec:longrun", figure="longrun_full_drift", notebook="08_longrun", basis="test",
-    # the exponent is reported (LongFullExponentMedianSmall): three seeds cannot bound it with a stated
-    # error rate, so the claims on the drift's direction and its noise decide the finding
-    decided_by=("longrun-drift-along-mean-query",
+    decided_by=("longrun-exponent-small-model", "longrun-drift-along-mean-query",
                 "longrun-noise-not-tracking-bias"),
     rests_on=("longrun-drift-exponent-decided", "longrun-velocity-from-gradient-bias"),
     headlines=(Headline("LongFullExponentMedianSmall", "abs", 0.05,

@@ -34,7 +34,7 @@ QUIRK_IDS = [
     "cond-quirk-add-bias-kv-need-weights-true-documented",
     "cond-quirk-add-zero-attn-need-weights-changes-output",
     "cond-quirk-add-zero-attn-need-weights-true-documented",
-    "cond-quirk-plain-paths-agree",
+    conditions_judge.COND_QUIRK_PLAIN_PATHS_AGREE.id,
 ]
 
 
@@ -217,7 +217,7 @@ def test_config_fields_are_the_parameters_and_misspellings_name_the_nearest():
         conditions.ConditionsConfig.from_mapping({"regularizer": 0.1})
     with pytest.raises(ParameterError, match="seeds"):
         conditions.ConditionsConfig(seeds=[])
-    quirk_ids = {i for _, *ids in conditions_judge.QUIRK_CLAIM_IDS for i in ids} | {"cond-quirk-plain-paths-agree"}
+    quirk_ids = {i for _, *ids in conditions_judge.QUIRK_CLAIM_IDS for i in ids} | {conditions_judge.COND_QUIRK_PLAIN_PATHS_AGREE.id}
     assert quirk_ids == set(QUIRK_IDS)
 
 
@@ -253,7 +253,7 @@ def test_quirk_claims_fail_at_the_edge_of_their_bounds(record_mutation):
     result = judged(conditions_judge.judge_quirk(wrong))
     record_mutation(result["cond-quirk-add-bias-kv-need-weights-true-documented"],
                     result["cond-quirk-add-zero-attn-need-weights-true-documented"],
-                    result["cond-quirk-plain-paths-agree"])
+                    result[conditions_judge.COND_QUIRK_PLAIN_PATHS_AGREE.id])
 
 
 def test_quirk_claims_fail_when_pytorch_behaves_otherwise(tmp_path):
@@ -265,9 +265,9 @@ def test_quirk_claims_fail_when_pytorch_behaves_otherwise(tmp_path):
     result = holds(conditions_judge.judge_quirk(wrong), tmp_path / "wrong")
     assert not result["cond-quirk-add-bias-kv-need-weights-true-documented"]
     assert not result["cond-quirk-add-zero-attn-need-weights-true-documented"]
-    assert not result["cond-quirk-plain-paths-agree"]
+    assert not result[conditions_judge.COND_QUIRK_PLAIN_PATHS_AGREE.id]
     missing = quirk_rows().iloc[1:]
-    assert not holds(conditions_judge.judge_quirk(missing), tmp_path / "missing")["cond-quirk-plain-paths-agree"]
+    assert not holds(conditions_judge.judge_quirk(missing), tmp_path / "missing")[conditions_judge.COND_QUIRK_PLAIN_PATHS_AGREE.id]
 
 
 def test_the_reproducer_script_runs_standalone(tmp_path):

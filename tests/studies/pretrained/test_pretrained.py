@@ -264,7 +264,7 @@ def test_strip_claim_fails_for_a_surgery_that_changes_outputs(monkeypatch, recor
     claims, _ = pretrained_judge.pretrained_claims(changes, norms, info, pretrained.reference_savings())
     by_id = {c.id: c for c in claims}
     record_mutation(by_id["pretrained-strip-key-bias-within-rounding-float64"])
-    assert _holds(by_id["pretrained-zero-key-bias-within-rounding-float64"])
+    assert _holds(by_id[pretrained_judge.PRETRAINED_ZERO_KEY_BIAS_WITHIN_ROUNDING_FLOAT64.id])
 
 
 # ---------------------------------------------------------------------------- the family table
@@ -286,7 +286,7 @@ def test_family_table_and_claims_hold(small_table):
     assert "$b_k$ removed" in pretrained_show.family_table_latex(small_table)
 
 
-@pytest.mark.claim_mutation("pretrained-families-handled-unchanged-float64")
+@pytest.mark.claim_mutation(pretrained_judge.PRETRAINED_FAMILIES_HANDLED_UNCHANGED_FLOAT64.id)
 def test_family_claim_fails_for_a_fold_that_forgets_w_o_b_v(monkeypatch, small_table, record_mutation):
     from keybias.studies.fixtures import families
 
@@ -302,19 +302,19 @@ def test_family_claim_fails_for_a_fold_that_forgets_w_o_b_v(monkeypatch, small_t
     row = pretrained.family_row("BERT", model, args, kwargs, "handled", "mutated")
     table = pd.concat([small_table[small_table["family"] != "BERT"], pd.DataFrame([row])], ignore_index=True)
     claims = {c.id: c for c in pretrained_judge.family_claims(table)[0]}
-    record_mutation(claims["pretrained-families-handled-unchanged-float64"])
+    record_mutation(claims[pretrained_judge.PRETRAINED_FAMILIES_HANDLED_UNCHANGED_FLOAT64.id])
 
 
-@pytest.mark.claim_mutation("pretrained-families-control-detected")
+@pytest.mark.claim_mutation(pretrained_judge.PRETRAINED_FAMILIES_CONTROL_DETECTED.id)
 def test_family_control_claim_fails_without_power(small_table, record_mutation):
     table = small_table.copy()
     bert = table["family"] == "BERT"
     table.loc[bert, "forced_change"] = table.loc[bert, "bound"] * 0.99  # one control 1% under the bound
     claims = {c.id: c for c in pretrained_judge.family_claims(table)[0]}
-    record_mutation(claims["pretrained-families-control-detected"])
+    record_mutation(claims[pretrained_judge.PRETRAINED_FAMILIES_CONTROL_DETECTED.id])
 
 
-@pytest.mark.claim_mutation("pretrained-families-refusals-needed")
+@pytest.mark.claim_mutation(pretrained_judge.PRETRAINED_FAMILIES_REFUSALS_NEEDED.id)
 def test_refusal_claim_fails_when_a_refused_family_was_redundant(monkeypatch, small_table, record_mutation):
     """A tool that wrongly refuses BERT relative_key: zeroing its b_k by hand changes nothing."""
     from keybias.studies.fixtures import families
@@ -328,7 +328,7 @@ def test_refusal_claim_fails_when_a_refused_family_was_redundant(monkeypatch, sm
     row = pretrained.family_row("BERT relative_key", model, args, kwargs, "refused", "mutated")
     table = pd.concat([small_table, pd.DataFrame([row])], ignore_index=True)
     claims = {c.id: c for c in pretrained_judge.family_claims(table)[0]}
-    record_mutation(claims["pretrained-families-refusals-needed"])
+    record_mutation(claims[pretrained_judge.PRETRAINED_FAMILIES_REFUSALS_NEEDED.id])
 
 
 def test_family_claims_fail_on_empty_or_one_sided_tables(small_table):
@@ -361,7 +361,7 @@ def test_profiles_set_every_parameter(profile):
 
 # ---------------------------------------------------------------- the table over all of transformers
 
-ARCH_CLAIM = "pretrained-architectures-handled-exact-refusals-needed"
+ARCH_CLAIM = pretrained_judge.PRETRAINED_ARCHITECTURES_HANDLED_EXACT_REFUSALS_NEEDED.id
 
 
 def _arch_table() -> pd.DataFrame:

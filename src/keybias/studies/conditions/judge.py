@@ -155,7 +155,7 @@ register_claim(ClaimSpec(
     value_class='effect',
     params={'option': ('add-bias-kv', 'add-zero-attn')},
 ))
-register_claim(ClaimSpec(
+COND_QUIRK_PLAIN_PATHS_AGREE = register_claim(ClaimSpec(
     'cond-quirk-plain-paths-agree', '07_conditions', 'test',
     bound=1e-10,
     origin='theory: float64 rounding (unit roundoff 1.1e-16) with three orders of margin',

@@ -457,19 +457,19 @@ def gpu_macros(gpu: pd.DataFrame) -> dict:
 
 # -- the claims this judge emits, declared once (keybias.core.claimspec): the judge builds each
 # claim from its spec, and the manifests, verify's classes and the tests read them from here --
-register_claim(ClaimSpec(
+COST_MEMORY_COUNTS_MATCH_MODULES = register_claim(ClaimSpec(
     'cost-memory-counts-match-modules', '06_cost', 'consistency',
     comparison='==',
     bound=0.0,
     origin="exact bookkeeping: a closed formula equals the module's own count",
 ))
-register_claim(ClaimSpec(
+COST_SAVING_WITHIN_BYTE_PREDICTION = register_claim(ClaimSpec(
     'cost-saving-within-byte-prediction', '06_cost', 'consistency',
     bound=1.0,
     origin='fixed before this run',
     value_class='machine',
 ))
-register_claim(ClaimSpec(
+COST_SAVING_NOT_BELOW_BYTE_PREDICTION = register_claim(ClaimSpec(
     'cost-saving-not-below-byte-prediction', '06_cost', 'consistency',
     bound=1.0,
     origin='fixed before this run',

@@ -733,7 +733,7 @@ for _dtype in ('bfloat16', 'float16'):
                 "(keybias.studies.invariance.measure.expected_verdict); " + HALF_PRECISION_CHECK),
         profiles=('paper',),
     ))
-register_claim(ClaimSpec(
+INVARIANCE_MATCHES_THEORY = register_claim(ClaimSpec(
     'invariance-matches-theory', '02_invariance', 'implied',
     bound=0.0,
     origin="theory: the proof's prediction for each configuration (keybias.studies.invariance.measure.expected_verdict)",
@@ -745,7 +745,7 @@ register_claim(ClaimSpec(
     params={'category': ('hf-bert', 'hf-gpt2', 'hf-qwen2', 'hf-roberta', 'hf-vit', 'hf-whisper', 'mha-add-bias-kv', 'mha-add-bias-kv-zero-attn', 'mha-add-zero-attn', 'mha-dropout', 'mha-fully-masked-row', 'mha-kdim-vdim', 'mha-plain', 'mha-shapes', 'mha-single-key-add-zero-attn', 'mha-sizes', 'sdpa-flash-attention', 'sdpa-math', 'decoder-layer-cross', 'decoder-layer-self', 'encoder-layer', 'realistic-add-bias-kv', 'realistic-add-bias-kv-zero-attn', 'realistic-add-zero-attn', 'realistic-kdim-vdim', 'realistic-plain', 'transformer', 'variant-alibi', 'variant-cosine', 'variant-qk-norm', 'variant-rope', 'variant-sigmoid', 'variant-sink-key', 'variant-sink-logit', 'variant-softmax')},
     profile_params={'smoke': {'category': ('mha-add-zero-attn', 'mha-plain', 'mha-shapes', 'mha-single-key-add-zero-attn', 'sdpa-flash-attention', 'sdpa-math', 'decoder-layer-cross', 'decoder-layer-self', 'encoder-layer', 'realistic-add-zero-attn', 'realistic-plain', 'transformer', 'variant-rope', 'variant-softmax')}},
 ))
-register_claim(ClaimSpec(
+INVARIANCE_MISSED_BREAKS_FLOAT16 = register_claim(ClaimSpec(
     'invariance-missed-breaks-float16', '02_invariance', 'test',
     bound=MAX_MISS_RATE,
     origin='the issue: at most 5% of the float64-known breaks missed, fixed before the data; counted per distinct module, ties as misses (rule fixed before the rerun)',
@@ -753,7 +753,7 @@ register_claim(ClaimSpec(
     profiles=('paper',),
 ))
 # implied by invariance-break-margin-float32 (miss_rate_claim says why)
-register_claim(ClaimSpec(
+INVARIANCE_MISSED_BREAKS_FLOAT32 = register_claim(ClaimSpec(
     'invariance-missed-breaks-float32', '02_invariance', 'implied',
     bound=MAX_MISS_RATE,
     origin='the issue: at most 5% of the float64-known breaks missed, fixed before the data; counted per distinct module, ties as misses (rule fixed before the rerun)',
@@ -772,64 +772,64 @@ register_claim(ClaimSpec(
     finding='invariance-map',
     params={'dtype': ('float32',)},
 ))
-register_claim(ClaimSpec(
+INVARIANCE_ADD_BIAS_KV_JOINT_REDUNDANT = register_claim(ClaimSpec(
     'invariance-add-bias-kv-joint-redundant', '02_invariance', 'test',
     bound=0.0,
     origin='theory: shifting every key slot by the same vector is a row-constant score shift',
     finding='invariance-map',
     profiles=('paper',),
 ))
-register_claim(ClaimSpec(
+INVARIANCE_DROP_MATCHES_THEORY = register_claim(ClaimSpec(
     'invariance-drop-matches-theory', '02_invariance', 'test',
     bound=0.0,
     origin="theory: the proof's prediction for each configuration (keybias.studies.invariance.measure.expected_verdict)",
     finding='invariance-map',
 ))
-register_claim(ClaimSpec(
+INVARIANCE_DROP_NEVER_BREAKS_REDUNDANT = register_claim(ClaimSpec(
     'invariance-drop-never-breaks-redundant', '02_invariance', 'test',
     bound=0.0,
     origin="theory: the proof's prediction for each configuration (keybias.studies.invariance.measure.expected_verdict)",
     finding='invariance-map',
 ))
-register_claim(ClaimSpec(
+INVARIANCE_FLOAT64_NOISE_FLOOR = register_claim(ClaimSpec(
     'invariance-float64-noise-floor', '02_invariance', 'consistency',
     bound=1.0,
     origin='theory: the probabilistic rounding bound (keybias.verdict.output_tolerance); a cross-check of the float64 verdicts, not a further test',
     value_class='noise',
 ))
-register_claim(ClaimSpec(
+INVARIANCE_FLOAT64_NOISE_FLOOR_FINITE = register_claim(ClaimSpec(
     'invariance-float64-noise-floor-finite', '02_invariance', 'consistency',
     bound=0.0,
     origin='the results contract: NaN never passes a claim',
 ))
-register_claim(ClaimSpec(
+INVARIANCE_FLOAT64_TWIN_MATCHES_THEORY = register_claim(ClaimSpec(
     'invariance-float64-twin-matches-theory', '02_invariance', 'consistency',
     bound=0.0,
     origin="theory: the proof's prediction for each configuration (keybias.studies.invariance.measure.expected_verdict); repeats the float64 verdicts, a cross-check",
 ))
-register_claim(ClaimSpec(
+INVARIANCE_GRADIENT_AGREES = register_claim(ClaimSpec(
     'invariance-gradient-agrees', '02_invariance', 'test',
     bound=0.0,
     origin='theory: the gradient rounding bound (keybias.verdict.gradient_tolerance)',
     finding='invariance-map',
 ))
-register_claim(ClaimSpec(
+INVARIANCE_GRADIENT_NEVER_CONTRADICTS = register_claim(ClaimSpec(
     'invariance-gradient-never-contradicts', '02_invariance', 'test',
     bound=0.0,
     origin='theory: the gradient rounding bound (keybias.verdict.gradient_tolerance)',
     finding='invariance-map',
 ))
-register_claim(ClaimSpec(
+INVARIANCE_NO_UNEXPECTED_INVALID = register_claim(ClaimSpec(
     'invariance-no-unexpected-invalid', '02_invariance', 'consistency',
     bound=0.0,
     origin='theory: in float32 and float64 the analytic bound lies far below the O(1) change the b_q/b_v controls cause at magnitude 1 and above',
 ))
-register_claim(ClaimSpec(
+INVARIANCE_POWER = register_claim(ClaimSpec(
     'invariance-power', '02_invariance', 'control',
     bound=1.0,
     origin='the issue: a break of relative size 1 must be seen',
 ))
-register_claim(ClaimSpec(
+INVARIANCE_CONFIG_COUNT = register_claim(ClaimSpec(
     'invariance-config-count', '02_invariance', 'consistency',
     comparison='>=',
     origin="the issue's target (paper profile) or the profile's own configuration list",

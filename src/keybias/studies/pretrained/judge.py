@@ -342,7 +342,7 @@ register_claim(ClaimSpec(
     bound_class='rms_error',
     params={'dtype': ('float32', 'float64')},
 ))
-register_claim(ClaimSpec(
+PRETRAINED_RANDOM_KEY_BIAS_WITHIN_ROUNDING_FLOAT64 = register_claim(ClaimSpec(
     'pretrained-random-key-bias-within-rounding-float64', '05_pretrained', 'test',
     origin='verdict rule, analytic float64 bound (theory)',
     finding='pretrained-strip-exact',
@@ -357,7 +357,7 @@ register_claim(ClaimSpec(
     bound_class='rms_error',
     params={'variant': ('strip-key-bias', 'fold-value-bias', 'strip-and-fold')},
 ))
-register_claim(ClaimSpec(
+PRETRAINED_STRIP_SAVES_LAYERS_TIMES_HIDDEN = register_claim(ClaimSpec(
     'pretrained-strip-saves-layers-times-hidden', '05_pretrained', 'consistency',
     comparison='==',
     origin='the config: layers times hidden size',
@@ -368,7 +368,7 @@ register_claim(ClaimSpec(
     origin='the config: layers times hidden size',
     params={'model': ('bert-base', 'bert-large', 'vit-base', 'gpt2')},
 ))
-register_claim(ClaimSpec(
+PRETRAINED_FAMILIES_DECISIONS_AS_EXPECTED = register_claim(ClaimSpec(
     'pretrained-families-decisions-as-expected', '05_pretrained', 'consistency',
     comparison='==',
     bound=0.0,
@@ -376,20 +376,20 @@ register_claim(ClaimSpec(
 ))
 # the tool certifies each handled family before it changes it, so the outcome is the code's
 # (params/claims/rules.md, issue 30)
-register_claim(ClaimSpec(
+PRETRAINED_FAMILIES_HANDLED_UNCHANGED_FLOAT64 = register_claim(ClaimSpec(
     'pretrained-families-handled-unchanged-float64', '05_pretrained', 'consistency',
     bound=1.0,
     origin='float32 unit roundoff times the output size (2^-24 max|y|), fixed before the data',
     value_class='noise',
 ))
-register_claim(ClaimSpec(
+PRETRAINED_FAMILIES_CONTROL_DETECTED = register_claim(ClaimSpec(
     'pretrained-families-control-detected', '05_pretrained', 'control',
     comparison='>',
     bound=1.0,
     origin='float32 unit roundoff times the output size (2^-24 max|y|), fixed before the data',
     value_class='f32',
 ))
-register_claim(ClaimSpec(
+PRETRAINED_FAMILIES_REFUSALS_NEEDED = register_claim(ClaimSpec(
     'pretrained-families-refusals-needed', '05_pretrained', 'test',
     comparison='>',
     bound=1.0,
@@ -397,7 +397,7 @@ register_claim(ClaimSpec(
     finding='pretrained-strip-exact',
     value_class='f32',
 ))
-register_claim(ClaimSpec(
+PRETRAINED_ARCHITECTURES_HANDLED_EXACT_REFUSALS_NEEDED = register_claim(ClaimSpec(
     'pretrained-architectures-handled-exact-refusals-needed', '05_pretrained', 'consistency',
     comparison='==',
     bound=0.0,
@@ -411,7 +411,7 @@ register_claim(ClaimSpec(
     bound_class='rms_error',
     params={'variant': ('strip-key-bias', 'zero-key-bias', 'random-key-bias', 'fold-value-bias', 'strip-and-fold')},
 ))
-register_claim(ClaimSpec(
+PRETRAINED_ZERO_KEY_BIAS_WITHIN_ROUNDING_FLOAT64 = register_claim(ClaimSpec(
     'pretrained-zero-key-bias-within-rounding-float64', '05_pretrained', 'implied',
     origin='the same weights as the strip: follows from the strip claim',
     value_class='noise',

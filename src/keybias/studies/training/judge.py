@@ -479,53 +479,53 @@ def verdict_results(verdicts: pd.DataFrame) -> tuple[list[Claim], dict[str, obje
 
 # -- the claims this judge emits, declared once (keybias.core.claimspec): the judge builds each
 # claim from its spec, and the manifests, verify's classes and the tests read them from here --
-register_claim(ClaimSpec(
+TRAIN_ACCURACY_AGREES_KEPT_REMOVED = register_claim(ClaimSpec(
     'train-accuracy-agrees-kept-removed', '04_training', 'test',
     origin='one image in 200, the rate of boundary flips between runs that differ by rounding; fixed before the runs',
     finding='training-unchanged',
     value_class='images',
 ))
-register_claim(ClaimSpec(
+TRAIN_DIVERGENCE_WITHIN_ROUNDING_CONTROL = register_claim(ClaimSpec(
     'train-divergence-within-rounding-control', '04_training', 'test',
     bound=DIVERGENCE_RATIO_BOUND,
     origin='one decade around rounding-sized controls of the same run, fixed before the runs',
     finding='training-unchanged',
     value_class='noise',
 ))
-register_claim(ClaimSpec(
+TRAIN_BK_GRADIENT_WITHIN_ROUNDING = register_claim(ClaimSpec(
     'train-bk-gradient-within-rounding', '04_training', 'test',
     bound=1.0,
     origin="verdict.gradient_tolerance from each step's measured query, value and upstream maxima",
     finding='training-unchanged',
     value_class='noise',
 ))
-register_claim(ClaimSpec(
+TRAIN_SGD_BK_STAYS_PUT = register_claim(ClaimSpec(
     'train-sgd-bk-stays-put', '04_training', 'test',
     bound=SGD_WALK_BOUND,
     origin="tail of an n-entry random walk of the verdict rule's per-step tolerances (theory)",
     finding='adam-drift-regimes',
     value_class='noise',
 ))
-register_claim(ClaimSpec(
+TRAIN_ADAM_DRIFT_MATCHES_NOISE_PREDICTION = register_claim(ClaimSpec(
     'train-adam-drift-matches-noise-prediction', '04_training', 'test',
     bound=1.0,
     origin='a factor of two, fixed before the runs (a consistent gradient drifts sqrt(T) farther)',
     finding='adam-drift-regimes',
     value_class='chaotic',
 ))
-register_claim(ClaimSpec(
+TRAIN_ADAMW_BIAS_DECAY_SHRINKS_BK = register_claim(ClaimSpec(
     'train-adamw-bias-decay-shrinks-bk', '04_training', 'consistency',
     bound=DECAY_DEV_BOUND,
     origin="the noise law's factor-of-two tolerance, fixed before the runs; AdamW's own decay rule",
     value_class='chaotic',
 ))
-register_claim(ClaimSpec(
+TRAIN_DRIFTED_BK_NEVER_CHANGES_FUNCTION = register_claim(ClaimSpec(
     'train-drifted-bk-never-changes-function', '04_training', 'test',
     bound=0.0,
     origin='verdict.output_tolerance from the measured score and value maxima',
     finding='training-unchanged',
 ))
-register_claim(ClaimSpec(
+TRAIN_DRIFT_VERDICT_HAS_POWER = register_claim(ClaimSpec(
     'train-drift-verdict-has-power', '04_training', 'consistency',
     comparison='>=',
     bound=1.0,
