@@ -11,6 +11,7 @@ import yaml
 
 from keybias import verdict as VD
 from keybias.core import recorder as export
+from keybias.core.claimspec import list_claims
 from keybias.studies import style
 from keybias.studies.invariance import cases as C
 from keybias.studies.invariance import controls as K
@@ -313,8 +314,7 @@ def _valid(dt, verdict="redundant"):
     return lambda d: (d.status == "measured") & (d.dtype == dt) & (d.verdict == verdict) & (d.expected == verdict)
 
 
-@pytest.mark.claim_mutation("invariance-independent-float64", "invariance-independent-float32",
-                            "invariance-independent-bfloat16", "invariance-independent-float16")
+@pytest.mark.claim_mutation(*list_claims("invariance-independent-*", notebook="02_invariance"))
 @pytest.mark.parametrize("dt", ["float64", "float32", "bfloat16", "float16"])
 def test_mutation_a_wrong_verdict_fails_its_dtype(small, dt, record_mutation):
     _, df, mags = small
@@ -325,14 +325,14 @@ def test_mutation_a_wrong_verdict_fails_its_dtype(small, dt, record_mutation):
     assert all(claims[f"invariance-independent-{d}"]["holds"] for d in others)
 
 
-@pytest.mark.claim_mutation("invariance-independent-float32")
+@pytest.mark.claim_mutation(J.INVARIANCE_INDEPENDENT.id_for(dtype="float32"))
 def test_mutation_a_per_key_score_term_fails_the_claim(record_mutation):
     """A model that breaks (A1) (the unprojected zero key of add_zero_attn), presented to the judge
     as one the proof calls redundant: the measured verdict contradicts it and the claim fails."""
     row, mags = _measure(dtype="float32", mode="eval", add_zero_attn=True, option="add_zero_attn")
     df = pd.DataFrame([{**row, "expected": "redundant"}])
     claims, _ = _claims(df, mags)
-    record_mutation(claims["invariance-independent-float32"])
+    record_mutation(claims[J.INVARIANCE_INDEPENDENT.id_for(dtype="float32")])
 
 
 @pytest.mark.claim_mutation("invariance-independent-bfloat16")
@@ -620,7 +620,7 @@ def test_tie_is_within_rounding():
     assert VD.classify(math.nextafter(0.015625, 1.0), 0.015625, control_delta=1.0, output_abs=1.0) == VD.NOT_REDUNDANT
 
 
-@pytest.mark.claim_mutation("invariance-separation-float64", "invariance-break-margin-float32")
+@pytest.mark.claim_mutation(J.INVARIANCE_SEPARATION.id_for(dtype="float64"), J.INVARIANCE_BREAK_MARGIN.id_for(dtype="float32"))
 @pytest.mark.parametrize("dt", ["float64", "float32"])
 def test_mutation_break_just_under_twice_the_tolerance_fails(small, dt, record_mutation):
     _, df, mags = small
@@ -635,17 +635,17 @@ def test_mutation_break_just_under_twice_the_tolerance_fails(small, dt, record_m
     assert _mag_claims(df, ok)[cid]["holds"]
 
 
-@pytest.mark.claim_mutation("invariance-separation-float64")
+@pytest.mark.claim_mutation(J.INVARIANCE_SEPARATION.id_for(dtype="float64"))
 def test_mutation_redundant_change_just_over_half_the_tolerance_fails(small, record_mutation):
     _, df, mags = small
     cell = mags.merge(df[["config_id", "dtype"]], on="config_id")
     idx = cell.index[(cell.dtype == "float64") & (cell.verdict == "redundant")]
     bad = mags.copy()
     bad.loc[idx[0], "bk_abs"] = 1.01 / J.SEPARATION * bad.loc[idx[0], "tolerance_abs"]
-    record_mutation(_mag_claims(df, bad)["invariance-separation-float64"])
+    record_mutation(_mag_claims(df, bad)[J.INVARIANCE_SEPARATION.id_for(dtype="float64")])
     ok = mags.copy()
     ok.loc[idx[0], "bk_abs"] = 0.99 / J.SEPARATION * ok.loc[idx[0], "tolerance_abs"]
-    assert _mag_claims(df, ok)["invariance-separation-float64"]["holds"]
+    assert _mag_claims(df, ok)[J.INVARIANCE_SEPARATION.id_for(dtype="float64")]["holds"]
 
 
 def test_separation_is_claimed_on_both_sides_only_where_the_tolerance_is_analytic(small):
@@ -653,9 +653,9 @@ def test_separation_is_claimed_on_both_sides_only_where_the_tolerance_is_analyti
     name, and no dtype claims separation on one side."""
     _, df, mags = small
     claims = _mag_claims(df, mags)
-    assert {c for c in claims if c.startswith("invariance-separation-")} == {"invariance-separation-float64"}
-    assert "invariance-break-margin-float32" in claims
-    assert "redundant change at most" in claims["invariance-separation-float64"]["statement"]
+    assert {c for c in claims if c.startswith("invariance-separation-")} == {J.INVARIANCE_SEPARATION.id_for(dtype="float64")}
+    assert J.INVARIANCE_BREAK_MARGIN.id_for(dtype="float32") in claims
+    assert "redundant change at most" in claims[J.INVARIANCE_SEPARATION.id_for(dtype="float64")]["statement"]
 
 
 def test_tolerance_above_the_output_share_is_invalid():

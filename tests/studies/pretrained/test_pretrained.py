@@ -228,7 +228,7 @@ def test_change_claims_fail_when_the_change_exceeds_rounding(variant, dtype, rec
         _claims(changes)
 
 
-@pytest.mark.claim_mutation("pretrained-control-detected-float32", "pretrained-control-detected-float64")
+@pytest.mark.claim_mutation(pretrained_judge.PRETRAINED_CONTROL_DETECTED.id_for(dtype="float32"), pretrained_judge.PRETRAINED_CONTROL_DETECTED.id_for(dtype="float64"))
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_control_claim_fails_without_power(dtype, record_mutation):
     changes = _fake_changes()
@@ -245,7 +245,7 @@ def test_the_bk_ratio_is_reported_not_claimed():
     assert macros["PretBkOverBqMax"] == pytest.approx(1.01)
 
 
-@pytest.mark.claim_mutation("pretrained-strip-key-bias-within-rounding-float64")
+@pytest.mark.claim_mutation(pretrained_judge.PRETRAINED_TOOL_EDITS_WITHIN_ROUNDING_FLOAT64.id_for(variant="strip-key-bias"))
 def test_strip_claim_fails_for_a_surgery_that_changes_outputs(monkeypatch, record_mutation):
     """A real model and a broken surgery: 'strip' that also zeroes the query biases."""
     real = pretrained.surgery.strip_key_bias
@@ -263,7 +263,7 @@ def test_strip_claim_fails_for_a_surgery_that_changes_outputs(monkeypatch, recor
         dtypes=["float64"], num_threads=1))
     claims, _ = pretrained_judge.pretrained_claims(changes, norms, info, pretrained.reference_savings())
     by_id = {c.id: c for c in claims}
-    record_mutation(by_id["pretrained-strip-key-bias-within-rounding-float64"])
+    record_mutation(by_id[pretrained_judge.PRETRAINED_TOOL_EDITS_WITHIN_ROUNDING_FLOAT64.id_for(variant="strip-key-bias")])
     assert _holds(by_id[pretrained_judge.PRETRAINED_ZERO_KEY_BIAS_WITHIN_ROUNDING_FLOAT64.id])
 
 

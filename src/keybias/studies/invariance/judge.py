@@ -718,7 +718,7 @@ def masked_rows(df: pd.DataFrame) -> pd.DataFrame:
 
 # -- the claims this judge emits, declared once (keybias.core.claimspec): the judge builds each
 # claim from its spec, and the manifests, verify's classes and the tests read them from here --
-register_claim(ClaimSpec(
+INVARIANCE_INDEPENDENT = register_claim(ClaimSpec(
     'invariance-independent-{dtype}', '02_invariance', 'test',
     bound=0.0,
     origin="theory: the proof's prediction for each configuration (keybias.studies.invariance.measure.expected_verdict)",
@@ -738,7 +738,7 @@ INVARIANCE_MATCHES_THEORY = register_claim(ClaimSpec(
     bound=0.0,
     origin="theory: the proof's prediction for each configuration (keybias.studies.invariance.measure.expected_verdict)",
 ))
-register_claim(ClaimSpec(
+INVARIANCE_CATEGORY = register_claim(ClaimSpec(
     'invariance-{category}', '02_invariance', 'implied',
     bound=0.0,
     origin="theory: the proof's prediction for each configuration (keybias.studies.invariance.measure.expected_verdict)",
@@ -758,14 +758,14 @@ INVARIANCE_MISSED_BREAKS_FLOAT32 = register_claim(ClaimSpec(
     bound=MAX_MISS_RATE,
     origin='the issue: at most 5% of the float64-known breaks missed, fixed before the data; counted per distinct module, ties as misses (rule fixed before the rerun)',
 ))
-register_claim(ClaimSpec(
+INVARIANCE_SEPARATION = register_claim(ClaimSpec(
     'invariance-separation-{dtype}', '02_invariance', 'test',
     bound=1.0,
     origin='the issue: a break at least 2x and a redundant change at most 0.5x the tolerance',
     finding='invariance-map',
     params={'dtype': ('float64',)},
 ))
-register_claim(ClaimSpec(
+INVARIANCE_BREAK_MARGIN = register_claim(ClaimSpec(
     'invariance-break-margin-{dtype}', '02_invariance', 'test',
     bound=1.0,
     origin='the issue: a break at least 2x the tolerance',

@@ -334,7 +334,7 @@ def architecture_claims(table: pd.DataFrame) -> tuple[list[Claim], dict]:
 
 # -- the claims this judge emits, declared once (keybias.core.claimspec): the judge builds each
 # claim from its spec, and the manifests, verify's classes and the tests read them from here --
-register_claim(ClaimSpec(
+PRETRAINED_CONTROL_DETECTED = register_claim(ClaimSpec(
     'pretrained-control-detected-{dtype}', '05_pretrained', 'control',
     comparison='>',
     origin='verdict rule',
@@ -350,7 +350,7 @@ PRETRAINED_RANDOM_KEY_BIAS_WITHIN_ROUNDING_FLOAT64 = register_claim(ClaimSpec(
     bound_class='rms_error',
 ))
 # the tool certifies each of these edits in float64 before it returns (params/claims/rules.md)
-register_claim(ClaimSpec(
+PRETRAINED_TOOL_EDITS_WITHIN_ROUNDING_FLOAT64 = register_claim(ClaimSpec(
     'pretrained-{variant}-within-rounding-float64', '05_pretrained', 'consistency',
     origin='verdict rule, analytic float64 bound (theory); the tool certified the edit in float64',
     value_class='noise',
@@ -362,7 +362,7 @@ PRETRAINED_STRIP_SAVES_LAYERS_TIMES_HIDDEN = register_claim(ClaimSpec(
     comparison='==',
     origin='the config: layers times hidden size',
 ))
-register_claim(ClaimSpec(
+PRETRAINED_SAVED_MATCHES_CONFIG = register_claim(ClaimSpec(
     'pretrained-saved-{model}-matches-config', '05_pretrained', 'consistency',
     comparison='==',
     origin='the config: layers times hidden size',
@@ -403,7 +403,7 @@ PRETRAINED_ARCHITECTURES_HANDLED_EXACT_REFUSALS_NEEDED = register_claim(ClaimSpe
     bound=0.0,
     origin="the tool's own certification, rerun with the tool's inputs and bound: a cross-check, not a test",
 ))
-register_claim(ClaimSpec(
+PRETRAINED_WITHIN_ROUNDING_FLOAT32 = register_claim(ClaimSpec(
     'pretrained-{variant}-within-rounding-float32', '05_pretrained', 'implied',
     # implied by the float64 claim of the same change: the float32 tolerance is measured against it
     origin='min(analytic, e0 + e1 + float64 tolerance): follows from the float64 claim',
