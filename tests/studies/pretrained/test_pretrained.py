@@ -86,6 +86,7 @@ def test_embedding_changes_verdicts_small():
 @pytest.mark.parametrize("kwargs, match", [
     (dict(dtypes=["bfloat16"]), "dtypes"),
     (dict(dtypes=["float32", "float32"]), "dtypes"),
+    (dict(dtypes=["float32"]), "must include float64"),
     (dict(noise_batch_size=3), "noise_batch_size"),
     (dict(num_threads=0), "num_threads"),
     (dict(n_sentence=6), "did you mean 'n_sentences'"),

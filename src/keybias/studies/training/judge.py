@@ -128,14 +128,13 @@ def discordant_bound(n_images: int) -> int:
     return int(math.floor(DISCORDANT_FRACTION_BOUND * n_images))
 
 
-def discordant_min_detectable(pairs: pd.DataFrame, bound: int, n_images: int) -> float:
-    """The smallest share of the paired images that a b_k changing predictions would have to move
-    for the accuracy claim to fail: rounding alone already moves as many images as the one-ulp
-    controls disagree on (pooled), so the claim fails once b_k adds bound + 1 minus those. A share
-    of at least one image; where the controls already exceed the bound it is one image (the claim
-    could then fail on rounding alone, which the record shows as a detectable share of 1/n)."""
+def discordant_min_detectable(pairs: pd.DataFrame, bound: int) -> int:
+    """The fewest paired images that a b_k changing predictions would have to move for the accuracy
+    claim to fail: rounding alone already moves as many images as the one-ulp controls disagree on
+    (pooled), so the claim fails once b_k adds bound + 1 minus those. At least one image; where the
+    controls already reach the bound it is one (the claim could then fail on rounding alone)."""
     control = int(finite_sum(pairs["control_discordant"], "control discordant images", strict=True))
-    return max(bound + 1 - control, 1) / n_images
+    return max(bound + 1 - control, 1)
 
 
 def divergence_min_detectable(pairs: pd.DataFrame) -> float:
@@ -218,12 +217,12 @@ def pair_results(pairs: pd.DataFrame) -> tuple[list[Claim], dict[str, object]]:
                      for opt, r in ratio.groupby(pairs["optimizer"], sort=False)]
     div_ratio = finite_max(per_optimizer, "kept / control divergence ratios")
     div_detectable = divergence_min_detectable(pairs)
-    acc_detectable = discordant_min_detectable(pairs, bound, n_images)
+    acc_detectable = discordant_min_detectable(pairs, bound)
     macros.update({"TrainAccDiscordant": discordant, "TrainAccDiscordantBound": bound,
                    "TrainAccDiscordantControl": int(finite_sum(pairs["control_discordant"],
                                                                "control discordant images", strict=True)),
                    "TrainAccPairedImages": n_images, "TrainDivergenceRatio": div_ratio,
-                   "TrainAccMinDetectablePercent": 100 * acc_detectable,
+                   "TrainAccMinDetectable": acc_detectable,
                    "TrainDivergenceMinDetectable": div_detectable})
     claims = [
         build_claim(id="train-accuracy-agrees-kept-removed",
@@ -524,6 +523,8 @@ TRAIN_DRIFTED_BK_NEVER_CHANGES_FUNCTION = register_claim(ClaimSpec(
     bound=0.0,
     origin='verdict.output_tolerance from the measured score and value maxima',
     finding='training-unchanged',
+    # the value is a count; min_detectable (tolerance / control change) is set by where training landed
+    value_class='trained',
 ))
 TRAIN_DRIFT_VERDICT_HAS_POWER = register_claim(ClaimSpec(
     'train-drift-verdict-has-power', '04_training', 'consistency',
