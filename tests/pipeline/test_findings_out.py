@@ -8,6 +8,7 @@ import pytest
 
 from keybias.pipeline import findings_out as FO
 from keybias.studies import findings as F
+from keybias.studies.conditions import judge as conditions_judge
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -37,13 +38,13 @@ def test_every_test_claim_of_the_paper_profile_decides_one_finding():
 
 
 def test_stamp_and_errors_name_the_claim():
-    claims = [{"id": "cond-quirk-plain-paths-agree", "kind": "test"}, {"id": "loose-test", "kind": "test"},
+    claims = [{"id": conditions_judge.COND_QUIRK_PLAIN_PATHS_AGREE.id, "kind": "test"}, {"id": "loose-test", "kind": "test"},
               {"id": "cond-fold-plain", "kind": "proof"}]
     stamped = FO.stamp_findings(claims)
     assert stamped[0]["finding"] == "need-weights-quirk" and "finding" not in stamped[1]
     errors = FO.findings_errors(claims, {}, strict_macros=False)
     assert any("loose-test" in e and "decides no finding" in e for e in errors)
-    wrong = FO.findings_errors([{"id": "cond-quirk-plain-paths-agree", "kind": "consistency"}], {}, False)
+    wrong = FO.findings_errors([{"id": conditions_judge.COND_QUIRK_PLAIN_PATHS_AGREE.id, "kind": "consistency"}], {}, False)
     assert any("not a test" in e for e in wrong)
     missing = FO.findings_errors([], {}, strict_macros=True)
     assert any("CondQuirkZeroAttnDiff" in e for e in missing)

@@ -8,6 +8,7 @@ import pytest
 
 from keybias.pipeline import outputs
 from keybias.pipeline.outputs import TOLERANCES, Tolerance, compare_folders
+from keybias.studies.precision import judge as precision_judge
 
 
 def make_results(root, *, value="0.5", err="3.3e-15", count="12", holds=True, claim_value=1e-15,
@@ -24,7 +25,7 @@ def make_results(root, *, value="0.5", err="3.3e-15", count="12", holds=True, cl
     (root / "machine" / "timing.csv").write_text(f"seconds\n{hash(str(root)) % 97}\n")
     (root / "provenance.json").write_text(json.dumps({"cpu": str(root)}))
     (root / "claims.json").write_text(json.dumps([
-        {"id": "precision-output-change-within-tolerance", "statement": "s", "value": claim_value, "bound": 1e-12, "comparison": "<=",
+        {"id": precision_judge.PRECISION_OUTPUT_CHANGE_WITHIN_TOLERANCE.id, "statement": "s", "value": claim_value, "bound": 1e-12, "comparison": "<=",
          "holds": holds, "notebook": "03_precision", "device": "cpu", "profile": "smoke", "kind": "test"}
     ]))
     return root

@@ -12,6 +12,10 @@ import pytest
 
 from keybias.pipeline import outputs
 from keybias.pipeline.outputs import EXACT, MACHINE, TOLERANCES, compare_folders
+from keybias.studies.cost import judge as cost_judge
+from keybias.studies.precision import judge as precision_judge
+from keybias.studies.symbolic import judge as symbolic_judge
+from keybias.studies.training import judge as training_judge
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "results"
@@ -139,15 +143,15 @@ PLANTS = {
     "finding need-weights-quirk: the quirk's effect 10% smaller": ("headline", _headline(
         "CondQuirkZeroAttnDiff", lambda v: round(v * 0.9, 3))),
     "claim outcome flipped (a cost claim: its outcome is never a machine value)": ("claim outcome", _claim(
-        "cost-saving-within-byte-prediction", "holds", lambda v: not v)),
+        cost_judge.COST_SAVING_WITHIN_BYTE_PREDICTION.id, "holds", lambda v: not v)),
     "claim kind changed (a test reported as a proof)": ("claim outcome", _claim(
-        "train-accuracy-agrees-kept-removed", "kind", lambda v: "proof")),
+        training_judge.TRAIN_ACCURACY_AGREES_KEPT_REMOVED.id, "kind", lambda v: "proof")),
     # the exact and stable tier: one entry suffices
     "test accuracy - 0.03 (training_pairs)": ("accuracy", _csv(
         "data/training_pairs.csv", "test_acc_removed", 0, lambda v: round(v - 0.03, 9))),
     "SymPy value of symbolic-query-bias-matters x1.5": ("f64", _claim(
-        "symbolic-query-bias-matters", "value", lambda v: v * 1.5)),
-    "precision-law-slope-one value x1.5": ("fit", _claim("precision-law-slope-one", "value", lambda v: v * 1.5)),
+        symbolic_judge.SYMBOLIC_QUERY_BIAS_MATTERS.id, "value", lambda v: v * 1.5)),
+    "precision-law-slope-one value x1.5": ("fit", _claim(precision_judge.PRECISION_LAW_SLOPE_ONE.id, "value", lambda v: v * 1.5)),
     "printed slope PrecSlopeBfloatSixteen 0.97 -> 0.87 (a headline)": ("headline", _macro(
         "macros/03_precision.tex", "PrecSlopeBfloatSixteen", "0.8704")),
     "printed InvBiasKvMaxRel 0.506 -> 0.406": ("effect32", _macro("macros/02_invariance.tex", "InvBiasKvMaxRel", "0.406")),
@@ -189,7 +193,7 @@ PLANTS = {
         lambda v: v * 0.8)),
     "long-run loss 5% off": ("loss", _csv("data/longrun_grid.csv", "loss", 0, lambda v: v * 1.05)),
     "discordant images 1 -> 5 (a claim value past the spread)": ("images", _claim(
-        "train-accuracy-agrees-kept-removed", "value", lambda v: v + 5)),
+        training_judge.TRAIN_ACCURACY_AGREES_KEPT_REMOVED.id, "value", lambda v: v + 5)),
     # the rounding-statistics tier: a systematic change of the column, beyond its class
     "float32 rounding errors 100x larger (a float32 path where float64 ran)": ("noise", _column(
         "data/precision_gradients.csv", "g_bk_norm", lambda v: v * 100)),

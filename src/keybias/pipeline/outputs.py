@@ -426,12 +426,14 @@ MACRO_CLASSES: list[tuple[str, str, str]] = [
     ("macros/03_precision.tex", r"PrecErrMax\w+|PrecSecondOrder\w+", "rms_error"),
     ("macros/03_precision.tex", r"PrecGrad(NoiseScaleMax|TolMax|MinDetectable)|PrecOutput(TolMax|MinDetectable)"
      r"|PrecRatioOverU\w+", "noise"),
-    ("macros/04_training.tex", r"TrainAccDiscordant", "images"),
+    ("macros/04_training.tex", r"TrainAccDiscordant|TrainAccMinDetectable", "images"),
+    # a tolerance over a size-matched control's change in a trained model: set by where training landed
+    ("macros/04_training.tex", r"TrainVerdictMinDetectable", "trained"),
     ("macros/04_training.tex", r"TrainMaxAccDiff\w+", "acc_diff"),
     ("macros/04_training.tex", r"TrainAcc(?!ZBound|PairedImages)\w+", "accuracy"),
     ("macros/04_training.tex", r"TrainAdam(Factor|LogErr|MinDetectable)|TrainDecayDev|TrainGradRmsQuery\w+", "chaotic"),
     ("macros/04_training.tex", r"TrainDivergence(Control)?(Adam|Sgd)|TrainLossRelDiffControl\w+", "noise32"),
-    ("macros/04_training.tex", r"TrainDivergenceRatio|TrainDrift\w+|TrainGradRatio|TrainGradRmsKey\w+"
+    ("macros/04_training.tex", r"TrainDivergence(Ratio|MinDetectable)|TrainDrift\w+|TrainGradRatio|TrainGradRmsKey\w+"
      r"|TrainLossRelDiff\w+|TrainMaxLogitDelta|TrainSgd(DriftMax|WalkRatio)", "noise"),
     ("macros/04_training.tex", r"TrainPred\w+|TrainGradDetectable", "statistic"),
     ("macros/04_training.tex", r"TrainIdenticalSteps\w+", "diverge_steps"),

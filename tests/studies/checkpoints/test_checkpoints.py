@@ -168,17 +168,17 @@ def test_the_held_out_ratio_ignores_the_calibration_checkpoint_and_e5():
     assert judge.norm_claims(norms)[1]["CkptHeldOutMiniLMMax"] == before
 
 
-@pytest.mark.claim_mutation("checkpoints-strip-reduces-int8-error", "checkpoints-strip-reduces-int4-error")
+@pytest.mark.claim_mutation(judge.CHECKPOINTS_STRIP_REDUCES_INT_ERROR.id_for(bits="8"), judge.CHECKPOINTS_STRIP_REDUCES_INT_ERROR.id_for(bits="4"))
 def test_strip_claims_fail_when_stripping_does_not_help(record_mutation):
     """The smallest violation: the stripped error equals the kept error (median ratio exactly 1)."""
     claims = _by_id(judge.quantization_claims(_quant(ratio=1.0))[0])
-    record_mutation(claims["checkpoints-strip-reduces-int8-error"], claims["checkpoints-strip-reduces-int4-error"])
+    record_mutation(claims[judge.CHECKPOINTS_STRIP_REDUCES_INT_ERROR.id_for(bits="8")], claims[judge.CHECKPOINTS_STRIP_REDUCES_INT_ERROR.id_for(bits="4")])
 
 
-@pytest.mark.claim_mutation("checkpoints-strip-control-int8", "checkpoints-strip-control-int4")
+@pytest.mark.claim_mutation(judge.CHECKPOINTS_STRIP_CONTROL_INT.id_for(bits="8"), judge.CHECKPOINTS_STRIP_CONTROL_INT.id_for(bits="4"))
 def test_controls_fail_without_power(record_mutation):
     claims = _by_id(judge.quantization_claims(_quant(control=1.0))[0])
-    record_mutation(claims["checkpoints-strip-control-int8"], claims["checkpoints-strip-control-int4"])
+    record_mutation(claims[judge.CHECKPOINTS_STRIP_CONTROL_INT.id_for(bits="8")], claims[judge.CHECKPOINTS_STRIP_CONTROL_INT.id_for(bits="4")])
 
 
 def test_summary_table_reduces_per_checkpoint():

@@ -30,11 +30,11 @@ BY_CONSTRUCTION_IDS = {
     "cond-fold-attention-dropout", "cond-fold-add-zero-attn", "cond-fold-output-gate",
 }
 QUIRK_IDS = [
-    "cond-quirk-add-bias-kv-need-weights-changes-output",
-    "cond-quirk-add-bias-kv-need-weights-true-documented",
-    "cond-quirk-add-zero-attn-need-weights-changes-output",
-    "cond-quirk-add-zero-attn-need-weights-true-documented",
-    "cond-quirk-plain-paths-agree",
+    conditions_judge.COND_QUIRK_NEED_WEIGHTS_CHANGES_OUTPUT.id_for(option="add-bias-kv"),
+    conditions_judge.COND_QUIRK_NEED_WEIGHTS_TRUE_DOCUMENTED.id_for(option="add-bias-kv"),
+    conditions_judge.COND_QUIRK_NEED_WEIGHTS_CHANGES_OUTPUT.id_for(option="add-zero-attn"),
+    conditions_judge.COND_QUIRK_NEED_WEIGHTS_TRUE_DOCUMENTED.id_for(option="add-zero-attn"),
+    conditions_judge.COND_QUIRK_PLAIN_PATHS_AGREE.id,
 ]
 
 
@@ -217,7 +217,7 @@ def test_config_fields_are_the_parameters_and_misspellings_name_the_nearest():
         conditions.ConditionsConfig.from_mapping({"regularizer": 0.1})
     with pytest.raises(ParameterError, match="seeds"):
         conditions.ConditionsConfig(seeds=[])
-    quirk_ids = {i for _, *ids in conditions_judge.QUIRK_CLAIM_IDS for i in ids} | {"cond-quirk-plain-paths-agree"}
+    quirk_ids = {i for _, *ids in conditions_judge.QUIRK_CLAIM_IDS for i in ids} | {conditions_judge.COND_QUIRK_PLAIN_PATHS_AGREE.id}
     assert quirk_ids == set(QUIRK_IDS)
 
 
@@ -246,28 +246,28 @@ def test_quirk_claims_fail_at_the_edge_of_their_bounds(record_mutation):
     edge = conditions_judge.BREAK_MIN / 1.1
     fixed = quirk_rows(add_bias_kv=(edge, edge, 0.0), add_zero_attn=(edge, edge, 0.0))
     result = judged(conditions_judge.judge_quirk(fixed))
-    record_mutation(result["cond-quirk-add-bias-kv-need-weights-changes-output"],
-                    result["cond-quirk-add-zero-attn-need-weights-changes-output"])
+    record_mutation(result[conditions_judge.COND_QUIRK_NEED_WEIGHTS_CHANGES_OUTPUT.id_for(option="add-bias-kv")],
+                    result[conditions_judge.COND_QUIRK_NEED_WEIGHTS_CHANGES_OUTPUT.id_for(option="add-zero-attn")])
     off = conditions_judge.REDUNDANT_MAX * 1.1
     wrong = quirk_rows(plain=(off, off, off), add_bias_kv=(0.3, 0.0, off), add_zero_attn=(0.2, 0.0, off))
     result = judged(conditions_judge.judge_quirk(wrong))
-    record_mutation(result["cond-quirk-add-bias-kv-need-weights-true-documented"],
-                    result["cond-quirk-add-zero-attn-need-weights-true-documented"],
-                    result["cond-quirk-plain-paths-agree"])
+    record_mutation(result[conditions_judge.COND_QUIRK_NEED_WEIGHTS_TRUE_DOCUMENTED.id_for(option="add-bias-kv")],
+                    result[conditions_judge.COND_QUIRK_NEED_WEIGHTS_TRUE_DOCUMENTED.id_for(option="add-zero-attn")],
+                    result[conditions_judge.COND_QUIRK_PLAIN_PATHS_AGREE.id])
 
 
 def test_quirk_claims_fail_when_pytorch_behaves_otherwise(tmp_path):
     fixed = quirk_rows(add_bias_kv=(0.0, 0.0, 0.0), add_zero_attn=(0.0, 0.0, 0.0))
     result = holds(conditions_judge.judge_quirk(fixed), tmp_path / "fixed")
-    assert not result["cond-quirk-add-bias-kv-need-weights-changes-output"]
-    assert not result["cond-quirk-add-zero-attn-need-weights-changes-output"]
+    assert not result[conditions_judge.COND_QUIRK_NEED_WEIGHTS_CHANGES_OUTPUT.id_for(option="add-bias-kv")]
+    assert not result[conditions_judge.COND_QUIRK_NEED_WEIGHTS_CHANGES_OUTPUT.id_for(option="add-zero-attn")]
     wrong = quirk_rows(plain=(0.1, 0.1, 0.1), add_bias_kv=(0.3, 0.0, 0.3), add_zero_attn=(0.2, 0.0, 0.2))
     result = holds(conditions_judge.judge_quirk(wrong), tmp_path / "wrong")
-    assert not result["cond-quirk-add-bias-kv-need-weights-true-documented"]
-    assert not result["cond-quirk-add-zero-attn-need-weights-true-documented"]
-    assert not result["cond-quirk-plain-paths-agree"]
+    assert not result[conditions_judge.COND_QUIRK_NEED_WEIGHTS_TRUE_DOCUMENTED.id_for(option="add-bias-kv")]
+    assert not result[conditions_judge.COND_QUIRK_NEED_WEIGHTS_TRUE_DOCUMENTED.id_for(option="add-zero-attn")]
+    assert not result[conditions_judge.COND_QUIRK_PLAIN_PATHS_AGREE.id]
     missing = quirk_rows().iloc[1:]
-    assert not holds(conditions_judge.judge_quirk(missing), tmp_path / "missing")["cond-quirk-plain-paths-agree"]
+    assert not holds(conditions_judge.judge_quirk(missing), tmp_path / "missing")[conditions_judge.COND_QUIRK_PLAIN_PATHS_AGREE.id]
 
 
 def test_the_reproducer_script_runs_standalone(tmp_path):

@@ -81,7 +81,7 @@ def test_the_recorded_allocator_bytes_equal_the_count():
     assert macros["GpuMemoryRows"] == 6
 
 
-@pytest.mark.claim_mutation("gpu-memory-allocator-matches-count")
+@pytest.mark.claim_mutation(judge.GPU_MEMORY_ALLOCATOR_MATCHES_COUNT.id)
 def test_one_extra_float_of_optimizer_state_fails_the_allocator_claim(record_mutation):
     # the smallest violation: one 4-byte value more than the count, at one width and optimizer
     [claim], _ = judge.memory_claims(_allocator(extra_bytes=4))

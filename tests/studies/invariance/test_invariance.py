@@ -11,6 +11,7 @@ import yaml
 
 from keybias import verdict as VD
 from keybias.core import recorder as export
+from keybias.core.claimspec import list_claims
 from keybias.studies import style
 from keybias.studies.invariance import cases as C
 from keybias.studies.invariance import controls as K
@@ -294,7 +295,7 @@ def test_invariance_claims_hold_on_measured_data(small):
     assert all(c["holds"] for c in claims.values()), [c for c in claims.values() if not c["holds"]]
     assert all(c["kind"] in ("test", "implied", "consistency", "control") and c.get("bound_origin") for c in claims.values())
     assert {f"invariance-independent-{d}" for d in ("float64", "float32", "bfloat16", "float16")} <= set(claims)
-    assert claims["invariance-matches-theory"]["kind"] == "implied"
+    assert claims[J.INVARIANCE_MATCHES_THEORY.id]["kind"] == "implied"
     assert "min_detectable" in claims["invariance-independent-bfloat16"]
     assert out["macros"]["InvConfigCount"] == (df.status == "measured").sum() < out["macros"]["InvConfigTotal"]
     assert out["macros"]["InvIndependentFloatSixteen"] > 0
@@ -313,26 +314,25 @@ def _valid(dt, verdict="redundant"):
     return lambda d: (d.status == "measured") & (d.dtype == dt) & (d.verdict == verdict) & (d.expected == verdict)
 
 
-@pytest.mark.claim_mutation("invariance-independent-float64", "invariance-independent-float32",
-                            "invariance-independent-bfloat16", "invariance-independent-float16")
+@pytest.mark.claim_mutation(*list_claims("invariance-independent-*", notebook="02_invariance"))
 @pytest.mark.parametrize("dt", ["float64", "float32", "bfloat16", "float16"])
 def test_mutation_a_wrong_verdict_fails_its_dtype(small, dt, record_mutation):
     _, df, mags = small
     claims, _ = _claims(_flip(df, _valid(dt), "verdict", "not_redundant"), mags)
     record_mutation(claims[f"invariance-independent-{dt}"])
-    assert claims["invariance-matches-theory"]["value"] == (1 if dt in J.HIGH_PRECISION else 0)
+    assert claims[J.INVARIANCE_MATCHES_THEORY.id]["value"] == (1 if dt in J.HIGH_PRECISION else 0)
     others = [d for d in ("float64", "float32", "bfloat16", "float16") if d != dt]
     assert all(claims[f"invariance-independent-{d}"]["holds"] for d in others)
 
 
-@pytest.mark.claim_mutation("invariance-independent-float32")
+@pytest.mark.claim_mutation(J.INVARIANCE_INDEPENDENT.id_for(dtype="float32"))
 def test_mutation_a_per_key_score_term_fails_the_claim(record_mutation):
     """A model that breaks (A1) (the unprojected zero key of add_zero_attn), presented to the judge
     as one the proof calls redundant: the measured verdict contradicts it and the claim fails."""
     row, mags = _measure(dtype="float32", mode="eval", add_zero_attn=True, option="add_zero_attn")
     df = pd.DataFrame([{**row, "expected": "redundant"}])
     claims, _ = _claims(df, mags)
-    record_mutation(claims["invariance-independent-float32"])
+    record_mutation(claims[J.INVARIANCE_INDEPENDENT.id_for(dtype="float32")])
 
 
 @pytest.mark.claim_mutation("invariance-independent-bfloat16")
@@ -345,60 +345,60 @@ def test_mutation_empty_selection_fails_naming_the_claim(small, record_mutation)
     record_mutation(claims["invariance-independent-bfloat16"])
 
 
-@pytest.mark.claim_mutation("invariance-add-bias-kv-joint-redundant")
+@pytest.mark.claim_mutation(J.INVARIANCE_ADD_BIAS_KV_JOINT_REDUNDANT.id)
 def test_mutation_joint_verdict(small, record_mutation):
     _, df, mags = small
     bad = _flip(df, lambda d: (d.option == "add_bias_kv") & (d.verdict_joint == "redundant"), "verdict_joint",
                 "not_redundant")
-    record_mutation(_claims(bad, mags)[0]["invariance-add-bias-kv-joint-redundant"])
+    record_mutation(_claims(bad, mags)[0][J.INVARIANCE_ADD_BIAS_KV_JOINT_REDUNDANT.id])
 
 
-@pytest.mark.claim_mutation("invariance-drop-matches-theory", "invariance-drop-never-breaks-redundant")
+@pytest.mark.claim_mutation(J.INVARIANCE_DROP_MATCHES_THEORY.id, J.INVARIANCE_DROP_NEVER_BREAKS_REDUNDANT.id)
 def test_mutation_drop_that_changes_a_redundant_module(small, record_mutation):
     _, df, mags = small
     bad = _flip(df, _valid("float32"), "drop_verdict", "not_redundant")
     claims, _ = _claims(bad, mags)
-    record_mutation(claims["invariance-drop-matches-theory"], claims["invariance-drop-never-breaks-redundant"])
+    record_mutation(claims[J.INVARIANCE_DROP_MATCHES_THEORY.id], claims[J.INVARIANCE_DROP_NEVER_BREAKS_REDUNDANT.id])
 
 
-@pytest.mark.claim_mutation("invariance-float64-noise-floor", "invariance-float64-noise-floor-finite")
+@pytest.mark.claim_mutation(J.INVARIANCE_FLOAT64_NOISE_FLOOR.id, J.INVARIANCE_FLOAT64_NOISE_FLOOR_FINITE.id)
 def test_mutation_noise_floor_above_tolerance_or_nan(small, record_mutation):
     _, df, mags = small
     # just past the bound: one float64 change 1% above its tolerance
     above = _flip(df, lambda d: d.expected == "redundant", "noise_floor_over_tol64", 1.01)
-    record_mutation(_claims(above, mags)[0]["invariance-float64-noise-floor"])
+    record_mutation(_claims(above, mags)[0][J.INVARIANCE_FLOAT64_NOISE_FLOOR.id])
     nan = _flip(df, lambda d: d.expected == "redundant", "noise_floor_over_tol64", math.nan)
     claims, _ = _claims(nan, mags)
-    record_mutation(claims["invariance-float64-noise-floor-finite"])
+    record_mutation(claims[J.INVARIANCE_FLOAT64_NOISE_FLOOR_FINITE.id])
     all_nan = df.copy()
     all_nan["noise_floor_over_tol64"] = math.nan
     claims, _ = _claims(all_nan, mags)
-    assert not claims["invariance-float64-noise-floor"]["holds"]  # NaN never passes
+    assert not claims[J.INVARIANCE_FLOAT64_NOISE_FLOOR.id]["holds"]  # NaN never passes
     nothing = df[df.expected != "redundant"]
     claims, _ = _claims(nothing, mags)
-    assert not claims["invariance-float64-noise-floor"]["holds"]
+    assert not claims[J.INVARIANCE_FLOAT64_NOISE_FLOOR.id]["holds"]
 
 
-@pytest.mark.claim_mutation("invariance-float64-twin-matches-theory")
+@pytest.mark.claim_mutation(J.INVARIANCE_FLOAT64_TWIN_MATCHES_THEORY.id)
 def test_mutation_float64_twin(small, record_mutation):
     _, df, mags = small
     bad = _flip(df, _valid("bfloat16"), "verdict_float64", "not_redundant")
-    record_mutation(_claims(bad, mags)[0]["invariance-float64-twin-matches-theory"])
+    record_mutation(_claims(bad, mags)[0][J.INVARIANCE_FLOAT64_TWIN_MATCHES_THEORY.id])
 
 
-@pytest.mark.claim_mutation("invariance-gradient-agrees", "invariance-gradient-never-contradicts")
+@pytest.mark.claim_mutation(J.INVARIANCE_GRADIENT_AGREES.id, J.INVARIANCE_GRADIENT_NEVER_CONTRADICTS.id)
 def test_mutation_gradient_above_bound(small, record_mutation):
     _, df, mags = small
     bad = _flip(df, lambda d: _valid("float32")(d) & (d.grad_verdict == "redundant"), "grad_verdict", "not_redundant")
     claims, _ = _claims(bad, mags)
-    record_mutation(claims["invariance-gradient-agrees"], claims["invariance-gradient-never-contradicts"])
+    record_mutation(claims[J.INVARIANCE_GRADIENT_AGREES.id], claims[J.INVARIANCE_GRADIENT_NEVER_CONTRADICTS.id])
 
 
 def test_unexpected_invalid_is_a_consistency_count(small):
     """Power bookkeeping, not a test: an invalid float32 verdict the proof does not predict is counted."""
     _, df, mags = small
     bad = _flip(df, _valid("float32"), "verdict", "invalid")
-    claim = _claims(bad, mags)[0]["invariance-no-unexpected-invalid"]
+    claim = _claims(bad, mags)[0][J.INVARIANCE_NO_UNEXPECTED_INVALID.id]
     assert claim["kind"] == "consistency" and not claim["holds"]
 
 
@@ -412,24 +412,24 @@ def _power_at(df, eps):
     return bad
 
 
-@pytest.mark.claim_mutation("invariance-power")
+@pytest.mark.claim_mutation(J.INVARIANCE_POWER.id)
 def test_mutation_power_control_sees_nothing(small, record_mutation):
     _, df, mags = small
     assert df.min_detectable_eps.notna().any()
     bad = _flip(df, lambda d: d.min_detectable_eps.notna(), "min_detectable_eps", math.nan)
     claims, _ = _claims(bad, mags)
-    record_mutation(claims["invariance-power"])
+    record_mutation(claims[J.INVARIANCE_POWER.id])
 
 
-@pytest.mark.claim_mutation("invariance-power")
+@pytest.mark.claim_mutation(J.INVARIANCE_POWER.id)
 def test_mutation_power_one_decade_above_the_bound_fails(small, record_mutation):
     """The smallest violation: one size that sees a break of 10 (the grid step above the bound of 1) but
     none of 1. The grid reaches 100, so the bound is not its top and this is measurable; a break of 1
     seen holds."""
     _, df, mags = small
     assert max(K.EPS_GRID) > J.POWER_BOUND and 10.0 in K.EPS_GRID
-    record_mutation(_claims(_power_at(df, 10.0), mags)[0]["invariance-power"])
-    assert _claims(_power_at(df, J.POWER_BOUND), mags)[0]["invariance-power"]["holds"]
+    record_mutation(_claims(_power_at(df, 10.0), mags)[0][J.INVARIANCE_POWER.id])
+    assert _claims(_power_at(df, J.POWER_BOUND), mags)[0][J.INVARIANCE_POWER.id]["holds"]
 
 
 def test_power_probe_measures_above_the_bound():
@@ -444,7 +444,7 @@ def test_power_probe_measures_above_the_bound():
 def test_config_count_claim(small):
     _, df, mags = small
     few, _ = _claims(df, mags, min_configs=10**6)
-    assert not few["invariance-config-count"]["holds"] and few["invariance-config-count"]["kind"] == "consistency"
+    assert not few[J.INVARIANCE_CONFIG_COUNT.id]["holds"] and few[J.INVARIANCE_CONFIG_COUNT.id]["kind"] == "consistency"
 
 
 def test_power_table_and_figures(small):
@@ -481,7 +481,7 @@ def _miss(df, mags, dt):
     return C.evaluate([J.miss_rate_claim(J.magnitude_cells(df, mags), dt)])[f"invariance-missed-breaks-{dt}"]
 
 
-@pytest.mark.claim_mutation("invariance-missed-breaks-float16")
+@pytest.mark.claim_mutation(J.INVARIANCE_MISSED_BREAKS_FLOAT16.id)
 def test_mutation_rerun_of_real_breaks_below_resolution_fails(record_mutation, dt="float16"):
     """A rerun, not a flipped string: real add_bias_kv breaks at magnitude 0.01 change the output by
     about 0.1% (float16), at or below one unit in the last place; the dtype's own verdict calls them
@@ -505,7 +505,7 @@ def _cell_rows(df, mags, dt, mag=1.0):
                 & (cell.verdict == "not_redundant")]
 
 
-@pytest.mark.claim_mutation("invariance-missed-breaks-float16", "invariance-missed-breaks-float32")
+@pytest.mark.claim_mutation(J.INVARIANCE_MISSED_BREAKS_FLOAT16.id, J.INVARIANCE_MISSED_BREAKS_FLOAT32.id)
 @pytest.mark.parametrize("dt", ["float16", "float32"])
 def test_mutation_miss_rate_just_above_the_bound_fails(small, dt, record_mutation):
     """At the edge, per distinct module: the fewest modules with one missed known break each whose share
@@ -620,7 +620,7 @@ def test_tie_is_within_rounding():
     assert VD.classify(math.nextafter(0.015625, 1.0), 0.015625, control_delta=1.0, output_abs=1.0) == VD.NOT_REDUNDANT
 
 
-@pytest.mark.claim_mutation("invariance-separation-float64", "invariance-break-margin-float32")
+@pytest.mark.claim_mutation(J.INVARIANCE_SEPARATION.id_for(dtype="float64"), J.INVARIANCE_BREAK_MARGIN.id_for(dtype="float32"))
 @pytest.mark.parametrize("dt", ["float64", "float32"])
 def test_mutation_break_just_under_twice_the_tolerance_fails(small, dt, record_mutation):
     _, df, mags = small
@@ -635,17 +635,17 @@ def test_mutation_break_just_under_twice_the_tolerance_fails(small, dt, record_m
     assert _mag_claims(df, ok)[cid]["holds"]
 
 
-@pytest.mark.claim_mutation("invariance-separation-float64")
+@pytest.mark.claim_mutation(J.INVARIANCE_SEPARATION.id_for(dtype="float64"))
 def test_mutation_redundant_change_just_over_half_the_tolerance_fails(small, record_mutation):
     _, df, mags = small
     cell = mags.merge(df[["config_id", "dtype"]], on="config_id")
     idx = cell.index[(cell.dtype == "float64") & (cell.verdict == "redundant")]
     bad = mags.copy()
     bad.loc[idx[0], "bk_abs"] = 1.01 / J.SEPARATION * bad.loc[idx[0], "tolerance_abs"]
-    record_mutation(_mag_claims(df, bad)["invariance-separation-float64"])
+    record_mutation(_mag_claims(df, bad)[J.INVARIANCE_SEPARATION.id_for(dtype="float64")])
     ok = mags.copy()
     ok.loc[idx[0], "bk_abs"] = 0.99 / J.SEPARATION * ok.loc[idx[0], "tolerance_abs"]
-    assert _mag_claims(df, ok)["invariance-separation-float64"]["holds"]
+    assert _mag_claims(df, ok)[J.INVARIANCE_SEPARATION.id_for(dtype="float64")]["holds"]
 
 
 def test_separation_is_claimed_on_both_sides_only_where_the_tolerance_is_analytic(small):
@@ -653,9 +653,9 @@ def test_separation_is_claimed_on_both_sides_only_where_the_tolerance_is_analyti
     name, and no dtype claims separation on one side."""
     _, df, mags = small
     claims = _mag_claims(df, mags)
-    assert {c for c in claims if c.startswith("invariance-separation-")} == {"invariance-separation-float64"}
-    assert "invariance-break-margin-float32" in claims
-    assert "redundant change at most" in claims["invariance-separation-float64"]["statement"]
+    assert {c for c in claims if c.startswith("invariance-separation-")} == {J.INVARIANCE_SEPARATION.id_for(dtype="float64")}
+    assert J.INVARIANCE_BREAK_MARGIN.id_for(dtype="float32") in claims
+    assert "redundant change at most" in claims[J.INVARIANCE_SEPARATION.id_for(dtype="float64")]["statement"]
 
 
 def test_tolerance_above_the_output_share_is_invalid():
@@ -700,7 +700,7 @@ def _kv_sweep(dt="float16", mags=(0.01, 1.0)):
                     num_heads=2, mask=mask, mode="eval") for mask in ("none", "causal", "key_padding", "float")]
 
 
-@pytest.mark.claim_mutation("invariance-missed-breaks-float16")
+@pytest.mark.claim_mutation(J.INVARIANCE_MISSED_BREAKS_FLOAT16.id)
 def test_mutation_a_category_blind_on_held_out_seeds_but_judged_fails(record_mutation, dt="float16"):
     """The held-out calibration of add_bias_kv's own configurations finds float16 blind to its breaks
     at magnitude 0.01 (they are below one unit in the last place): with that per-category decision the

@@ -39,8 +39,8 @@ def test_corpus_is_the_pinned_sympy_source():
     assert text["sha256"] == L.CORPUS_SHA256
     assert text["n_bytes"] == len(text["bytes"]) > 100_000
     assert text["package"].startswith("sympy==")
-    assert _held([J.corpus_claim(text["sha256"], L.CORPUS_SHA256)]) == {"longrun-corpus-is-pinned-text": True}
-    assert _held([J.corpus_claim("0" * 64, L.CORPUS_SHA256)]) == {"longrun-corpus-is-pinned-text": False}
+    assert _held([J.corpus_claim(text["sha256"], L.CORPUS_SHA256)]) == {J.LONGRUN_CORPUS_IS_PINNED_TEXT.id: True}
+    assert _held([J.corpus_claim("0" * 64, L.CORPUS_SHA256)]) == {J.LONGRUN_CORPUS_IS_PINNED_TEXT.id: False}
 
 
 def test_split_and_windows(tokens):
@@ -201,7 +201,7 @@ def _entries(power: float, *, seed: int = 0, n: int = PAPER_ENTRIES, layers: int
 
 
 def _exponent_holds(entries) -> bool:
-    return _held([J.exponent_claim(J.drift_exponent(entries))])["longrun-drift-exponent-decided"]
+    return _held([J.exponent_claim(J.drift_exponent(entries))])[J.LONGRUN_DRIFT_EXPONENT_DECIDED.id]
 
 
 def test_prediction_continues_the_grid_rate():
@@ -237,7 +237,7 @@ def test_walks_and_systematic_drifts_are_decided_and_named():
         assert _exponent_holds(_entries(1.0, seed=seed)) and J.drift_verdict(systematic) == "systematic drift"
 
 
-@pytest.mark.claim_mutation("longrun-drift-exponent-decided")
+@pytest.mark.claim_mutation(J.LONGRUN_DRIFT_EXPONENT_DECIDED.id)
 def test_exponent_claim_fails_for_a_drift_growing_like_t_to_the_0_7(record_mutation):
     # the smallest violation: a drift that grows like T^0.7 (with a walk's fluctuations) is neither a
     # walk nor a systematic drift at this length: the run does not decide, and the claim fails
@@ -436,7 +436,7 @@ def _mutated(full_units, column, value, *, size="small", dtype="float32", eps=1e
     return u
 
 
-@pytest.mark.claim_mutation("longrun-exponent-small-model")
+@pytest.mark.claim_mutation(F.LONGRUN_EXPONENT_SMALL_MODEL.id)
 def test_mutation_small_model_exponent_just_below_the_bound(full_units, record_mutation):
     record_mutation(F.exponent_claim(_mutated(full_units, "exponent", 0.74)))
 
@@ -453,7 +453,7 @@ def test_the_retired_bias_prediction_is_still_judged_and_reported(full_units):
     assert not F.bias_claim(u).holds
 
 
-@pytest.mark.claim_mutation("longrun-velocity-from-gradient-bias")
+@pytest.mark.claim_mutation(F.LONGRUN_VELOCITY_FROM_GRADIENT_BIAS.id)
 def test_mutation_one_run_moving_2_02_times_its_predicted_velocity(full_units, record_mutation):
     u = full_units.copy()
     i = u.index[(u["size"] == "small") & (u["dtype"] == "float32")][0]
@@ -463,36 +463,36 @@ def test_mutation_one_run_moving_2_02_times_its_predicted_velocity(full_units, r
     record_mutation(F.velocity_claim(u))
 
 
-@pytest.mark.claim_mutation("longrun-drift-along-mean-query")
+@pytest.mark.claim_mutation(F.LONGRUN_DRIFT_ALONG_MEAN_QUERY.id)
 def test_mutation_direction_at_1_99_over_sqrt_n(full_units, record_mutation):
     record_mutation(F.query_claim(_mutated(full_units, "cos_mean_query_sqrt_n", 1.99)))
 
 
-@pytest.mark.claim_mutation("longrun-noise-not-tracking-bias")
+@pytest.mark.claim_mutation(F.LONGRUN_NOISE_NOT_TRACKING_BIAS.id)
 def test_mutation_noise_elasticity_at_one_half(full_units, record_mutation):
     u = _mutated(_mutated(full_units, "noise_elasticity", 0.5), "noise_elasticity", 0.5, eps=1e-8)
     record_mutation(F.noise_claim(u))
 
 
-@pytest.mark.claim_mutation("adam-full-steps-float32-small-eps")
+@pytest.mark.claim_mutation(F.ADAM_FULL_STEPS_FLOAT32_SMALL_EPS.id)
 def test_mutation_one_float32_small_eps_run_at_rate_0_49(full_units, record_mutation):
     claims = F.step_rate_claims(_mutated(full_units, "step_rate", 0.49, size="medium", rows=1))
     record_mutation(claims[0])
 
 
-@pytest.mark.claim_mutation("adam-full-steps-bfloat16-default-eps")
+@pytest.mark.claim_mutation(F.ADAM_FULL_STEPS_BFLOAT16_DEFAULT_EPS.id)
 def test_mutation_one_bfloat16_run_at_rate_0_49(full_units, record_mutation):
     claims = F.step_rate_claims(_mutated(full_units, "step_rate", 0.49, dtype="bfloat16", eps=1e-8, rows=1))
     record_mutation(claims[1])
 
 
-@pytest.mark.claim_mutation("adam-sgd-steps-float32-default-eps")
+@pytest.mark.claim_mutation(F.ADAM_SGD_STEPS_FLOAT32_DEFAULT_EPS.id)
 def test_mutation_one_float32_default_eps_run_at_rate_0_26(full_units, record_mutation):
     claims = F.step_rate_claims(_mutated(full_units, "step_rate", 0.26, eps=1e-8, rows=1))
     record_mutation(claims[2])
 
 
-@pytest.mark.claim_mutation("adam-default-eps-damps-drift")
+@pytest.mark.claim_mutation(F.ADAM_DEFAULT_EPS_DAMPS_DRIFT.id)
 def test_mutation_one_pair_damped_only_to_0_51(full_units, record_mutation):
     u = full_units.copy()
     big = u.index[(u["size"] == "medium") & (u["dtype"] == "float32") & (u["eps"] == 1e-12)][0]
@@ -505,4 +505,4 @@ def test_mutation_one_pair_damped_only_to_0_51(full_units, record_mutation):
 
 def test_damping_control_fails_when_bfloat16_is_damped_too(full_units):
     u = _mutated(full_units, "drift_at_short", 0.0, dtype="bfloat16", eps=1e-8, rows=1)
-    assert _holds(F.damping_claims(u)[1:]) == {"adam-drift-ratio-control-bfloat16": False}
+    assert _holds(F.damping_claims(u)[1:]) == {F.ADAM_DRIFT_RATIO_CONTROL_BFLOAT16.id: False}

@@ -272,23 +272,23 @@ def test_precision_claims_hold_on_consistent_data():
     claims = nj.precision_claims(law, pooled, df, checks, gsum, grads, 16, law_calibration=LAW_CAL)
     assert all(_holds(claims).values()), _holds(claims)
     by_id = {c.id: c for c in claims}
-    assert "2^13" in by_id["precision-bk-gradient-scales-with-u"].statement
+    assert "2^13" in by_id[nj.PRECISION_BK_GRADIENT_SCALES_WITH_U.id].statement
     assert all(c.bound_origin for c in claims)
-    assert {c.id for c in claims if c.kind != "test"} == {"precision-bq-gradient-consistent"}
-    control = by_id["precision-bq-gradient-consistent"]
-    assert control.kind == "control" and control.protects == ("precision-bk-gradient-no-direction",)
+    assert {c.id for c in claims if c.kind != "test"} == {nj.PRECISION_BQ_GRADIENT_CONSISTENT.id}
+    control = by_id[nj.PRECISION_BQ_GRADIENT_CONSISTENT.id]
+    assert control.kind == "control" and control.protects == (nj.PRECISION_BK_GRADIENT_NO_DIRECTION.id,)
     # the tolerance claim judges only the powered row (float32), and says what it could have seen
-    assert by_id["precision-bk-gradient-within-tolerance"].min_detectable == pytest.approx(0.01)
+    assert by_id[nj.PRECISION_BK_GRADIENT_WITHIN_TOLERANCE.id].min_detectable == pytest.approx(0.01)
 
 
 def test_gradient_tolerance_claim_ignores_unpowered_rows_and_fails_without_any():
     law, pooled, df, checks, gsum, grads = _claim_inputs()
     # an unpowered float16 row far outside the tolerance is not judged by the tolerance claim
     loud = gsum.assign(grad_over_tol_max=[1e-3, 50.0])
-    assert _holds(nj.precision_claims(law, pooled, df, checks, loud, grads, 16, law_calibration=LAW_CAL))["precision-bk-gradient-within-tolerance"]
+    assert _holds(nj.precision_claims(law, pooled, df, checks, loud, grads, 16, law_calibration=LAW_CAL))[nj.PRECISION_BK_GRADIENT_WITHIN_TOLERANCE.id]
     # with no powered row at all the claim has no data and fails
     weak = gsum.assign(control_over_tol_min=0.5)
-    assert not _holds(nj.precision_claims(law, pooled, df, checks, weak, grads, 16, law_calibration=LAW_CAL))["precision-bk-gradient-within-tolerance"]
+    assert not _holds(nj.precision_claims(law, pooled, df, checks, weak, grads, 16, law_calibration=LAW_CAL))[nj.PRECISION_BK_GRADIENT_WITHIN_TOLERANCE.id]
 
 
 def test_output_claim_judges_only_magnitudes_whose_tolerance_is_within_five_percent_of_the_output():
@@ -297,7 +297,7 @@ def test_output_claim_judges_only_magnitudes_whose_tolerance_is_within_five_perc
     # far above that tolerance, and each left-out (dtype, path) is recorded with its reason
     vacuous = df.assign(tolerance=np.where(df["ratio"] > 100, 0.9, 0.02), delta_max=np.where(df["ratio"] > 100, 5.0, 1e-6))
     claim = next(c for c in nj.precision_claims(law, pooled, vacuous, checks, gsum, grads, 16, law_calibration=LAW_CAL)
-                 if c.id == "precision-output-change-within-tolerance")
+                 if c.id == nj.PRECISION_OUTPUT_CHANGE_WITHIN_TOLERANCE.id)
     assert claim.value < 1 and claim.min_detectable == pytest.approx(0.02)
     assert len(claim.exclusions) == 1 and "exceeds 5% of the RMS output" in claim.exclusions[0]
     assert "up to 90%" in claim.exclusions[0]
@@ -307,15 +307,15 @@ def test_output_claim_judges_only_magnitudes_whose_tolerance_is_within_five_perc
     assert len(judged) == int((df["ratio"] <= 100).sum()) and len(nj.output_exclusions(edge)) == 1
     nothing_judged = df.assign(tolerance=0.06)
     assert not _holds(nj.precision_claims(law, pooled, nothing_judged, checks, gsum, grads, 16, law_calibration=LAW_CAL))[
-        "precision-output-change-within-tolerance"]
+        nj.PRECISION_OUTPUT_CHANGE_WITHIN_TOLERANCE.id]
 
 
 def test_model_constant_claim_needs_a_calibration_of_every_path():
     law, pooled, df, checks, gsum, grads = _claim_inputs()
     for cal in (None, LAW_CAL.iloc[0:0], LAW_CAL.assign(path="other")):
         c = _by_id(nj.precision_claims(law, pooled, df, checks, gsum, grads, 16, law_calibration=cal))
-        assert math.isnan(c["precision-rounding-model-constant"].value)
-        assert not c["precision-rounding-model-constant"].holds
+        assert math.isnan(c[nj.PRECISION_ROUNDING_MODEL_CONSTANT.id].value)
+        assert not c[nj.PRECISION_ROUNDING_MODEL_CONSTANT.id].holds
     m = nj.model_constant_check(law, LAW_CAL).iloc[0]
     s = LAW_CAL["model_scatter_log10"].iloc[0]  # one fit: the pooled scatter is its own
     assert m["allowance_log10"] == pytest.approx(nj.normal_quantile() * math.sqrt(2) * s)
@@ -327,7 +327,7 @@ def test_model_constant_claim_needs_a_calibration_of_every_path():
     assert nj.calibration_scatter(two) == pytest.approx(math.sqrt((10 * 0.01**2 + 2 * 0.04**2) / 12))
 
 
-@pytest.mark.claim_mutation("precision-rounding-model-constant")
+@pytest.mark.claim_mutation(nj.PRECISION_ROUNDING_MODEL_CONSTANT.id)
 def test_model_constant_claim_fails_when_one_path_drifts_from_its_calibration(record_mutation):
     """Two paths; one reproduces its calibration, the other's constant sits just past z times the
     calibration's scatter: the claim is a maximum over paths, so one drifting path fails it."""
@@ -335,17 +335,17 @@ def test_model_constant_claim_fails_when_one_path_drifts_from_its_calibration(re
     two = pd.concat([df, df.assign(path="sdpa_math")], ignore_index=True)
     cal = pd.concat([LAW_CAL, LAW_CAL.assign(path="sdpa_math")], ignore_index=True)
     held = _by_id(nj.precision_claims(nj.fit_law(two), pooled, two, checks, gsum, grads, 16, law_calibration=cal))
-    assert held["precision-rounding-model-constant"].holds
+    assert held[nj.PRECISION_ROUNDING_MODEL_CONSTANT.id].holds
     allowance = float(nj.model_constant_check(law, cal)["allowance_log10"].iloc[0])
     c_main = float(nj.fit_law(df)["model_constant"].iloc[0])
     target = float(LAW_CAL["model_constant"].iloc[0]) * 10 ** (-1.02 * allowance)
     drift = two.assign(pred_rms=np.where(two["path"] == "sdpa_math", two["pred_rms"] * c_main / target, two["pred_rms"]))
     c = _by_id(nj.precision_claims(nj.fit_law(drift), pooled, drift, checks, gsum, grads, 16, law_calibration=cal))
-    assert 1 < c["precision-rounding-model-constant"].value <= 1.03
-    record_mutation(c["precision-rounding-model-constant"])
+    assert 1 < c[nj.PRECISION_ROUNDING_MODEL_CONSTANT.id].value <= 1.03
+    record_mutation(c[nj.PRECISION_ROUNDING_MODEL_CONSTANT.id])
 
 
-@pytest.mark.claim_mutation("precision-output-change-within-tolerance")
+@pytest.mark.claim_mutation(nj.PRECISION_OUTPUT_CHANGE_WITHIN_TOLERANCE.id)
 def test_output_claim_fails_on_a_change_just_past_a_tolerance_at_the_five_percent_edge(record_mutation):
     """The smallest violation the 5% rule keeps in view: a magnitude whose tolerance is exactly 5% of
     the output, its change 1% above that tolerance."""
@@ -354,30 +354,30 @@ def test_output_claim_fails_on_a_change_just_past_a_tolerance_at_the_five_percen
     edge = df.assign(tolerance=np.where(top, nj.OUTPUT_TOLERANCE_FRACTION * df["ref_rms"], df["tolerance"]))
     edge = edge.assign(delta_max=np.where(top, 1.01 * edge["tolerance"], edge["delta_max"]))
     c = _by_id(nj.precision_claims(law, pooled, edge, checks, gsum, grads, 16, law_calibration=LAW_CAL))
-    assert c["precision-output-change-within-tolerance"].value == pytest.approx(1.01)
-    record_mutation(c["precision-output-change-within-tolerance"])
+    assert c[nj.PRECISION_OUTPUT_CHANGE_WITHIN_TOLERANCE.id].value == pytest.approx(1.01)
+    record_mutation(c[nj.PRECISION_OUTPUT_CHANGE_WITHIN_TOLERANCE.id])
 
 
 def test_precision_claims_fail_when_a_dtype_has_no_fit():
     law, pooled, df, checks, gsum, grads = _claim_inputs()
     extra = pd.concat([df, df.assign(dtype="float16")], ignore_index=True)
     c = {c.id: c for c in nj.precision_claims(law, pooled, extra, checks, gsum, grads, 16, law_calibration=LAW_CAL)}
-    assert math.isnan(c["precision-law-slope-one"].value)
-    assert math.isnan(c["precision-rounding-model-constant"].value)
+    assert math.isnan(c[nj.PRECISION_LAW_SLOPE_ONE.id].value)
+    assert math.isnan(c[nj.PRECISION_ROUNDING_MODEL_CONSTANT.id].value)
 
 
 def test_precision_claims_with_no_data_fail_or_are_left_out():
     law, pooled, df, checks, gsum, grads = _claim_inputs()
     claims = {c.id: c for c in nj.precision_claims(
         law.iloc[0:0], pooled.iloc[0:0], df.iloc[0:0], checks.iloc[0:0], gsum.iloc[0:0], grads.iloc[0:0], 16, law_calibration=LAW_CAL)}
-    assert "precision-bk-gradient-scales-with-u" not in claims
+    assert nj.PRECISION_BK_GRADIENT_SCALES_WITH_U.id not in claims
     assert all(math.isnan(c.value) for c in claims.values())
     one = {c.id for c in nj.precision_claims(law, pooled, df, checks, gsum.iloc[:1], grads, 16, law_calibration=LAW_CAL)}
-    assert "precision-bk-gradient-scales-with-u" not in one  # one dtype: no scaling to test
+    assert nj.PRECISION_BK_GRADIENT_SCALES_WITH_U.id not in one  # one dtype: no scaling to test
 
 
 # ----------------------------------------------------------------------------- mutation tests
-@pytest.mark.claim_mutation("precision-law-slope-one")
+@pytest.mark.claim_mutation(nj.PRECISION_LAW_SLOPE_ONE.id)
 @pytest.mark.parametrize("alpha", [1 - 1.1 * nj.SLOPE_MARGIN, 1 + 1.1 * nj.SLOPE_MARGIN])
 def test_slope_claim_fails_on_a_law_just_past_the_margin(alpha, record_mutation):
     """A law whose true slope lies 10% of the margin beyond it, on either side."""
@@ -385,14 +385,14 @@ def test_slope_claim_fails_on_a_law_just_past_the_margin(alpha, record_mutation)
     bent = nj.add_floor(_synthetic(alpha))
     bent["delta_max"], bent["tolerance"] = bent["delta_rms"], TOL
     claims = nj.precision_claims(nj.fit_law(bent), nj.pooled_slope(bent), bent, checks, gsum, grads, 16, law_calibration=LAW_CAL)
-    record_mutation(_by_id(claims)["precision-law-slope-one"])
+    record_mutation(_by_id(claims)[nj.PRECISION_LAW_SLOPE_ONE.id])
 
 
 def test_slope_claim_states_the_smallest_deviation_it_detects():
     law, pooled, df, checks, gsum, grads = _claim_inputs()
     vague = pooled.assign(slope_se=0.05, detectable_dev=nj.SLOPE_MARGIN + nj.normal_quantile() * 0.05)
     claim = next(c for c in nj.precision_claims(law, vague, df, checks, gsum, grads, 16, law_calibration=LAW_CAL)
-                 if c.id == "precision-law-slope-one")
+                 if c.id == nj.PRECISION_LAW_SLOPE_ONE.id)
     assert claim.min_detectable == pytest.approx(nj.SLOPE_MARGIN + nj.normal_quantile() * 0.05)
 
 
@@ -429,27 +429,27 @@ def _edge_output(law, pooled, df, checks, gsum, grads):
 
 
 EDGE_MUTATIONS = {
-    "precision-output-change-within-tolerance": _edge_output,
-    "precision-rounding-model-constant": _edge_model_constant,
-    "precision-accuracy-crossing-law": _edge_crossing,
+    nj.PRECISION_OUTPUT_CHANGE_WITHIN_TOLERANCE.id: _edge_output,
+    nj.PRECISION_ROUNDING_MODEL_CONSTANT.id: _edge_model_constant,
+    nj.PRECISION_ACCURACY_CROSSING_LAW.id: _edge_crossing,
     # the powered (float32) row's largest b_k gradient entry 5% above its tolerance
-    "precision-bk-gradient-within-tolerance":
+    nj.PRECISION_BK_GRADIENT_WITHIN_TOLERANCE.id:
         lambda law, pooled, df, checks, gsum, grads: (law, pooled, df, checks,
                                                       gsum.assign(grad_over_tol_max=[EDGE, 1e-3]), grads),
     # one batch's |g_bk|/|g_bq| 5% above lambda sqrt(n) u
-    "precision-bk-gradient-noise-scale":
+    nj.PRECISION_BK_GRADIENT_NOISE_SCALE.id:
         lambda law, pooled, df, checks, gsum, grads: (law, pooled, df, checks, gsum, grads.assign(
             ratio=[EDGE * LAM_SQRT_16 * 2.0**-24, 0.2 * 2.0**-11])),
     # the spread of ratio/u across dtypes 5% above lambda sqrt(n)
-    "precision-bk-gradient-scales-with-u":
+    nj.PRECISION_BK_GRADIENT_SCALES_WITH_U.id:
         lambda law, pooled, df, checks, gsum, grads: (law, pooled, df, checks, gsum.assign(
             ratio_over_u=[0.5, 0.5 / (EDGE * LAM_SQRT_16)]), grads),
     # one b_k mean cosine 5% beyond the isotropic-noise bound (0.2)
-    "precision-bk-gradient-no-direction":
+    nj.PRECISION_BK_GRADIENT_NO_DIRECTION.id:
         lambda law, pooled, df, checks, gsum, grads: (law, pooled, df, checks,
                                                       gsum.assign(bk_mean_cos=[0.01, -EDGE * 0.2]), grads),
     # one b_q mean cosine 5% below the bound: the positive control just misses
-    "precision-bq-gradient-consistent":
+    nj.PRECISION_BQ_GRADIENT_CONSISTENT.id:
         lambda law, pooled, df, checks, gsum, grads: (law, pooled, df, checks,
                                                       gsum.assign(bq_mean_cos=[0.8, 0.2 / EDGE]), grads),
 }
@@ -502,10 +502,10 @@ def _measured_claims(monkeypatch, mutant=None):
                                       law_calibration=nj.fit_law(calibration)))
 
 
-MEASURED = ["precision-rounding-model-constant", "precision-output-change-within-tolerance",
-            "precision-bk-gradient-within-tolerance",
-            "precision-bk-gradient-noise-scale", "precision-bk-gradient-scales-with-u",
-            "precision-bk-gradient-no-direction", "precision-bq-gradient-consistent"]
+MEASURED = [nj.PRECISION_ROUNDING_MODEL_CONSTANT.id, nj.PRECISION_OUTPUT_CHANGE_WITHIN_TOLERANCE.id,
+            nj.PRECISION_BK_GRADIENT_WITHIN_TOLERANCE.id,
+            nj.PRECISION_BK_GRADIENT_NOISE_SCALE.id, nj.PRECISION_BK_GRADIENT_SCALES_WITH_U.id,
+            nj.PRECISION_BK_GRADIENT_NO_DIRECTION.id, nj.PRECISION_BQ_GRADIENT_CONSISTENT.id]
 # The claims a broken invariance must fail. The model-constant claim is not among them: it asks that
 # C reproduce across seeds, and a mutated model, calibrated on its own held-out seed, reproduces its
 # (wrong) C too; its smallest violation is fed to it directly (`_edge_model_constant`, and
@@ -534,7 +534,7 @@ def test_measured_claims_fail_with_an_extra_key_slot(monkeypatch, record_mutatio
     """
     claims = _measured_claims(monkeypatch, _attention_with_zero_slot)
     record_mutation(*[claims[c] for c in BREAKS[:4]])
-    assert claims["precision-bk-gradient-no-direction"].holds
+    assert claims[nj.PRECISION_BK_GRADIENT_NO_DIRECTION.id].holds
 
 
 def test_macros_and_figures_from_summaries():
@@ -570,17 +570,17 @@ def test_macros_and_figures_from_summaries():
         plt.close(f)
 
 
-@pytest.mark.claim_mutation("precision-output-change-within-tolerance")
+@pytest.mark.claim_mutation(nj.PRECISION_OUTPUT_CHANGE_WITHIN_TOLERANCE.id)
 def test_output_claim_fails_when_a_dtype_in_its_scope_has_no_judged_row(record_mutation):
     """A selection with zero judged rows never passes: float32 rows whose tolerance all lie above
     the output leave the claim without float32 evidence, and it fails even though float64 holds."""
     law, pooled, df, checks, gsum, grads = _claim_inputs()
     both = pd.concat([df, df.assign(dtype="float32")], ignore_index=True)
     assert _holds(nj.precision_claims(law, pooled, both, checks, gsum, grads, 16, law_calibration=LAW_CAL))[
-        "precision-output-change-within-tolerance"]
+        nj.PRECISION_OUTPUT_CHANGE_WITHIN_TOLERANCE.id]
     blind = both.assign(tolerance=np.where(both["dtype"] == "float32", 10 * both["ref_rms"], both["tolerance"]))
     claim = _by_id(nj.precision_claims(law, pooled, blind, checks, gsum, grads, 16, law_calibration=LAW_CAL))[
-        "precision-output-change-within-tolerance"]
+        nj.PRECISION_OUTPUT_CHANGE_WITHIN_TOLERANCE.id]
     assert math.isnan(claim.value)
     record_mutation(claim)
 

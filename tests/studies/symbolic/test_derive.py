@@ -3,6 +3,7 @@ import pytest
 
 from keybias.pipeline import claims
 from keybias.studies.symbolic import derive as symbolic
+from keybias.studies.symbolic import judge as symbolic_judge
 
 
 def test_softmax_is_shift_invariant_and_sigmoid_is_not():
@@ -93,7 +94,7 @@ def mha_holds():
 def test_every_claim_holds_for_multihead_attention(mha_holds):
     assert all(mha_holds.values()), mha_holds
     kinds = {c.id: c.kind for c in symbolic.symbolic_claims(**_results(ns=(2,), heads=(1,)))}
-    assert kinds["symbolic-jacobian-ones-grid"] == kinds["symbolic-value-bias-fold-grid"] == "consistency"
+    assert kinds[symbolic_judge.SYMBOLIC_JACOBIAN_ONES_GRID.id] == kinds[symbolic_judge.SYMBOLIC_VALUE_BIAS_FOLD_GRID.id] == "consistency"
     assert {k for cid, k in kinds.items() if "grid" not in cid or "zero-deriv" in cid or "control" in cid} == {"proof"}
 
 
@@ -105,57 +106,57 @@ def test_exact_derivations_are_proof_checks_that_name_their_identity():
         assert (c.kind == "proof") == bool(c.identity), c.id
 
 
-@pytest.mark.claim_mutation("symbolic-score-split")
+@pytest.mark.claim_mutation(symbolic_judge.SYMBOLIC_SCORE_SPLIT.id)
 def test_split_fails_for_a_per_key_bias(mha_holds, record_mutation):
     judged = _judged(**_results(split_model="per_key_bias"))
-    assert mha_holds["symbolic-score-split"]
-    record_mutation(judged["symbolic-score-split"])
+    assert mha_holds[symbolic_judge.SYMBOLIC_SCORE_SPLIT.id]
+    record_mutation(judged[symbolic_judge.SYMBOLIC_SCORE_SPLIT.id])
 
 
-@pytest.mark.claim_mutation("symbolic-softmax-shift-invariance", "symbolic-zero-gradient")
+@pytest.mark.claim_mutation(symbolic_judge.SYMBOLIC_SOFTMAX_SHIFT_INVARIANCE.id, symbolic_judge.SYMBOLIC_ZERO_GRADIENT.id)
 def test_shift_and_gradient_claims_fail_for_sigmoid_weights(record_mutation):
     judged = _judged(**_results(kind="sigmoid"))
-    record_mutation(judged["symbolic-softmax-shift-invariance"], judged["symbolic-zero-gradient"])
-    assert not judged["symbolic-jacobian-ones-grid"]["holds"]
+    record_mutation(judged[symbolic_judge.SYMBOLIC_SOFTMAX_SHIFT_INVARIANCE.id], judged[symbolic_judge.SYMBOLIC_ZERO_GRADIENT.id])
+    assert not judged[symbolic_judge.SYMBOLIC_JACOBIAN_ONES_GRID.id]["holds"]
 
 
-@pytest.mark.claim_mutation("symbolic-grid-zero-derivatives", "symbolic-key-bias-example")
+@pytest.mark.claim_mutation(symbolic_judge.SYMBOLIC_GRID_ZERO_DERIVATIVES.id, symbolic_judge.SYMBOLIC_KEY_BIAS_EXAMPLE.id)
 @pytest.mark.parametrize("model", ["extra_key_slot", "per_key_bias"])
 def test_key_bias_claims_fail_when_a_slot_escapes_the_shift(model, record_mutation):
     judged = _judged(**_results(model=model))
-    record_mutation(judged["symbolic-grid-zero-derivatives"], judged["symbolic-key-bias-example"])
+    record_mutation(judged[symbolic_judge.SYMBOLIC_GRID_ZERO_DERIVATIVES.id], judged[symbolic_judge.SYMBOLIC_KEY_BIAS_EXAMPLE.id])
 
 
-@pytest.mark.claim_mutation("symbolic-grid-query-bias-control", "symbolic-query-bias-matters")
+@pytest.mark.claim_mutation(symbolic_judge.SYMBOLIC_GRID_QUERY_BIAS_CONTROL.id, symbolic_judge.SYMBOLIC_QUERY_BIAS_MATTERS.id)
 def test_query_bias_claims_fail_without_a_query_bias(record_mutation):
     judged = _judged(**_results(model="no_query_bias"))
-    record_mutation(judged["symbolic-grid-query-bias-control"], judged["symbolic-query-bias-matters"])
+    record_mutation(judged[symbolic_judge.SYMBOLIC_GRID_QUERY_BIAS_CONTROL.id], judged[symbolic_judge.SYMBOLIC_QUERY_BIAS_MATTERS.id])
 
 
-@pytest.mark.claim_mutation("symbolic-grid-query-bias-control")
+@pytest.mark.claim_mutation(symbolic_judge.SYMBOLIC_GRID_QUERY_BIAS_CONTROL.id)
 def test_query_bias_control_fails_on_single_key_grids_only(record_mutation):
     """Single-key sizes carry no evidence: a grid of only those is an empty selection, which fails."""
-    record_mutation(_judged(**_results(ns=(1,)))["symbolic-grid-query-bias-control"])
+    record_mutation(_judged(**_results(ns=(1,)))[symbolic_judge.SYMBOLIC_GRID_QUERY_BIAS_CONTROL.id])
 
 
-@pytest.mark.claim_mutation("symbolic-value-bias-matters")
+@pytest.mark.claim_mutation(symbolic_judge.SYMBOLIC_VALUE_BIAS_MATTERS.id)
 def test_value_bias_claim_fails_without_a_value_bias(record_mutation):
-    record_mutation(_judged(**_results(model="no_value_bias"))["symbolic-value-bias-matters"])
+    record_mutation(_judged(**_results(model="no_value_bias"))[symbolic_judge.SYMBOLIC_VALUE_BIAS_MATTERS.id])
 
 
-@pytest.mark.claim_mutation("symbolic-value-bias-fold")
+@pytest.mark.claim_mutation(symbolic_judge.SYMBOLIC_VALUE_BIAS_FOLD.id)
 def test_fold_claims_fail_when_weights_do_not_sum_to_one(record_mutation):
     judged = _judged(**_results(normalised=False))
-    record_mutation(judged["symbolic-value-bias-fold"])
-    assert not judged["symbolic-value-bias-fold-grid"]["holds"]
+    record_mutation(judged[symbolic_judge.SYMBOLIC_VALUE_BIAS_FOLD.id])
+    assert not judged[symbolic_judge.SYMBOLIC_VALUE_BIAS_FOLD_GRID.id]["holds"]
 
 
 def test_empty_grids_fail_the_grid_claims():
     empty = pd.DataFrame()
     results = _results(ns=(2,), heads=(1,))
     holds = _holds(**{**results, "grid_rows": empty, "jacobian": empty, "folds": empty})
-    for cid in ("symbolic-grid-zero-derivatives", "symbolic-jacobian-ones-grid", "symbolic-value-bias-fold-grid",
-                "symbolic-grid-query-bias-control"):
+    for cid in (symbolic_judge.SYMBOLIC_GRID_ZERO_DERIVATIVES.id, symbolic_judge.SYMBOLIC_JACOBIAN_ONES_GRID.id, symbolic_judge.SYMBOLIC_VALUE_BIAS_FOLD_GRID.id,
+                symbolic_judge.SYMBOLIC_GRID_QUERY_BIAS_CONTROL.id):
         assert not holds[cid], cid
 
 

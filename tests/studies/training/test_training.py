@@ -264,6 +264,30 @@ def _pairs(kept_only=(1, 1, 1, 0), removed_only=(1, 1, 0, 1), div_kept=1e-6, div
     return frame
 
 
+def test_pair_claims_state_their_smallest_detectable_effects():
+    """The accuracy claim sees a b_k that moves (bound + 1 - the controls' flips) images; the
+    divergence claim a kept / control ratio of the bound times the controls' spread at 95%."""
+    claims = {c.id: c for c in J.pair_results(_pairs())[0]}
+    accuracy = claims[J.TRAIN_ACCURACY_AGREES_KEPT_REMOVED.id]
+    assert accuracy.min_detectable == 7 + 1 - 4  # 4 rounding flips in the controls
+    # that many images moved by b_k on top of the rounding level fails the claim
+    flips = int(accuracy.min_detectable) + 4
+    moved = J.pair_results(_pairs(kept_only=(flips - 3, 1, 1, 1), removed_only=(0, 0, 0, 0)))[0]
+    assert not _held(moved)[J.TRAIN_ACCURACY_AGREES_KEPT_REMOVED.id]
+    spread = abs(math.log10(2e-6 / 4e-6)) / math.sqrt(2)  # the two one-ulp controls of every run
+    divergence = claims[J.TRAIN_DIVERGENCE_WITHIN_ROUNDING_CONTROL.id]
+    assert divergence.min_detectable == pytest.approx(J.DIVERGENCE_RATIO_BOUND * 10 ** (J.DETECT_Z * spread / math.sqrt(2)))
+    assert divergence.min_detectable > J.DIVERGENCE_RATIO_BOUND
+    equal = _pairs()
+    equal["final_divergence_control_down"] = 2e-6  # identical controls: no spread, the bound itself
+    assert {c.id: c for c in J.pair_results(equal)[0]}[J.TRAIN_DIVERGENCE_WITHIN_ROUNDING_CONTROL.id].min_detectable \
+        == pytest.approx(J.DIVERGENCE_RATIO_BOUND)
+    zero = _pairs()
+    zero.loc[0, "final_divergence_control"] = 0.0
+    with pytest.raises(ValueError, match="zero divergence"):
+        J.pair_results(zero)
+
+
 def test_pair_results_pass():
     claims, macros = J.pair_results(_pairs())
     assert all(_held(claims).values())
@@ -279,31 +303,31 @@ def test_discordant_bound():
         J.discordant_bound(0)
 
 
-@pytest.mark.claim_mutation("train-accuracy-agrees-kept-removed")
+@pytest.mark.claim_mutation(J.TRAIN_ACCURACY_AGREES_KEPT_REMOVED.id)
 def test_discordant_claim_fails_one_image_past_the_bound_even_symmetric(record_mutation):
     # at the bound (7 of 1440 images) it holds; one more discordant image fails it, whether the kept
     # model loses images or changes predictions symmetrically (4 gained, 4 lost: accuracy unchanged)
     assert _held(J.pair_results(_pairs(kept_only=(1, 1, 1, 0), removed_only=(1, 1, 1, 1)))[0])[
-        "train-accuracy-agrees-kept-removed"]
+        J.TRAIN_ACCURACY_AGREES_KEPT_REMOVED.id]
     for kept_only, removed_only in (((1, 1, 1, 1), (1, 1, 1, 1)), ((0, 0, 0, 0), (2, 2, 2, 2)),
                                     ((2, 2, 0, 0), (0, 0, 2, 2))):
         claims = J.pair_results(_pairs(kept_only=kept_only, removed_only=removed_only))[0]
-        record_mutation(_by_id(claims, "train-accuracy-agrees-kept-removed"))  # 8 of 1440 images, bound 7
+        record_mutation(_by_id(claims, J.TRAIN_ACCURACY_AGREES_KEPT_REMOVED.id))  # 8 of 1440 images, bound 7
 
 
-@pytest.mark.claim_mutation("train-divergence-within-rounding-control")
+@pytest.mark.claim_mutation(J.TRAIN_DIVERGENCE_WITHIN_ROUNDING_CONTROL.id)
 def test_divergence_claim_fails_just_past_one_decade_of_the_larger_control(record_mutation):
     # controls 2e-6 (up) and 4e-6 (down): the bound is 10 x 4e-6 for every seed of an optimizer
     assert _held(J.pair_results(_pairs(div_kept=3.9e-5, div_seeds=(0, 1)))[0])[
-        "train-divergence-within-rounding-control"]
+        J.TRAIN_DIVERGENCE_WITHIN_ROUNDING_CONTROL.id]
     record_mutation(_by_id(J.pair_results(_pairs(div_kept=4.1e-5, div_seeds=(0, 1)))[0],
-                           "train-divergence-within-rounding-control"))
+                           J.TRAIN_DIVERGENCE_WITHIN_ROUNDING_CONTROL.id))
     # one seed's chaotic outlier (30x) beside an ordinary seed (0.25x) averages to 2.7x: holds
-    assert _held(J.pair_results(_pairs(div_kept=1.2e-4))[0])["train-divergence-within-rounding-control"]
+    assert _held(J.pair_results(_pairs(div_kept=1.2e-4))[0])[J.TRAIN_DIVERGENCE_WITHIN_ROUNDING_CONTROL.id]
     # a missing value raises, never skipped by max(); a kept run still identical to the removed one holds
     with pytest.raises(NonFiniteValues, match="divergences"):
         J.pair_results(_pairs(div_kept=float("nan")))
-    assert _held(J.pair_results(_pairs(div_kept=0.0))[0])["train-divergence-within-rounding-control"]
+    assert _held(J.pair_results(_pairs(div_kept=0.0))[0])[J.TRAIN_DIVERGENCE_WITHIN_ROUNDING_CONTROL.id]
 
 
 def _bias(*, drift_scale=1.0, decayed_norm=0.30, optimizers=("sgd", "adam", "adamw", "adamw_bias_decay"),
@@ -332,10 +356,10 @@ def _bias(*, drift_scale=1.0, decayed_norm=0.30, optimizers=("sgd", "adam", "ada
 def test_bias_results_pass():
     claims, macros = J.bias_results(_bias())
     held = _held(claims)
-    assert set(held) == {"train-bk-gradient-within-rounding", "train-sgd-bk-stays-put",
-                         "train-adam-drift-matches-noise-prediction", "train-adamw-bias-decay-shrinks-bk"}
+    assert set(held) == {J.TRAIN_BK_GRADIENT_WITHIN_ROUNDING.id, J.TRAIN_SGD_BK_STAYS_PUT.id,
+                         J.TRAIN_ADAM_DRIFT_MATCHES_NOISE_PREDICTION.id, J.TRAIN_ADAMW_BIAS_DECAY_SHRINKS_BK.id}
     assert all(held.values())
-    assert all(c.kind == ("consistency" if c.id == "train-adamw-bias-decay-shrinks-bk" else "test") and c.bound_origin
+    assert all(c.kind == ("consistency" if c.id == J.TRAIN_ADAMW_BIAS_DECAY_SHRINKS_BK.id else "test") and c.bound_origin
                for c in claims)
     assert macros["TrainDriftAdamEpsEight"] == pytest.approx(0.035)  # mean over seeds
     assert macros["TrainAccAdamEpsEight"] == pytest.approx(0.85)
@@ -343,41 +367,41 @@ def test_bias_results_pass():
     # the noise claim excludes AdamW with decay on biases, whose drift is mostly the decay itself
     far = _bias()
     far.loc[far["optimizer"] == "adamw_bias_decay", "drift_b_k"] = 0.1
-    assert _held(J.bias_results(far)[0])["train-adam-drift-matches-noise-prediction"]
+    assert _held(J.bias_results(far)[0])[J.TRAIN_ADAM_DRIFT_MATCHES_NOISE_PREDICTION.id]
     # no decay runs in the profile: that claim (and its macro) is not produced at all
     claims, macros = J.bias_results(_bias(optimizers=("sgd", "adam")))
-    assert "train-adamw-bias-decay-shrinks-bk" not in _held(claims) and "TrainDecayDev" not in macros
+    assert J.TRAIN_ADAMW_BIAS_DECAY_SHRINKS_BK.id not in _held(claims) and "TrainDecayDev" not in macros
     with pytest.raises(ValueError, match="empty"):
         J.bias_results(_bias().iloc[:0])
 
 
-@pytest.mark.claim_mutation("train-bk-gradient-within-rounding")
+@pytest.mark.claim_mutation(J.TRAIN_BK_GRADIENT_WITHIN_ROUNDING.id)
 def test_gradient_claim_fails_on_doctored_and_unpowered_data(record_mutation):
     # one percent past the tolerance in every powered run
-    record_mutation(_by_id(J.bias_results(_bias(grad_ratio=1.01))[0], "train-bk-gradient-within-rounding"))
+    record_mutation(_by_id(J.bias_results(_bias(grad_ratio=1.01))[0], J.TRAIN_BK_GRADIENT_WITHIN_ROUNDING.id))
     # no powered step anywhere (the b_q control never above the tolerance): nothing tested, so it fails
-    assert _held(J.bias_results(_bias(powered_steps=0))[0])["train-bk-gradient-within-rounding"] is False
+    assert _held(J.bias_results(_bias(powered_steps=0))[0])[J.TRAIN_BK_GRADIENT_WITHIN_ROUNDING.id] is False
 
 
-@pytest.mark.claim_mutation("train-sgd-bk-stays-put", "train-adam-drift-matches-noise-prediction")
+@pytest.mark.claim_mutation(J.TRAIN_SGD_BK_STAYS_PUT.id, J.TRAIN_ADAM_DRIFT_MATCHES_NOISE_PREDICTION.id)
 def test_sgd_and_adam_claims_fail_on_doctored_drift(record_mutation):
-    assert _held(J.bias_results(_bias(sgd_ratio=0.5))[0])["train-sgd-bk-stays-put"]
+    assert _held(J.bias_results(_bias(sgd_ratio=0.5))[0])[J.TRAIN_SGD_BK_STAYS_PUT.id]
     # one percent past each bound: SGD drift 3.03 walks (bound 3); Adam's seed-1 drift 0.04 x 1.515 against a
     # prediction of 0.03, a factor 2.02 (bound 2)
     claims = J.bias_results(_bias(sgd_ratio=3 * 1.01, drift_scale=2 * 0.03 / 0.04 * 1.01))[0]
-    record_mutation(_by_id(claims, "train-sgd-bk-stays-put"),
-                    _by_id(claims, "train-adam-drift-matches-noise-prediction"))
+    record_mutation(_by_id(claims, J.TRAIN_SGD_BK_STAYS_PUT.id),
+                    _by_id(claims, J.TRAIN_ADAM_DRIFT_MATCHES_NOISE_PREDICTION.id))
     # no SGD run where b_q outran the bound: nothing tested, so it fails
     unpowered = _bias()
     unpowered["sgd_walk_ratio_b_q"] = 2.0
-    assert _held(J.bias_results(unpowered)[0])["train-sgd-bk-stays-put"] is False
+    assert _held(J.bias_results(unpowered)[0])[J.TRAIN_SGD_BK_STAYS_PUT.id] is False
     nan_pred = _bias()
     nan_pred.loc[nan_pred["optimizer"] == "adam", "predicted_drift"] = np.nan
     with pytest.raises(NonFiniteValues, match="Adam drift ratios: 2 of 4"):
         J.bias_results(nan_pred)
 
 
-@pytest.mark.claim_mutation("train-adamw-bias-decay-shrinks-bk")
+@pytest.mark.claim_mutation(J.TRAIN_ADAMW_BIAS_DECAY_SHRINKS_BK.id)
 def test_decay_claim_fails_at_the_smallest_violation_at_the_paper_settings(record_mutation):
     # the paper profile's settings: lr 0.003, wd 0.5, 150 steps, ||b_k(0)|| of 32 x 2 entries drawn with
     # std key_bias_init, and a predicted walk of the size the committed runs measured (0.027)
@@ -401,12 +425,12 @@ def test_decay_claim_fails_at_the_smallest_violation_at_the_paper_settings(recor
     assert macros["TrainDecayEffectOverBound"] >= 5
     # within the bound (a walk of 1.9 predicted walks on top of the decay): holds
     frame.loc[decay, "norm_b_k"] = decayed + 1.9 * walk
-    assert _held(J.bias_results(frame)[0])["train-adamw-bias-decay-shrinks-bk"]
+    assert _held(J.bias_results(frame)[0])[J.TRAIN_ADAMW_BIAS_DECAY_SHRINKS_BK.id]
     # the smallest violation: a decay rate 15% short of lr*wd, i.e. a deviation just past 2 walks
     short = (1 - 0.85 * paper.lr_adam * paper.weight_decay) ** paper.steps * initial
     assert 2 * walk < short - decayed < 2.5 * walk
     frame.loc[decay, "norm_b_k"] = short
-    record_mutation(_by_id(J.bias_results(frame)[0], "train-adamw-bias-decay-shrinks-bk"))
+    record_mutation(_by_id(J.bias_results(frame)[0], J.TRAIN_ADAMW_BIAS_DECAY_SHRINKS_BK.id))
 
 
 def _coupled_refresh(module, args):
@@ -421,7 +445,7 @@ def _study(frames, momentum=0.9):
     return J.bias_results(T.bias_summary(pd.concat(frames, ignore_index=True), momentum=momentum))[0]
 
 
-@pytest.mark.claim_mutation("train-bk-gradient-within-rounding", "train-sgd-bk-stays-put")
+@pytest.mark.claim_mutation(J.TRAIN_BK_GRADIENT_WITHIN_ROUNDING.id, J.TRAIN_SGD_BK_STAYS_PUT.id)
 def test_a_real_key_bias_gradient_fails_the_gradient_and_sgd_claims(data, monkeypatch, record_mutation):
     # (Adam's noise law alone would not catch this one: over 40 minibatch steps a real gradient
     # also walks; its size, far above the rounding tolerance, is what fails.)
@@ -433,20 +457,20 @@ def test_a_real_key_bias_gradient_fails_the_gradient_and_sgd_claims(data, monkey
     coupled = [T.train_bias_run(0, optimizer="sgd", lr=0.1, **common)[0],
                T.train_bias_run(0, optimizer="adam", lr=3e-3, **common)[0]]
     claims = _study(coupled)
-    record_mutation(_by_id(claims, "train-bk-gradient-within-rounding"), _by_id(claims, "train-sgd-bk-stays-put"))
+    record_mutation(_by_id(claims, J.TRAIN_BK_GRADIENT_WITHIN_ROUNDING.id), _by_id(claims, J.TRAIN_SGD_BK_STAYS_PUT.id))
 
 
-@pytest.mark.claim_mutation("train-adam-drift-matches-noise-prediction", "train-adamw-bias-decay-shrinks-bk")
+@pytest.mark.claim_mutation(J.TRAIN_ADAM_DRIFT_MATCHES_NOISE_PREDICTION.id, J.TRAIN_ADAMW_BIAS_DECAY_SHRINKS_BK.id)
 def test_weight_decay_coupling_fails_the_noise_and_decay_claims(data, record_mutation):
     common = dict(steps=40, batch_size=32, data=data, key_bias_init=0.5, lr=3e-3, weight_decay=5.0, **ARCH)
     # b_k coupled to weight decay, presented as AdamW without decay on biases: the noise law must fail
     decayed, _ = T.train_bias_run(0, optimizer="adamw_bias_decay", **common)
     decayed["optimizer"] = "adamw"
-    record_mutation(_by_id(_study([decayed]), "train-adam-drift-matches-noise-prediction"))
+    record_mutation(_by_id(_study([decayed]), J.TRAIN_ADAM_DRIFT_MATCHES_NOISE_PREDICTION.id))
     # and a b_k that is not decayed, presented as decayed: the decay claim must fail
     free, _ = T.train_bias_run(0, optimizer="adamw", **common)
     free["optimizer"] = "adamw_bias_decay"
-    record_mutation(_by_id(_study([free]), "train-adamw-bias-decay-shrinks-bk"))
+    record_mutation(_by_id(_study([free]), J.TRAIN_ADAMW_BIAS_DECAY_SHRINKS_BK.id))
 
 
 def _verdict_frame(model, images, optimizer="adam"):
@@ -456,36 +480,36 @@ def _verdict_frame(model, images, optimizer="adam"):
     return v
 
 
-@pytest.mark.claim_mutation("train-drifted-bk-never-changes-function")
+@pytest.mark.claim_mutation(J.TRAIN_DRIFTED_BK_NEVER_CHANGES_FUNCTION.id)
 def test_function_claim_fails_when_attention_depends_on_key_bias(data, monkeypatch, record_mutation):
     model = T.build_model(0, keep_key_bias=True, key_bias_init=0.5, **ARCH)
     images = data["x_test"][:100]
-    assert _held(J.verdict_results(_verdict_frame(model, images))[0])["train-drifted-bk-never-changes-function"]
+    assert _held(J.verdict_results(_verdict_frame(model, images))[0])[J.TRAIN_DRIFTED_BK_NEVER_CHANGES_FUNCTION.id]
     original = T._attention_output
     monkeypatch.setattr(T, "_attention_output",
                         lambda mha, x, b_q, b_k, b_v: original(mha, x, b_q, b_k, b_v + b_k))
     record_mutation(_by_id(J.verdict_results(_verdict_frame(model, images))[0],
-                           "train-drifted-bk-never-changes-function"))
+                           J.TRAIN_DRIFTED_BK_NEVER_CHANGES_FUNCTION.id))
 
 
 def test_power_check_fails_without_a_powered_layer(data):
     # a zero b_k gives a zero positive control: every layer invalid, no power (a consistency check)
     removed = T.build_model(0, keep_key_bias=False, **ARCH)
     claims = J.verdict_results(_verdict_frame(removed, data["x_test"][:100]))[0]
-    assert _held(claims)["train-drift-verdict-has-power"] is False
-    assert _by_id(claims, "train-drift-verdict-has-power").kind == "consistency"
+    assert _held(claims)[J.TRAIN_DRIFT_VERDICT_HAS_POWER.id] is False
+    assert _by_id(claims, J.TRAIN_DRIFT_VERDICT_HAS_POWER.id).kind == "consistency"
 
 
 def test_bound_macros_match_claim_bounds():
     bounds = J.bound_macros()
     claims = J.pair_results(_pairs())[0] + J.bias_results(_bias())[0]
     by_id = {c.id: c.bound for c in claims}
-    assert by_id["train-accuracy-agrees-kept-removed"] == J.discordant_bound(1440)
+    assert by_id[J.TRAIN_ACCURACY_AGREES_KEPT_REMOVED.id] == J.discordant_bound(1440)
     assert bounds["TrainDiscordantFractionBound"] == J.DISCORDANT_FRACTION_BOUND
-    assert by_id["train-divergence-within-rounding-control"] == bounds["TrainDivergenceBound"]
-    assert by_id["train-sgd-bk-stays-put"] == bounds["TrainSgdWalkBound"]
-    assert by_id["train-adam-drift-matches-noise-prediction"] == math.log2(bounds["TrainAdamFactorBound"])
-    assert by_id["train-adamw-bias-decay-shrinks-bk"] == bounds["TrainDecayDevBound"]
+    assert by_id[J.TRAIN_DIVERGENCE_WITHIN_ROUNDING_CONTROL.id] == bounds["TrainDivergenceBound"]
+    assert by_id[J.TRAIN_SGD_BK_STAYS_PUT.id] == bounds["TrainSgdWalkBound"]
+    assert by_id[J.TRAIN_ADAM_DRIFT_MATCHES_NOISE_PREDICTION.id] == math.log2(bounds["TrainAdamFactorBound"])
+    assert by_id[J.TRAIN_ADAMW_BIAS_DECAY_SHRINKS_BK.id] == bounds["TrainDecayDevBound"]
     assert all(re.fullmatch(r"[A-Za-z]+", k) for k in bounds)
 
 
@@ -493,13 +517,16 @@ def test_verdict_results_and_tables():
     import pandas as pd
 
     rows = [{"setting": s, "optimizer": o, "seed": 0, "layer": layer, "verdict": v, "delta": 1e-7,
-             "tolerance": 1e-6, "logit_delta": 1e-6, "prediction_changes": 0}
+             "tolerance": 1e-6, "control_delta": 1e-4 * (1 + layer), "logit_delta": 1e-6, "prediction_changes": 0}
             for s, o, vs in (("SGD", "sgd", ("invalid", "invalid")), ("Adam_x", "adam", ("redundant", "invalid")))
             for layer, v in enumerate(vs)]
     verdicts = pd.DataFrame(rows)
     claims, macros = J.verdict_results(verdicts)
     assert all(_held(claims).values())
     assert macros["TrainVerdictRedundant"] == 1 and macros["TrainVerdictInvalid"] == 3
+    # the one powered layer sees a change of 1e-6 / 1e-4 of its size-matched control's
+    assert {c.id: c for c in claims}[J.TRAIN_DRIFTED_BK_NEVER_CHANGES_FUNCTION.id].min_detectable == pytest.approx(1e-2)
+    assert macros["TrainVerdictMinDetectable"] == pytest.approx(1e-2)
     table = J.verdict_table(verdicts)
     assert list(table["redundant"]) == [0, 1]
     latex = J.verdict_table_latex(table)

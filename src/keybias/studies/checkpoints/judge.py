@@ -170,7 +170,7 @@ def drift_macros(grads: pd.DataFrame, norms: pd.DataFrame) -> tuple[pd.DataFrame
 
 # -- the claims this judge emits, declared once (keybias.core.claimspec): the judge builds each
 # claim from its spec, and the manifests, verify's classes and the tests read them from here --
-register_claim(ClaimSpec(
+CHECKPOINTS_STRIP_REDUCES_INT_ERROR = register_claim(ClaimSpec(
     'checkpoints-strip-reduces-int{bits}-error', '10_checkpoints', 'consistency',
     comparison='<',
     bound=1.0,
@@ -178,7 +178,7 @@ register_claim(ClaimSpec(
     value_class='rms_error',
     params={'bits': ('8', '4')},
 ))
-register_claim(ClaimSpec(
+CHECKPOINTS_STRIP_CONTROL_INT = register_claim(ClaimSpec(
     'checkpoints-strip-control-int{bits}', '10_checkpoints', 'control',
     comparison='<',
     bound=1.0,

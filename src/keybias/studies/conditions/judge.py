@@ -139,7 +139,7 @@ for _case in CASES:
                              origin=_origin, value_class="effect"))
 # a regression check of PyTorch's behaviour: the reproducer is built so that the appended slot is
 # hidden, so the difference is what the code guarantees (params/claims/rules.md, issue 30)
-register_claim(ClaimSpec(
+COND_QUIRK_NEED_WEIGHTS_CHANGES_OUTPUT = register_claim(ClaimSpec(
     'cond-quirk-{option}-need-weights-changes-output', '07_conditions', 'consistency',
     comparison='>=',
     bound=BREAK_MIN,
@@ -147,7 +147,7 @@ register_claim(ClaimSpec(
     value_class='effect',
     params={'option': ('add-bias-kv', 'add-zero-attn')},
 ))
-register_claim(ClaimSpec(
+COND_QUIRK_NEED_WEIGHTS_TRUE_DOCUMENTED = register_claim(ClaimSpec(
     'cond-quirk-{option}-need-weights-true-documented', '07_conditions', 'test',
     bound=1e-10,
     origin='theory: float64 rounding (unit roundoff 1.1e-16) with three orders of margin',
@@ -155,7 +155,7 @@ register_claim(ClaimSpec(
     value_class='effect',
     params={'option': ('add-bias-kv', 'add-zero-attn')},
 ))
-register_claim(ClaimSpec(
+COND_QUIRK_PLAIN_PATHS_AGREE = register_claim(ClaimSpec(
     'cond-quirk-plain-paths-agree', '07_conditions', 'test',
     bound=1e-10,
     origin='theory: float64 rounding (unit roundoff 1.1e-16) with three orders of margin',

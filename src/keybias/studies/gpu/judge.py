@@ -195,7 +195,7 @@ def failure_details(invariance: dict, precision: dict) -> dict:
 
 # -- the claims this judge emits, declared once (keybias.core.claimspec): the judge builds each
 # claim from its spec, and the manifests, verify's classes and the tests read them from here --
-register_claim(ClaimSpec(
+GPU_MEMORY_ALLOCATOR_MATCHES_COUNT = register_claim(ClaimSpec(
     'gpu-memory-allocator-matches-count', '09_gpu', 'consistency',
     bound=0.0,
     origin='exact count: 4 bytes times E times (parameter + gradient + optimizer states)',

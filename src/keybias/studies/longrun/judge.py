@@ -307,13 +307,13 @@ def exponent_claim(exponents: pd.DataFrame) -> Claim:
 
 # -- the claims this judge emits, declared once (keybias.core.claimspec): the judge builds each
 # claim from its spec, and the manifests, verify's classes and the tests read them from here --
-register_claim(ClaimSpec(
+LONGRUN_CORPUS_IS_PINNED_TEXT = register_claim(ClaimSpec(
     'longrun-corpus-is-pinned-text', '08_longrun', 'consistency',
     comparison='==',
     bound=1.0,
     origin='the sha256 committed with the code',
 ))
-register_claim(ClaimSpec(
+LONGRUN_DRIFT_EXPONENT_DECIDED = register_claim(ClaimSpec(
     'longrun-drift-exponent-decided', '08_longrun', 'consistency',
     comparison='>',
     bound=0.0,

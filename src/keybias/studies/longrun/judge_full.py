@@ -501,57 +501,57 @@ def findings_text(table: pd.DataFrame, spans: pd.DataFrame, m: dict) -> str:
 
 # -- the claims this judge emits, declared once (keybias.core.claimspec): the judge builds each
 # claim from its spec, and the manifests, verify's classes and the tests read them from here --
-register_claim(ClaimSpec(
+LONGRUN_EXPONENT_SMALL_MODEL = register_claim(ClaimSpec(
     'longrun-exponent-small-model', '08_longrun', 'test',
     comparison='>',
     bound=EXPONENT_BOUND,
     origin='halfway between a walk and constant velocity, fixed before the runs',
     finding='long-run-drift',
 ))
-register_claim(ClaimSpec(
+LONGRUN_VELOCITY_FROM_GRADIENT_BIAS = register_claim(ClaimSpec(
     'longrun-velocity-from-gradient-bias', '08_longrun', 'consistency',
     bound=1.0,
     origin="Adam's update in the small-signal limit, a factor 2 for sqrt(v_i) ~ sigma; fixed before the runs; computed from the logged gradients by Adam's own rule, so a cross-check",
 ))
-register_claim(ClaimSpec(
+LONGRUN_DRIFT_ALONG_MEAN_QUERY = register_claim(ClaimSpec(
     'longrun-drift-along-mean-query', '08_longrun', 'test',
     comparison='>',
     bound=QUERY_COS_BOUND,
     origin='isotropic chance: a median of three above 2 has probability about 0.002',
     finding='long-run-drift',
 ))
-register_claim(ClaimSpec(
+LONGRUN_NOISE_NOT_TRACKING_BIAS = register_claim(ClaimSpec(
     'longrun-noise-not-tracking-bias', '08_longrun', 'test',
     comparison='<',
     bound=ELASTICITY_BOUND,
     origin='halfway between no growth and the proportional growth the candidate predicts; fixed before the runs',
     finding='long-run-drift',
 ))
-register_claim(ClaimSpec(
+ADAM_FULL_STEPS_FLOAT32_SMALL_EPS = register_claim(ClaimSpec(
     'adam-full-steps-float32-small-eps', '08_longrun', 'consistency',
     comparison='>=',
     bound=FULL_STEP_RATE,
     origin="theory: r ~ 1 when eps is far below the noise (the formula's own limit)",
 ))
-register_claim(ClaimSpec(
+ADAM_FULL_STEPS_BFLOAT16_DEFAULT_EPS = register_claim(ClaimSpec(
     'adam-full-steps-bfloat16-default-eps', '08_longrun', 'consistency',
     comparison='>=',
     bound=FULL_STEP_RATE,
     origin="theory: bfloat16's rounding noise is about 2^16 times float32's, far above 1e-8 (the formula's own limit)",
 ))
-register_claim(ClaimSpec(
+ADAM_SGD_STEPS_FLOAT32_DEFAULT_EPS = register_claim(ClaimSpec(
     'adam-sgd-steps-float32-default-eps', '08_longrun', 'test',
     bound=SGD_STEP_RATE,
     origin="theory: float32 rounding noise of b_k's gradient below eps",
     finding='adam-drift-regimes',
 ))
-register_claim(ClaimSpec(
+ADAM_DEFAULT_EPS_DAMPS_DRIFT = register_claim(ClaimSpec(
     'adam-default-eps-damps-drift', '08_longrun', 'test',
     bound=DAMPING_RATIO,
     origin='theory: the step shrinks by sigma / (sigma + eps) < 1/2 when sigma < eps',
     finding='adam-drift-regimes',
 ))
-register_claim(ClaimSpec(
+ADAM_DRIFT_RATIO_CONTROL_BFLOAT16 = register_claim(ClaimSpec(
     'adam-drift-ratio-control-bfloat16', '08_longrun', 'control',
     comparison='>',
     bound=DAMPING_RATIO,

@@ -609,62 +609,62 @@ def gradient_macros(gsum: pd.DataFrame, grads: pd.DataFrame, seq_len: int) -> di
 
 # -- the claims this judge emits, declared once (keybias.core.claimspec): the judge builds each
 # claim from its spec, and the manifests, verify's classes and the tests read them from here --
-register_claim(ClaimSpec(
+PRECISION_OUTPUT_CHANGE_WITHIN_TOLERANCE = register_claim(ClaimSpec(
     'precision-output-change-within-tolerance', '03_precision', 'test',
     bound=1.0,
     origin="verdict rule's rounding bound for each magnitude's own scores and values (theory); rows judged by the 5% rule of keybias.verdict, fixed before the data",
     finding='precision-law',
     value_class='noise',
 ))
-register_claim(ClaimSpec(
+PRECISION_LAW_SLOPE_ONE = register_claim(ClaimSpec(
     'precision-law-slope-one', '03_precision', 'test',
     bound=1.0,
     origin="fixed margin: the first-order model's validity limit VALIDITY, set before the run",
     finding='precision-law',
     value_class='fit',
 ))
-register_claim(ClaimSpec(
+PRECISION_ROUNDING_MODEL_CONSTANT = register_claim(ClaimSpec(
     'precision-rounding-model-constant', '03_precision', 'test',
     bound=1.0,
     origin="held-out calibration: z = 4.89 (two-sided normal quantile at p = 1e-06, the failure probability of every notebook-03 claim) times sqrt(2) times the scatter of log10 C in the calibration seed's fits, pooled over dtypes and paths",
     finding='precision-law',
     value_class='fit',
 ))
-register_claim(ClaimSpec(
+PRECISION_ACCURACY_CROSSING_LAW = register_claim(ClaimSpec(
     'precision-accuracy-crossing-law', '03_precision', 'test',
     bound=1.0,
     origin='half a grid step plus z times the scatter of the model constant calibrated on a held-out seed',
     finding='precision-law',
     value_class='fit',
 ))
-register_claim(ClaimSpec(
+PRECISION_BK_GRADIENT_WITHIN_TOLERANCE = register_claim(ClaimSpec(
     'precision-bk-gradient-within-tolerance', '03_precision', 'test',
     bound=1.0,
     origin="verdict rule's rounding bound from the measured query, value and upstream-gradient magnitudes (theory)",
     finding='gradient-is-rounding-noise',
     value_class='noise',
 ))
-register_claim(ClaimSpec(
+PRECISION_BK_GRADIENT_NOISE_SCALE = register_claim(ClaimSpec(
     'precision-bk-gradient-noise-scale', '03_precision', 'test',
     bound=1.0,
     origin='rounding of n-term row sums: lambda sqrt(n) u times the measured b_q gradient (theory)',
     finding='gradient-is-rounding-noise',
     value_class='noise',
 ))
-register_claim(ClaimSpec(
+PRECISION_BK_GRADIENT_SCALES_WITH_U = register_claim(ClaimSpec(
     'precision-bk-gradient-scales-with-u', '03_precision', 'test',
     origin='lambda sqrt(n), the spread rounding noise allows (theory)',
     finding='gradient-is-rounding-noise',
     value_class='noise',
 ))
-register_claim(ClaimSpec(
+PRECISION_BK_GRADIENT_NO_DIRECTION = register_claim(ClaimSpec(
     'precision-bk-gradient-no-direction', '03_precision', 'test',
     bound=1.0,
     origin='isotropic-noise bound on the mean pairwise cosine at p = 1e-06 (theory)',
     finding='gradient-is-rounding-noise',
     value_class='noise_stat',
 ))
-register_claim(ClaimSpec(
+PRECISION_BQ_GRADIENT_CONSISTENT = register_claim(ClaimSpec(
     'precision-bq-gradient-consistent', '03_precision', 'control',
     comparison='>',
     bound=1.0,

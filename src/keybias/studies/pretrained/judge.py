@@ -68,7 +68,13 @@ CHANGE_CLAIMS = (("strip_key_bias", "Removing the key bias with strip_key_bias")
                  ("strip_and_fold", "Stripping b_k and folding b_v together"))
 # A variant whose edited weights equal another variant's: its claim is implied by that one's.
 SAME_AS = {"zero_key_bias": "strip_key_bias"}
-ALWAYS_TESTED = "float64"  # the dtype whose no-change claims are always tests (analytic bound)
+# The changes the surgery tool makes: it certifies each module in float64 before it returns (and
+# rolls back what it cannot certify), so their float64 no-change claims restate the tool's own
+# guarantee: consistency checks, not tests (params/claims/rules.md, issue 30, third round).
+TOOL_CERTIFIED = ("strip_key_bias", "fold_value_bias", "strip_and_fold")
+TESTED_DTYPE = "float64"  # the dtype whose no-change claims are judged on their own (analytic bound)
+# The one change made by hand, which the tool does not certify: the test the controls protect.
+HAND_EDIT = "random_key_bias"
 # Per reference model: the macros of its key-bias entries, its total parameters and the key bias's share.
 MODEL_MACROS = {"bert-base": ("PretSavedBertBase", "PretTotalBertBase", "PretFractionBertBase"),
                 "bert-large": ("PretSavedBertLarge", "PretTotalBertLarge", "PretFractionBertLarge"),
@@ -85,14 +91,17 @@ def pretrained_claims(changes: pd.DataFrame, norms: pd.DataFrame, info: dict,
                       savings: pd.DataFrame) -> tuple[list[Claim], dict]:
     """Claims and macros of notebook 05's MiniLM part.
 
-    * float64 change claims (test): each change of b_k or b_v against the analytic float64
-      tolerance of the verdict rule (theory); a surgery that changes outputs fails them.
-    * float32 change claims: where float64 also ran, the float32 tolerance is min(analytic,
-      e_0 + e_1 + tol64), so a float64-redundant row is redundant in float32 by the triangle
-      inequality: these are `implied` by the float64 claim of the same change and not counted.
-      Without float64 the analytic float32 tolerance makes them independent `test`s.
-    * each dtype's positive control (test) must exceed that dtype's tolerance;
-    * b_k smaller than b_q in every layer (test, an observation of the trained model);
+    * float64 change claims, against the analytic float64 tolerance of the verdict rule (theory):
+      setting b_k to a large random vector by hand is the `test` (plausible data, a b_k that is
+      not redundant, would fail it); the tool's own edits (strip, fold, both) are `consistency`
+      checks, because the tool certifies each module in float64 before it returns and rolls back
+      what it cannot certify (TOOL_CERTIFIED); zeroing b_k is the strip's weights again (`implied`).
+    * float32 change claims: the float32 tolerance is min(analytic, e_0 + e_1 + tol64), measured
+      against the float64 twin, so a float64-redundant row is redundant in float32 by the triangle
+      inequality: these are `implied` by the float64 claim of the same change. The float64 rows
+      are required: without them the float32 rows would be a test nothing records.
+    * each dtype's positive control must exceed that dtype's tolerance; it protects the random
+      key bias's test (its min_detectable is the control's change);
     * parameter counts against the configs (consistency: they check module discovery).
     Missing rows raise: a claim is never silently dropped.
     """
@@ -125,6 +134,8 @@ def pretrained_claims(changes: pd.DataFrame, norms: pd.DataFrame, info: dict,
     for dtype in dtypes:
         if dtype not in CHANGE_DTYPES:
             raise ValueError(f"unknown dtype {dtype!r} in changes")
+    if TESTED_DTYPE not in dtypes:
+        raise ValueError(f"changes has no {TESTED_DTYPE} rows: the other dtypes' claims follow from them")
     for (dtype, variant), names in CHANGE_MACROS.items():
         r = rows.get((dtype, variant))
         for name, quantity in zip(names, CHANGE_QUANTITIES, strict=True):
@@ -142,42 +153,44 @@ def pretrained_claims(changes: pd.DataFrame, norms: pd.DataFrame, info: dict,
         control = rows.get((dtype, "random_query_bias_control"))
         if control is None:
             raise ValueError(f"changes has no positive control row for {dtype}")
-        origin = ("verdict rule, analytic float64 bound (theory)" if dtype == "float64" else
+        origin = ("verdict rule, analytic float64 bound (theory)" if dtype == TESTED_DTYPE else
                   "verdict rule: float32 bound, measured against the float64 twin where it ran")
-        protected = []
         for variant, what in CHANGE_CLAIMS:
             r = rows.get((dtype, variant))
             if r is None:
                 raise ValueError(f"changes has no {variant} row for {dtype}")
-            claim_id = f"pretrained-{variant.replace('_', '-')}-within-rounding-{dtype}"
+            slug = variant.replace('_', '-')
+            claim_id = f"pretrained-{slug}-within-rounding-{dtype}"
             statement = (f"{what} changes the {dtype} sentence embeddings of all-MiniLM-L6-v2 by no more than "
                          "the rounding tolerance.")
             value = float(finite_values([r.max_abs_diff], f"{dtype} {variant} change")[0])
             extra = {"min_detectable": float(finite_values([control.max_abs_diff], f"{dtype} control change")[0])}
-            if dtype == "float32" and r.tolerance_kind == "measured":
-                parent = f"pretrained-{variant.replace('_', '-')}-within-rounding-float64"
+            if dtype != TESTED_DTYPE:
+                if r.tolerance_kind != "measured":
+                    raise ValueError(f"changes: the {dtype} {variant} tolerance is not measured against its "
+                                     f"{TESTED_DTYPE} twin, so its claim would not follow from the twin's")
                 claims.append(_claim(claim_id, statement, value, r.tolerance, "<=", "implied",
                                      "min(analytic, e0 + e1 + float64 tolerance): follows from the float64 claim",
-                                     implied_by=[parent], **extra))
+                                     implied_by=[f"pretrained-{slug}-within-rounding-{TESTED_DTYPE}"], **extra))
             elif variant in SAME_AS:
                 # zeroing b_k is what strip_key_bias does to the weights: the same measurement again
                 parent = f"pretrained-{SAME_AS[variant].replace('_', '-')}-within-rounding-{dtype}"
                 claims.append(_claim(claim_id, statement, value, r.tolerance, "<=", "implied",
                                      "the same weights as the strip: follows from the strip claim",
                                      implied_by=[parent], **extra))
+            elif variant in TOOL_CERTIFIED:
+                claims.append(_claim(claim_id, statement, value, r.tolerance, "<=", "consistency",
+                                     "verdict rule, analytic float64 bound (theory); the tool certified the "
+                                     "edit in float64 before it returned, so a cross-check of that guarantee",
+                                     **extra))
             else:
-                if dtype != ALWAYS_TESTED:
-                    # without a float64 twin the float32 bound is analytic and the claim a test of its
-                    # own: another claim than the implied one, so it has an id of its own
-                    claim_id = f"{claim_id}-analytic"
                 claims.append(_claim(claim_id, statement, value, r.tolerance, "<=", "test",
-                                     f"verdict rule, analytic {dtype} bound (theory)", **extra))
-                protected.append(claim_id)
+                                     "verdict rule, analytic float64 bound (theory)", **extra))
         claims.append(_claim(f"pretrained-control-detected-{dtype}",
                              f"A random query bias of the same size changes the {dtype} embeddings by more than "
                              "the rounding tolerance: the power of the no-change tests.",
                              control.max_abs_diff, control.tolerance, ">", "control", origin,
-                             protects=protected or [f"pretrained-strip-key-bias-within-rounding-{ALWAYS_TESTED}"]))
+                             protects=[f"pretrained-{HAND_EDIT.replace('_', '-')}-within-rounding-{TESTED_DTYPE}"]))
     f32 = changes[changes["dtype"] == "float32"]
     measured = int((f32["tolerance_kind"] == "measured").sum())
     macros["PretTolMeasuredCount"] = measured
@@ -321,7 +334,7 @@ def architecture_claims(table: pd.DataFrame) -> tuple[list[Claim], dict]:
 
 # -- the claims this judge emits, declared once (keybias.core.claimspec): the judge builds each
 # claim from its spec, and the manifests, verify's classes and the tests read them from here --
-register_claim(ClaimSpec(
+PRETRAINED_CONTROL_DETECTED = register_claim(ClaimSpec(
     'pretrained-control-detected-{dtype}', '05_pretrained', 'control',
     comparison='>',
     origin='verdict rule',
@@ -329,26 +342,33 @@ register_claim(ClaimSpec(
     bound_class='rms_error',
     params={'dtype': ('float32', 'float64')},
 ))
-register_claim(ClaimSpec(
-    'pretrained-{variant}-within-rounding-float64', '05_pretrained', 'test',
+PRETRAINED_RANDOM_KEY_BIAS_WITHIN_ROUNDING_FLOAT64 = register_claim(ClaimSpec(
+    'pretrained-random-key-bias-within-rounding-float64', '05_pretrained', 'test',
     origin='verdict rule, analytic float64 bound (theory)',
     finding='pretrained-strip-exact',
     value_class='noise',
     bound_class='rms_error',
-    params={'variant': ('strip-key-bias', 'random-key-bias', 'fold-value-bias', 'strip-and-fold')},
 ))
-register_claim(ClaimSpec(
+# the tool certifies each of these edits in float64 before it returns (params/claims/rules.md)
+PRETRAINED_TOOL_EDITS_WITHIN_ROUNDING_FLOAT64 = register_claim(ClaimSpec(
+    'pretrained-{variant}-within-rounding-float64', '05_pretrained', 'consistency',
+    origin='verdict rule, analytic float64 bound (theory); the tool certified the edit in float64',
+    value_class='noise',
+    bound_class='rms_error',
+    params={'variant': ('strip-key-bias', 'fold-value-bias', 'strip-and-fold')},
+))
+PRETRAINED_STRIP_SAVES_LAYERS_TIMES_HIDDEN = register_claim(ClaimSpec(
     'pretrained-strip-saves-layers-times-hidden', '05_pretrained', 'consistency',
     comparison='==',
     origin='the config: layers times hidden size',
 ))
-register_claim(ClaimSpec(
+PRETRAINED_SAVED_MATCHES_CONFIG = register_claim(ClaimSpec(
     'pretrained-saved-{model}-matches-config', '05_pretrained', 'consistency',
     comparison='==',
     origin='the config: layers times hidden size',
     params={'model': ('bert-base', 'bert-large', 'vit-base', 'gpt2')},
 ))
-register_claim(ClaimSpec(
+PRETRAINED_FAMILIES_DECISIONS_AS_EXPECTED = register_claim(ClaimSpec(
     'pretrained-families-decisions-as-expected', '05_pretrained', 'consistency',
     comparison='==',
     bound=0.0,
@@ -356,20 +376,20 @@ register_claim(ClaimSpec(
 ))
 # the tool certifies each handled family before it changes it, so the outcome is the code's
 # (params/claims/rules.md, issue 30)
-register_claim(ClaimSpec(
+PRETRAINED_FAMILIES_HANDLED_UNCHANGED_FLOAT64 = register_claim(ClaimSpec(
     'pretrained-families-handled-unchanged-float64', '05_pretrained', 'consistency',
     bound=1.0,
     origin='float32 unit roundoff times the output size (2^-24 max|y|), fixed before the data',
     value_class='noise',
 ))
-register_claim(ClaimSpec(
+PRETRAINED_FAMILIES_CONTROL_DETECTED = register_claim(ClaimSpec(
     'pretrained-families-control-detected', '05_pretrained', 'control',
     comparison='>',
     bound=1.0,
     origin='float32 unit roundoff times the output size (2^-24 max|y|), fixed before the data',
     value_class='f32',
 ))
-register_claim(ClaimSpec(
+PRETRAINED_FAMILIES_REFUSALS_NEEDED = register_claim(ClaimSpec(
     'pretrained-families-refusals-needed', '05_pretrained', 'test',
     comparison='>',
     bound=1.0,
@@ -377,35 +397,23 @@ register_claim(ClaimSpec(
     finding='pretrained-strip-exact',
     value_class='f32',
 ))
-register_claim(ClaimSpec(
+PRETRAINED_ARCHITECTURES_HANDLED_EXACT_REFUSALS_NEEDED = register_claim(ClaimSpec(
     'pretrained-architectures-handled-exact-refusals-needed', '05_pretrained', 'consistency',
     comparison='==',
     bound=0.0,
     origin="the tool's own certification, rerun with the tool's inputs and bound: a cross-check, not a test",
 ))
-register_claim(ClaimSpec(
+PRETRAINED_WITHIN_ROUNDING_FLOAT32 = register_claim(ClaimSpec(
     'pretrained-{variant}-within-rounding-float32', '05_pretrained', 'implied',
-    # implied by the float64 claim where the float32 tolerance was measured against the float64 twin;
-    # zeroing b_k by the strip where the tolerance is analytic
-    origin=('min(analytic, e0 + e1 + float64 tolerance): follows from the float64 claim',
-            'the same weights as the strip: follows from the strip claim'),
+    # implied by the float64 claim of the same change: the float32 tolerance is measured against it
+    origin='min(analytic, e0 + e1 + float64 tolerance): follows from the float64 claim',
     value_class='noise',
     bound_class='rms_error',
     params={'variant': ('strip-key-bias', 'zero-key-bias', 'random-key-bias', 'fold-value-bias', 'strip-and-fold')},
 ))
-register_claim(ClaimSpec(
+PRETRAINED_ZERO_KEY_BIAS_WITHIN_ROUNDING_FLOAT64 = register_claim(ClaimSpec(
     'pretrained-zero-key-bias-within-rounding-float64', '05_pretrained', 'implied',
     origin='the same weights as the strip: follows from the strip claim',
     value_class='noise',
     bound_class='rms_error',
-))
-# the float32 claims where no float64 twin ran, so that their bound is analytic (no profile's run)
-register_claim(ClaimSpec(
-    'pretrained-{variant}-within-rounding-float32-analytic', '05_pretrained', 'test',
-    origin='verdict rule, analytic float32 bound (theory)',
-    finding='pretrained-strip-exact',
-    value_class='noise',
-    bound_class='rms_error',
-    params={'variant': ('strip-key-bias', 'random-key-bias', 'fold-value-bias', 'strip-and-fold')},
-    profiles=(),
 ))

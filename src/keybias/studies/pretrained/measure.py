@@ -72,6 +72,10 @@ class PretrainedConfig(StudyConfig):
         if not self.dtypes or len(set(self.dtypes)) != len(self.dtypes):
             raise ParameterError(f"{self.STUDY}.dtypes {list(self.dtypes)} not allowed; allowed: distinct of "
                                  "['float32', 'float64']")
+        if "float64" not in self.dtypes:
+            # the float32 claims follow from the float64 ones (their tolerance is measured against them)
+            raise ParameterError(f"{self.STUDY}.dtypes {list(self.dtypes)} must include float64: the float32 "
+                                 "tolerance is measured against the float64 twin")
         if self.noise_batch_size == self.batch_size:
             raise ParameterError(f"{self.STUDY}: noise_batch_size must differ from batch_size (it measures a "
                                  "different batch composition)")

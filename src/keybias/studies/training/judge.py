@@ -21,6 +21,7 @@ from keybias.core.reduce import (
     finite_median,
     finite_min,
     finite_sum,
+    finite_values,
     require_columns,
     require_finite,
 )
@@ -63,6 +64,9 @@ DISCORDANT_FRACTION_BOUND = 0.005
 # kept-vs-removed divergence / the larger divergence of two one-ulp controls (up and down) of the
 # same run: rounding-sized differences, so the same order; one decade, fixed before the runs.
 DIVERGENCE_RATIO_BOUND = 10
+# One-sided normal quantile for the minimum detectable effects: an effect at the stated size fails
+# its claim in 95% of reruns whose only difference is the rounding the controls measure.
+DETECT_Z = 1.645
 GRAD_RATIO_BOUND = 1  # |g_bk| / rounding tolerance of the verdict rule
 SGD_WALK_BOUND = 3  # SGD drift / random walk of tolerance-sized noise (a tail factor of an n-entry walk)
 ADAM_FACTOR_BOUND = 2  # measured / predicted Adam drift within this factor either way
@@ -124,6 +128,47 @@ def discordant_bound(n_images: int) -> int:
     return int(math.floor(DISCORDANT_FRACTION_BOUND * n_images))
 
 
+def discordant_min_detectable(pairs: pd.DataFrame, bound: int) -> int:
+    """The fewest paired images that a b_k changing predictions would have to move for the accuracy
+    claim to fail: rounding alone already moves as many images as the one-ulp controls disagree on
+    (pooled), so the claim fails once b_k adds bound + 1 minus those. At least one image; where the
+    controls already reach the bound it is one (the claim could then fail on rounding alone)."""
+    control = int(finite_sum(pairs["control_discordant"], "control discordant images", strict=True))
+    return max(bound + 1 - control, 1)
+
+
+def divergence_min_detectable(pairs: pd.DataFrame) -> float:
+    """The smallest kept / control divergence ratio (geometric mean over an optimizer's seeds) that a
+    b_k changing the function would have to cause for the divergence claim to fail in 95% of reruns:
+    the bound times 10^(z s / sqrt(k)), where s is the run-to-run spread of a log10 ratio of
+    rounding-sized divergences, measured by the two one-ulp controls of each run (the RMS of
+    log10(up / down) over the runs, divided by sqrt(2) as each is a difference of two), and k the
+    fewest seeds of an optimizer. A run whose controls ended at zero divergence has no ratio: it
+    raises, as nothing could be calibrated on it."""
+    up = pairs["final_divergence_control"].to_numpy(float)
+    down = pairs["final_divergence_control_down"].to_numpy(float)
+    if not ((up > 0) & (down > 0)).all():
+        raise ValueError("a one-ulp control ended with zero divergence: no rounding spread to calibrate on")
+    log_ratio = finite_values(np.log10(up / down), "log10 ratios of the two one-ulp controls")
+    spread = float(np.sqrt(np.mean(log_ratio ** 2)) / math.sqrt(2))
+    seeds = int(pairs.groupby("optimizer", sort=False).size().min())
+    return float(DIVERGENCE_RATIO_BOUND * 10.0 ** (DETECT_Z * spread / math.sqrt(seeds)))
+
+
+def drift_verdict_min_detectable(verdicts: pd.DataFrame) -> float | None:
+    """The smallest change of function the end-of-training verdicts would have seen, as a share of a
+    size-matched control's change (`control_delta`, the same verdict's positive control): the largest
+    tolerance / control_delta over the layers with power (verdict not invalid). Layers without power
+    are `invalid`, counted apart (`TrainVerdictInvalid`), and no claim passes on them. None where no
+    layer has power: nothing was detectable, and the power check (`train-drift-verdict-has-power`)
+    fails."""
+    powered = verdicts[verdicts["verdict"] != verdict.INVALID]
+    if powered.empty:
+        return None
+    ratio = powered["tolerance"].to_numpy(float) / powered["control_delta"].to_numpy(float)
+    return finite_max(ratio, "tolerance / control change of the powered layers", strict=True)
+
+
 def pair_results(pairs: pd.DataFrame) -> tuple[list[Claim], dict[str, object]]:
     """Claims and macros of the kept-vs-removed comparison (`pair_summary` output).
 
@@ -171,10 +216,14 @@ def pair_results(pairs: pd.DataFrame) -> tuple[list[Claim], dict[str, object]]:
     per_optimizer = [0.0 if (r == 0).any() else 10.0 ** finite_mean(np.log10(r), f"{opt} divergence ratios")
                      for opt, r in ratio.groupby(pairs["optimizer"], sort=False)]
     div_ratio = finite_max(per_optimizer, "kept / control divergence ratios")
+    div_detectable = divergence_min_detectable(pairs)
+    acc_detectable = discordant_min_detectable(pairs, bound)
     macros.update({"TrainAccDiscordant": discordant, "TrainAccDiscordantBound": bound,
                    "TrainAccDiscordantControl": int(finite_sum(pairs["control_discordant"],
                                                                "control discordant images", strict=True)),
-                   "TrainAccPairedImages": n_images, "TrainDivergenceRatio": div_ratio})
+                   "TrainAccPairedImages": n_images, "TrainDivergenceRatio": div_ratio,
+                   "TrainAccMinDetectable": acc_detectable,
+                   "TrainDivergenceMinDetectable": div_detectable})
     claims = [
         build_claim(id="train-accuracy-agrees-kept-removed",
              statement=("Kept and removed b_k classify the same test images: the images that exactly one of the "
@@ -182,7 +231,8 @@ def pair_results(pairs: pd.DataFrame) -> tuple[list[Claim], dict[str, object]]:
                         f"number at most {DISCORDANT_FRACTION_BOUND:g} of the paired images ({bound} of {n_images})."),
              value=discordant, bound=bound, comparison="<=", kind="test",
              bound_origin="one image in 200, the rate of boundary flips between runs that differ by rounding; "
-                          "fixed before the runs"),
+                          "fixed before the runs",
+             min_detectable=acc_detectable),
         build_claim(id="train-divergence-within-rounding-control",
              statement=("The kept-b_k run ends within one decade (at most "
                         f"{DIVERGENCE_RATIO_BOUND} times) of the removed-b_k run, relative to the larger of two "
@@ -190,7 +240,8 @@ def pair_results(pairs: pd.DataFrame) -> tuple[list[Claim], dict[str, object]]:
                         "or down, in relative parameter distance (max over optimizers of the geometric mean "
                         "over seeds)."),
              value=div_ratio, bound=DIVERGENCE_RATIO_BOUND, comparison="<=", kind="test",
-             bound_origin="one decade around rounding-sized controls of the same run, fixed before the runs"),
+             bound_origin="one decade around rounding-sized controls of the same run, fixed before the runs",
+             min_detectable=div_detectable),
     ]
     return claims, macros
 
@@ -390,7 +441,7 @@ def verdict_results(verdicts: pd.DataFrame) -> tuple[list[Claim], dict[str, obje
       the drifted b_k is large enough that the positive control shows): min over those runs of the
       number of redundant (powered) layers >= 1."""
     _require_columns(verdicts, "verdicts", ["setting", "seed", "optimizer", "verdict", "logit_delta",
-                                            "prediction_changes"])
+                                            "prediction_changes", "tolerance", "control_delta"])
     if verdicts.empty:
         raise ValueError("verdicts is empty: no trained model to test")
     counts = verdicts["verdict"].value_counts()
@@ -404,12 +455,16 @@ def verdict_results(verdicts: pd.DataFrame) -> tuple[list[Claim], dict[str, obje
         "TrainPredictionChanges": int(finite_sum(verdicts.groupby(["setting", "seed"])["prediction_changes"].first(),
                                                  "prediction changes", strict=True)),
     }
+    detectable = drift_verdict_min_detectable(verdicts)
+    if detectable is not None:
+        macros["TrainVerdictMinDetectable"] = detectable
     claims: list[Claim] = [build_claim(
         id="train-drifted-bk-never-changes-function",
         statement=("No trained key bias, under any optimizer, eps or dtype, changes an attention output beyond "
                    "rounding (number of not_redundant verdicts)."),
         value=n_not, bound=0, comparison="<=", kind="test",
-        bound_origin="verdict.output_tolerance from the measured score and value maxima")]
+        bound_origin="verdict.output_tolerance from the measured score and value maxima",
+        min_detectable=detectable)]
     adam = verdicts[verdicts["optimizer"].str.startswith("adam")]
     if len(adam):
         powered = adam.groupby(["setting", "seed"])["verdict"].apply(lambda v: int((v == verdict.REDUNDANT).sum()))
@@ -423,53 +478,55 @@ def verdict_results(verdicts: pd.DataFrame) -> tuple[list[Claim], dict[str, obje
 
 # -- the claims this judge emits, declared once (keybias.core.claimspec): the judge builds each
 # claim from its spec, and the manifests, verify's classes and the tests read them from here --
-register_claim(ClaimSpec(
+TRAIN_ACCURACY_AGREES_KEPT_REMOVED = register_claim(ClaimSpec(
     'train-accuracy-agrees-kept-removed', '04_training', 'test',
     origin='one image in 200, the rate of boundary flips between runs that differ by rounding; fixed before the runs',
     finding='training-unchanged',
     value_class='images',
 ))
-register_claim(ClaimSpec(
+TRAIN_DIVERGENCE_WITHIN_ROUNDING_CONTROL = register_claim(ClaimSpec(
     'train-divergence-within-rounding-control', '04_training', 'test',
     bound=DIVERGENCE_RATIO_BOUND,
     origin='one decade around rounding-sized controls of the same run, fixed before the runs',
     finding='training-unchanged',
     value_class='noise',
 ))
-register_claim(ClaimSpec(
+TRAIN_BK_GRADIENT_WITHIN_ROUNDING = register_claim(ClaimSpec(
     'train-bk-gradient-within-rounding', '04_training', 'test',
     bound=1.0,
     origin="verdict.gradient_tolerance from each step's measured query, value and upstream maxima",
     finding='training-unchanged',
     value_class='noise',
 ))
-register_claim(ClaimSpec(
+TRAIN_SGD_BK_STAYS_PUT = register_claim(ClaimSpec(
     'train-sgd-bk-stays-put', '04_training', 'test',
     bound=SGD_WALK_BOUND,
     origin="tail of an n-entry random walk of the verdict rule's per-step tolerances (theory)",
     finding='adam-drift-regimes',
     value_class='noise',
 ))
-register_claim(ClaimSpec(
+TRAIN_ADAM_DRIFT_MATCHES_NOISE_PREDICTION = register_claim(ClaimSpec(
     'train-adam-drift-matches-noise-prediction', '04_training', 'test',
     bound=1.0,
     origin='a factor of two, fixed before the runs (a consistent gradient drifts sqrt(T) farther)',
     finding='adam-drift-regimes',
     value_class='chaotic',
 ))
-register_claim(ClaimSpec(
+TRAIN_ADAMW_BIAS_DECAY_SHRINKS_BK = register_claim(ClaimSpec(
     'train-adamw-bias-decay-shrinks-bk', '04_training', 'consistency',
     bound=DECAY_DEV_BOUND,
     origin="the noise law's factor-of-two tolerance, fixed before the runs; AdamW's own decay rule",
     value_class='chaotic',
 ))
-register_claim(ClaimSpec(
+TRAIN_DRIFTED_BK_NEVER_CHANGES_FUNCTION = register_claim(ClaimSpec(
     'train-drifted-bk-never-changes-function', '04_training', 'test',
     bound=0.0,
     origin='verdict.output_tolerance from the measured score and value maxima',
     finding='training-unchanged',
+    # the value is a count; min_detectable (tolerance / control change) is set by where training landed
+    value_class='trained',
 ))
-register_claim(ClaimSpec(
+TRAIN_DRIFT_VERDICT_HAS_POWER = register_claim(ClaimSpec(
     'train-drift-verdict-has-power', '04_training', 'consistency',
     comparison='>=',
     bound=1.0,
