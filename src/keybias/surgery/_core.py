@@ -359,8 +359,7 @@ def _fresh_copies(site: Site, base: nn.Module, change: Callable[[nn.Module], int
     a deep copy of the unit per probe. The change is certified with storage='zeros', which gives
     the same numbers as 'remove' (zeros in the removed entries). A unit whose biases are already
     re-parameterized (an earlier storage='remove') gets deep copies and the change as given."""
-    slots = [x for x in (site.key, site.key_partner, site.value, site.value_partner, site.query,
-                         Slot(site.out, site.out_bias) if site.out is not None else None) if x is not None]
+    slots = _site_slots(site)
     if any(parametrize.is_parametrized(_owner(base, x), x.name) for x in slots):
         pristine = copy.deepcopy(base)
         return (lambda: copy.deepcopy(pristine)), change
@@ -395,26 +394,72 @@ def _merged_probes(base: nn.Module, probes: list, captured: list[torch.Tensor] |
     return None, [_calls.unit_output(base, c) for c in probes]
 
 
+def _same_calls(a: Any, b: Any) -> bool:
+    """Two captured calls (or their parts) are the same: equal tensors, equal values."""
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dtype == b.dtype
+                and a.shape == b.shape and torch.equal(a, b))
+    if isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)):
+        return len(a) == len(b) and all(_same_calls(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return list(a) == list(b) and all(_same_calls(a[k], b[k]) for k in a)
+    return type(a) is type(b) and a == b
+
+
+def _site_slots(site: Site) -> list[Slot]:
+    return [x for x in (site.key, site.key_partner, site.value, site.value_partner, site.query,
+                        Slot(site.out, site.out_bias) if site.out is not None else None) if x is not None]
+
+
+def _reusable(entry: dict | None, site: Site, unit: nn.Module, calls: list) -> bool:
+    """Whether the float64 copy that certified the strip of this site can certify its fold: the
+    unit is called exactly as then, and every bias slot of the real unit, as the strip left it,
+    equals the copy's (weight matrices are never written by the strip)."""
+    if entry is None or not _same_calls(entry["calls"], calls):
+        return False
+    base = entry["base"]
+    for slot in _site_slots(site):
+        mine, theirs = getattr(_owner(unit, slot), slot.name, None), getattr(_owner(base, slot), slot.name, None)
+        if (mine is None) != (theirs is None):
+            return False
+        if mine is not None and not torch.equal(mine.detach().double(), theirs.detach()):
+            return False
+    return True
+
+
 def _probe_site(site: Site, model: nn.Module, calls: list, change: Callable[[nn.Module], int], strip: bool,
-                seed: int, captured: list[torch.Tensor] | None = None) -> dict[str, Any]:
+                seed: int, captured: list[torch.Tensor] | None = None, reuse: dict | None = None) -> dict[str, Any]:
     """Certify one site on the unit's real calls (captured in the model's own dtype, replayed
     in float64 on a float64 copy of the unit alone), plus random calls of the same structure:
     the change itself, the redundancy probe (b_k + a random vector: the output must not move)
     and its control (b_q + the same vector: it must). `captured`, the unit's outputs that the
-    model's forward recorded, lets the calls run as one batch (checked against them)."""
+    model's forward recorded, lets the calls run as one batch (checked against them).
+
+    `reuse` (a dict kept across a strip and the fold that follows it on the same unit and calls)
+    lets the fold start from the strip's float64 copy, with the strip applied, and its outputs
+    after the strip, instead of a second conversion and a second unchanged run: the same numbers
+    a fresh copy of the stripped unit would give, used only where `_reusable` says so."""
     unit = model.get_submodule(site.unit_path) if site.unit_path else model
     calls = [_calls.to_float64(c) for c in calls]
-    gen = torch.Generator().manual_seed(seed)
-    probes = list(calls) + [_calls.randomized(c, gen) for c in calls]
     result = {"certified": False, "change": math.inf, "tolerance": 0.0, "reason": ""}
+    entry = reuse.pop(site.name, None) if reuse is not None else None
     try:
-        base = _unit_copy(unit, calls)
+        if not strip and _reusable(entry, site, unit, calls):
+            base, probes, merged, before = entry["base"], entry["probes"], entry["merged"], entry["after"]
+            result["reused"] = True
+        else:
+            gen = torch.Generator().manual_seed(seed)
+            probes = list(calls) + [_calls.randomized(c, gen) for c in calls]
+            base = _unit_copy(unit, calls)
+            merged = before = None
         fresh, change = _fresh_copies(site, base, change, strip)
         slot = site.key if strip else site.value
         scale = 1.0 + float(slot_values(base, slot).abs().max())  # before any probe edits the slot
-        merged, before = _merged_probes(base, probes, captured, _model_dtype(unit))
+        if before is None:
+            merged, before = _merged_probes(base, probes, captured, _model_dtype(unit))
         result["batched"] = merged is not None
-        delta, limit = _calls.probe(fresh(), probes, change, before=before, merged=merged)
+        after: list[torch.Tensor] = []
+        delta, limit = _calls.probe(fresh(), probes, change, before=before, merged=merged, keep=after)
         result.update(change=delta, tolerance=limit)
         partner = site.key_partner if strip else site.value_partner
         if strip:
@@ -445,6 +490,10 @@ def _probe_site(site: Site, model: nn.Module, calls: list, change: Callable[[nn.
         result["inconclusive"] = True
         return result
     result["certified"] = True
+    if strip and reuse is not None:
+        stripped = fresh()
+        change(stripped)  # the copy as the strip leaves the unit, for the fold's probes
+        reuse[site.name] = {"base": stripped, "calls": calls, "probes": probes, "merged": merged, "after": after}
     return result
 
 
@@ -482,10 +531,11 @@ def _model_dtype(model: nn.Module) -> torch.dtype:
 
 
 def run_surgery(model: nn.Module, operation: str, *, storage: str, certify_seed: int = 0,
-                allow_dropout: bool = False, inputs: Any = None) -> dict[str, Any]:
+                allow_dropout: bool = False, inputs: Any = None, reuse: dict | None = None) -> dict[str, Any]:
     """Plan every site, certify every planned change on a float64 copy (on the model's own
     calls where inputs are known), check the whole model, then apply them all; any refusal or
-    error leaves the model bit-identical."""
+    error leaves the model bit-identical. `reuse`: see `_probe_site` (the same dict for a strip
+    and then a fold of the same model on the same inputs)."""
     if operation not in OPERATIONS:
         raise ValueError(f"operation={operation!r} not allowed; allowed: {list(OPERATIONS)}")
     if storage not in STORAGES:
@@ -568,7 +618,7 @@ def run_surgery(model: nn.Module, operation: str, *, storage: str, certify_seed:
         change = _strip_change(site, storage) if strip else _fold_change(site, storage)
         if calls.get(site.unit_path):
             result = _probe_site(site, model, calls[site.unit_path], change, strip, certify_seed,
-                                 captured.get(site.unit_path))
+                                 captured.get(site.unit_path), reuse)
         elif site.trusted or site.layout == "mha" or site.family == "torch.ao quantizable MHA":
             result = certify(unit, site, change, seed=certify_seed)
             result.setdefault("reason", "")

@@ -40,6 +40,7 @@ from torch import nn
 
 from keybias import surgery
 from keybias.surgery import _shards
+from keybias.surgery._core import run_surgery
 from keybias.surgery._sites import discover
 from keybias.surgery.cli import (
     TEMP_TAG,
@@ -57,6 +58,7 @@ from keybias.surgery.cli import (
 )
 
 BATCH, LENGTH = 2, 8  # built inputs: two sequences of eight positions, the second's last key padded
+READ_AHEAD = 4  # modules' tensors the copier may hold before the certification takes them
 
 
 def _meta_model(cls, config) -> nn.Module:
@@ -157,11 +159,47 @@ def _shared_outside(unit_path: str, unit: nn.Module, held: dict[int, list[str]])
     return out
 
 
+def _itemsize(info: dict) -> int:
+    dtype = _shards.DTYPES.get(info["dtype"])
+    return torch.empty(0, dtype=dtype).element_size() if dtype is not None else 1
+
+
+def _certify_unit(model: nn.Module, unit_path: str, index: int, sites: list, loaded: dict[str, torch.Tensor],
+                  stored_names: dict[str, str], operations: list[str], allow_dropout: bool, reports: dict,
+                  replacements: dict[str, torch.Tensor]) -> None:
+    """Put one module's tensors in it, strip (and fold) it on built inputs, keep the changed
+    tensors, and send the module back to the meta device. The fold starts from the strip's
+    float64 copy of the module (the same calls, the strip applied): one conversion to float64
+    per module, certified as a fresh copy would be."""
+    unit = model.get_submodule(unit_path) if unit_path else model
+    unit.load_state_dict(loaded, assign=True, strict=True)
+    absent = [n for n, t in list(unit.named_parameters()) + list(unit.named_buffers()) if t.is_meta]
+    if absent:
+        raise CliError(f"{unit_path} has tensors that the checkpoint does not store ({_names(absent)}); the "
+                       "sharded mode cannot rebuild them; nothing written")
+    site = next(s for s in sites if s.unit_path == unit_path)
+    dtype = next((t.dtype for t in loaded.values() if t.is_floating_point()), torch.float32)
+    inputs = _unit_inputs(unit, site, dtype, seed=index)
+    before = {k: t.clone() for k, t in unit.state_dict().items() if t.ndim <= 1}
+    reuse: dict = {}
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", surgery.FullyMaskedRowWarning)
+            for op in operations:  # as strip_key_bias and fold_value_bias, with the float64 copy shared
+                part = run_surgery(unit, op, storage="zeros", inputs=inputs, reuse=reuse, allow_dropout=allow_dropout)
+                _merge(reports[op], part, unit_path)
+    except surgery.SurgeryRefused as exc:
+        raise CliError(refusal_message(exc, prefix=unit_path)) from exc
+    for k, t in unit.state_dict().items():
+        if k in before and not torch.equal(before[k], t):
+            replacements[stored_names[k]] = t.detach().clone()
+    unit.to("meta")
+
+
 def convert_sharded(in_dir: Path, out_dir: Path, *, fold_value: bool, allow_dropout: bool, log) -> dict[str, Any]:
     """The command on a sharded checkpoint: check, plan on the meta device, certify and change
-    one module at a time, then copy the shards with the changed tensors, atomically."""
-
-
+    one module at a time while the shards are copied, then put the changed tensors in their
+    places and check the written shards, atomically."""
     try:
         weight_map, tables = _shards.read_index(in_dir)
     except _shards.CheckpointError as exc:
@@ -189,24 +227,31 @@ def convert_sharded(in_dir: Path, out_dir: Path, *, fold_value: bool, allow_drop
         reports[op]["not_handled"] += not_handled
     replacements: dict[str, torch.Tensor] = {}
     units = list(dict.fromkeys(s.unit_path for s in sites))
-    # the shards each module reads: a shard is copied once every module that reads it is done
-    waiting: dict[str, set[str]] = {shard: set() for shard in tables}
+    # the stored names of each module's tensors, and the module that reads each stored name
+    names_of: dict[str, dict[str, str]] = {}
+    reader_of: dict[str, str] = {}
     for unit_path in units:
         unit = model.get_submodule(unit_path) if unit_path else model
-        for k in unit.state_dict(keep_vars=True):
-            waiting[weight_map[to_stored[f"{unit_path}.{k}" if unit_path else k]]].add(unit_path)
-
-    def release(writer, done: str | None) -> None:
-        for shard, pending in waiting.items():
-            pending.discard(done)
-            if not pending:
-                writer.ready(shard, {k: v for k, v in replacements.items() if weight_map[k] == shard})
+        shared = _shared_outside(unit_path, unit, held)
+        if shared:
+            raise CliError(f"{unit_path} shares tensors with {_names(shared)}: the sharded mode changes one module "
+                           "at a time and cannot change a tied tensor; nothing written")
+        names_of[unit_path] = {k: to_stored[f"{unit_path}.{k}" if unit_path else k]
+                               for k in unit.state_dict(keep_vars=True)}
+        for stored in names_of[unit_path].values():
+            reader_of[stored] = unit_path
+    wanted: dict[str, set[str]] = {}
+    for stored in reader_of:
+        wanted.setdefault(weight_map[stored], set()).add(stored)
+    # tensors read ahead of the certification: a few modules' worth
+    unit_bytes = max((sum(int(torch.Size(tables[weight_map[n]][n]["shape"]).numel()) * _itemsize(tables[weight_map[n]][n])
+                          for n in names.values()) for names in names_of.values()), default=0)
 
     tmp = out_dir.parent / f".{out_dir.name}{TEMP_TAG}{os.getpid()}"
     tmp.mkdir()
-    writer = _shards.Writer(in_dir, tmp, tables)
-    # One thread fewer for torch while the shards are copied beside it: the copier (reads,
-    # CRC-32, writes) gets a core, and the certification's float64 work on 2 x 8 tokens gains
+    streamer = None
+    # One thread fewer for torch while the shards are copied beside it: the copier (reads, kernel
+    # copies, writes) gets a core, and the certification's float64 work on 2 x 8 tokens gains
     # little from a second thread (on a loaded 2-core machine, one thread certified a module of
     # OPT-6.7B's shape in half the time two took).
     threads = torch.get_num_threads()
@@ -217,48 +262,32 @@ def convert_sharded(in_dir: Path, out_dir: Path, *, fold_value: bool, allow_drop
                 continue
             target = tmp / item.name
             shutil.copytree(item, target) if item.is_dir() else shutil.copy2(item, target)
-        release(writer, None)  # shards that no changed module reads
-        for i, unit_path in enumerate(units):
-            unit = model.get_submodule(unit_path) if unit_path else model
-            shared = _shared_outside(unit_path, unit, held)
-            if shared:
-                raise CliError(f"{unit_path} shares tensors with {_names(shared)}: the sharded mode changes one module "
-                               "at a time and cannot change a tied tensor; nothing written")
-            local = list(unit.state_dict(keep_vars=True))
-            full = {k: f"{unit_path}.{k}" if unit_path else k for k in local}
-            by_shard: dict[str, list[str]] = {}
-            for k in local:
-                stored = to_stored[full[k]]
-                by_shard.setdefault(weight_map[stored], []).append(stored)
-            values: dict[str, torch.Tensor] = {}
-            for shard, names in by_shard.items():
-                values.update(_shards.read_tensors(in_dir / shard, names))
-            loaded = {k: values[to_stored[full[k]]] for k in local}
-            unit.load_state_dict(loaded, assign=True, strict=True)
-            left = [n for n, t in list(unit.named_parameters()) + list(unit.named_buffers()) if t.is_meta]
-            if left:
-                raise CliError(f"{unit_path} has tensors that the checkpoint does not store ({_names(left)}); the "
-                               "sharded mode cannot rebuild them; nothing written")
-            site = next(s for s in sites if s.unit_path == unit_path)
-            dtype = next((t.dtype for t in loaded.values() if t.is_floating_point()), torch.float32)
-            inputs = _unit_inputs(unit, site, dtype, seed=i)
-            before = {k: t.clone() for k, t in unit.state_dict().items() if t.ndim <= 1}
-            try:
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore", surgery.FullyMaskedRowWarning)
-                    for op in operations:
-                        tool = surgery.strip_key_bias if op == "strip_key_bias" else surgery.fold_value_bias
-                        extra = {"allow_dropout": allow_dropout} if op == "fold_value_bias" else {}
-                        part = tool(unit, storage="zeros", inputs=inputs, **extra)
-                        _merge(reports[op], part, unit_path)
-            except surgery.SurgeryRefused as exc:
-                raise CliError(refusal_message(exc, prefix=unit_path)) from exc
-            for k, t in unit.state_dict().items():
-                if k in before and not torch.equal(before[k], t):
-                    replacements[to_stored[full[k]]] = t.detach().clone()
-            unit.to("meta")
-            del values, loaded, before
-            release(writer, unit_path)
+        streamer = _shards.Streamer(in_dir, tmp, list(tables), wanted, READ_AHEAD * unit_bytes)
+        got: dict[str, torch.Tensor] = {}
+        left = {u: set(n.values()) for u, n in names_of.items()}
+        while left:
+            item = streamer.tensors.get()
+            if item is None:
+                break
+            stored, tensor = item
+            got[stored] = tensor
+            unit_path = reader_of[stored]
+            left[unit_path].discard(stored)
+            if left[unit_path]:
+                continue
+            del left[unit_path]
+            loaded = {k: got.pop(n) for k, n in names_of[unit_path].items()}
+            _certify_unit(model, unit_path, units.index(unit_path), sites, loaded, names_of[unit_path], operations,
+                          allow_dropout, reports, replacements)
+            streamer.release(sum(t.numel() * t.element_size() for t in loaded.values()))
+            del loaded
+        streamer.finish()
+        if left:
+            raise CliError(f"the shards ended before every tensor of {_names(left)} was read; nothing written")
+        for shard in tables:
+            mine = {k: v for k, v in replacements.items() if weight_map[k] == shard}
+            _shards.patch(in_dir / shard, tmp / shard, mine)
+            _shards.check_written(in_dir / shard, tmp / shard, mine)
 
         strip = reports["strip_key_bias"]
         if not any(r["modules_changed"] for r in reports.values()):
@@ -282,18 +311,19 @@ def convert_sharded(in_dir: Path, out_dir: Path, *, fold_value: bool, allow_drop
         if not check["holds"]:
             raise CliError("a module's own check failed; nothing written")
 
-        writer.finish()
         summary = {"input": str(in_dir), "operations": operations, "sharded": True,
                    "certification": check, "reports": list(reports.values()),
                    "tensors_changed": sorted(replacements)}
         (tmp / "keybias_surgery.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
         _commit(tmp, out_dir, log)
     except _shards.CheckpointError as exc:
-        writer.abort()
+        if streamer is not None:
+            streamer.abort()
         shutil.rmtree(tmp, ignore_errors=True)
         raise CliError(str(exc)) from exc
     except BaseException:
-        writer.abort()
+        if streamer is not None:
+            streamer.abort()
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     finally:
