@@ -1,24 +1,33 @@
-"""The command line on a sharded checkpoint: one attention module at a time, one shard at a time.
+"""The command line on a sharded checkpoint: each shard streamed once, one attention module at a time.
 
 The model is built on the meta device from config.json (no memory for its weights) only to find
 its attention modules, their tensors' names and shapes and the refusals that depend on the
-architecture alone. Then, for each module that the tools change:
+architecture alone. Then the shards are streamed, one after the other, in a background thread:
+each byte of the checkpoint is read once and written once. The tensors of the attention
+modules the tools change are read into memory (and written from there); every other byte is
+copied by the kernel without entering the process. As soon as a module's tensors have all been
+read, and while the copy goes on:
 
-1. its own tensors are read from their shards and put into that module (every other module
-   stays on the meta device);
+1. its tensors are put into that module (every other module stays on the meta device);
 2. strip_key_bias (and fold_value_bias) run on that module alone, on built inputs (random
-   hidden states of the module's width, with one padded key): the change is certified on a
-   float64 copy of the module, on those calls and on randomised ones, with the redundancy
-   probe and its control, and the module's output is then checked in the checkpoint's own
-   dtype against that dtype's rounding bound;
+   hidden states of the module's width, with one padded key): each change is certified in
+   float64 on a copy of the module of its own, on those calls and on randomised ones, with the
+   redundancy probe and its control (b_k, then b_v, perturbed: the output must not move; b_q
+   perturbed: it must), and the module's output is then checked in the checkpoint's own dtype
+   against that dtype's rounding bound, after the strip and again after the fold. The fold's
+   float64 runs start from the strip's float64 copy with the strip applied (the same calls),
+   so each module is converted to float64 once; the copy's bias slots are first compared with
+   the stripped module's, so the fold is certified on exactly what a fresh copy would hold;
 3. the changed tensors (a few bias vectors) are kept and the module goes back to the meta device.
 
-Each shard is copied chunk by chunk, with the changed tensors in their places, and read back, as
-soon as every module that reads it is done: in a background thread, so that the copy (waiting on
-the disk) overlaps the certification of the next modules (waiting on the CPU). Everything goes
-to a temporary folder that is renamed into place only when all of it is done. The memory needed
-is one attention module in float64 and its copies, whatever the size of the model; the time is
-about one read of the attention weights and one read, write and read-back of the checkpoint.
+When every shard is copied and every module certified, the changed tensors are written into the
+copies at their offsets and each written shard is checked without a second full read: its size
+and header equal the input's, every changed tensor reads back as certified, and every other
+tensor's first and last bytes read back as the input's (see keybias.surgery._shards for what
+that catches). Everything goes to a temporary folder that is renamed into place only when all of
+it is done. The memory needed is a few attention modules (read ahead of the certification) and
+one module's float64 copy, whatever the size of the model; the time is one read and one write
+of the checkpoint, overlapped with the certification, which on a loaded CPU is the longer.
 
 What it does not do: run the whole model. Each module is certified on its own; the identities
 (softmax ignores a constant added to every score of a row; a row of weights that sums to one
