@@ -124,8 +124,8 @@ def _write_all(fd: int, data, offset: int) -> None:
         view, offset = view[n:], offset + n
 
 
-def _read_exactly(fd: int, n: int, offset: int, what: str) -> bytearray:
-    data = bytearray(n)
+def _read_exactly(fd: int, n: int, offset: int, what: str, into: bytearray | None = None) -> bytearray:
+    data = bytearray(n) if into is None else into
     view, got = memoryview(data), 0
     while got < n:
         k = os.preadv(fd, [view[got:]], offset + got)
@@ -166,11 +166,12 @@ def _ordered(table: dict) -> list[tuple[str, dict]]:
     return sorted(table.items(), key=lambda kv: kv[1]["data_offsets"][0])
 
 
-def stream_shard(src: Path, dst: Path, wanted: set[str], deliver, stop=None) -> None:
+def stream_shard(src: Path, dst: Path, wanted: set[str], deliver, stop=None, take=None) -> None:
     """Write `src` to `dst` unchanged, reading each byte once: each tensor named in `wanted` is
     read into memory, written from there and passed to deliver(name, tensor) in file order;
     all other bytes are copied by the kernel. `stop` (a threading.Event) ends the copy between
-    two tensors or chunks once it is set."""
+    two tensors or chunks once it is set; take(n), where given, supplies the n-byte bytearray
+    a tensor is read into."""
     start, table = header(src)
     with src.open("rb") as f, dst.open("wb") as out:
         fin, fout = f.fileno(), out.fileno()
@@ -188,7 +189,7 @@ def stream_shard(src: Path, dst: Path, wanted: set[str], deliver, stop=None) -> 
                 raise CheckpointError(f"{src.name}: tensor {name} has dtype {info['dtype']}, which this tool "
                                       "cannot read")
             _copy_range(fin, fout, copy_from, lo, src.name, stop)
-            data = _read_exactly(fin, hi - lo, lo, src.name)
+            data = _read_exactly(fin, hi - lo, lo, src.name, take(hi - lo) if take is not None else None)
             _write_all(fout, data, lo)
             copy_from = hi
             flat = torch.frombuffer(data, dtype=dtype) if data else torch.empty(0, dtype=dtype)
@@ -253,6 +254,9 @@ class Streamer:
         self.stop = threading.Event()
         self.room = threading.Condition()
         self.held = 0
+        self.spare: dict[int, list[bytearray]] = {}  # read buffers given back, by size
+        self.buffers: dict[int, bytearray] = {}  # id of each delivered tensor -> the bytearray it views
+        self.reading: bytearray | None = None
         self.tensors: queue.Queue = queue.Queue()
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._run, name="keybias-shards", daemon=True)
@@ -263,18 +267,32 @@ class Streamer:
             while self.held > self.limit and self.tensors.qsize() and not self.stop.is_set():
                 self.room.wait(0.1)
             self.held += tensor.numel() * tensor.element_size()
+            self.buffers[id(tensor)] = self.reading
         self.tensors.put((name, tensor))
 
-    def release(self, nbytes: int) -> None:
+    def release(self, tensors: list[torch.Tensor]) -> None:
+        """The caller is done with these tensors (and holds no view of them): their bytes no
+        longer count, and their storage is read into again (fresh memory of tens of megabytes
+        costs page faults about as long as the read)."""
         with self.room:
-            self.held -= nbytes
+            for t in tensors:
+                self.held -= t.numel() * t.element_size()
+                data = self.buffers.pop(id(t), None)
+                if data is not None:
+                    self.spare.setdefault(len(data), []).append(data)
             self.room.notify_all()
+
+    def _take(self, n: int) -> bytearray:
+        with self.room:
+            spare = self.spare.get(n)
+            self.reading = spare.pop() if spare else bytearray(n)
+            return self.reading
 
     def _run(self) -> None:
         try:
             for shard in self.shards:
                 stream_shard(self.src / shard, self.dst / shard, self.wanted.get(shard, set()), self._deliver,
-                             self.stop)
+                             self.stop, self._take)
         except BaseException as exc:  # noqa: BLE001  (raised in the caller's thread by finish)
             self.error = exc
         finally:

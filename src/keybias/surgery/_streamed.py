@@ -49,7 +49,7 @@ from torch import nn
 
 from keybias import surgery
 from keybias.surgery import _shards
-from keybias.surgery._core import run_surgery
+from keybias.surgery._core import Float64Buffers, run_surgery
 from keybias.surgery._sites import discover
 from keybias.surgery.cli import (
     TEMP_TAG,
@@ -175,7 +175,7 @@ def _itemsize(info: dict) -> int:
 
 def _certify_unit(model: nn.Module, unit_path: str, index: int, sites: list, loaded: dict[str, torch.Tensor],
                   stored_names: dict[str, str], operations: list[str], allow_dropout: bool, reports: dict,
-                  replacements: dict[str, torch.Tensor]) -> None:
+                  replacements: dict[str, torch.Tensor], buffers: Float64Buffers) -> None:
     """Put one module's tensors in it, strip (and fold) it on built inputs, keep the changed
     tensors, and send the module back to the meta device. The fold starts from the strip's
     float64 copy of the module (the same calls, the strip applied): one conversion to float64
@@ -195,7 +195,8 @@ def _certify_unit(model: nn.Module, unit_path: str, index: int, sites: list, loa
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", surgery.FullyMaskedRowWarning)
             for op in operations:  # as strip_key_bias and fold_value_bias, with the float64 copy shared
-                part = run_surgery(unit, op, storage="zeros", inputs=inputs, reuse=reuse, allow_dropout=allow_dropout)
+                part = run_surgery(unit, op, storage="zeros", inputs=inputs, reuse=reuse, allow_dropout=allow_dropout,
+                                   buffers=buffers)
                 _merge(reports[op], part, unit_path)
     except surgery.SurgeryRefused as exc:
         raise CliError(refusal_message(exc, prefix=unit_path)) from exc
@@ -273,6 +274,7 @@ def convert_sharded(in_dir: Path, out_dir: Path, *, fold_value: bool, allow_drop
             shutil.copytree(item, target) if item.is_dir() else shutil.copy2(item, target)
         streamer = _shards.Streamer(in_dir, tmp, list(tables), wanted, READ_AHEAD * unit_bytes)
         got: dict[str, torch.Tensor] = {}
+        buffers = Float64Buffers()  # each module's float64 copy is converted into the last one's storage
         left = {u: set(n.values()) for u, n in names_of.items()}
         while left:
             item = streamer.tensors.get()
@@ -287,8 +289,8 @@ def convert_sharded(in_dir: Path, out_dir: Path, *, fold_value: bool, allow_drop
             del left[unit_path]
             loaded = {k: got.pop(n) for k, n in names_of[unit_path].items()}
             _certify_unit(model, unit_path, units.index(unit_path), sites, loaded, names_of[unit_path], operations,
-                          allow_dropout, reports, replacements)
-            streamer.release(sum(t.numel() * t.element_size() for t in loaded.values()))
+                          allow_dropout, reports, replacements, buffers)
+            streamer.release(list(loaded.values()))
             del loaded
         streamer.finish()
         if left:

@@ -31,9 +31,9 @@ def _counted(monkeypatch) -> dict:
     made = {"n": 0}
     real = _core._unit_copy
 
-    def counting(unit, calls):
+    def counting(unit, calls, buffers=None):
         made["n"] += 1
-        return real(unit, calls)
+        return real(unit, calls, buffers)
     monkeypatch.setattr(_core, "_unit_copy", counting)
     return made
 
@@ -73,3 +73,19 @@ def test_a_copy_that_no_longer_matches_the_module_is_not_reused(monkeypatch):
     shifted = ((inputs[0][0] + 1.0,), inputs[1])  # other calls than the strip's
     _core.run_surgery(other, "fold_value_bias", storage="zeros", inputs=shifted, reuse=reuse)
     assert made["n"] == 4
+
+
+def test_recycled_float64_storage_holds_the_new_values_and_is_handed_out_once():
+    buffers = _core.Float64Buffers()
+    first = torch.nn.Linear(512, 256).eval()
+    copy1 = _core._float64_copy(first, buffers)
+    assert not buffers.free  # nothing to recycle yet
+    buffers.recycle(copy1)
+    storage = copy1.weight.data_ptr()
+    second = torch.nn.Linear(512, 256).eval()
+    copy2 = _core._float64_copy(second, buffers)
+    assert copy2.weight.data_ptr() == storage  # converted into the dead copy's storage
+    assert torch.equal(copy2.weight, second.weight.double()) and torch.equal(copy2.bias, second.bias.double())
+    copy3 = _core._float64_copy(first, buffers)
+    assert copy3.weight.data_ptr() != storage  # not handed out again while copy2 lives
+    assert torch.equal(copy3.weight, first.weight.double())

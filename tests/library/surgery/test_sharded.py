@@ -94,13 +94,13 @@ def test_each_input_byte_is_read_once_and_only_attention_tensors_enter_the_proce
     streamed: list[str] = []
     real = _shards.stream_shard
 
-    def spy(source, target, wanted, deliver, stop=None):
+    def spy(source, target, wanted, deliver, stop=None, take=None):
         streamed.append(source.name)
 
         def counted(name, tensor):
             read.append(name)
             deliver(name, tensor)
-        return real(source, target, wanted, counted, stop)
+        return real(source, target, wanted, counted, stop, take)
     monkeypatch.setattr(_shards, "stream_shard", spy)
     assert cli.main([str(src), str(tmp_path / "out"), "--fold-value"]) == 0
     assert sorted(streamed) == sorted(p.name for p in src.glob("*.safetensors"))
@@ -234,12 +234,12 @@ def test_a_shard_interrupted_mid_write_leaves_nothing_and_a_rerun_finishes(tmp_p
     real = _shards.stream_shard
     calls = {"n": 0}
 
-    def interrupted(source, target, wanted, deliver, stop=None):
+    def interrupted(source, target, wanted, deliver, stop=None, take=None):
         calls["n"] += 1
         if calls["n"] == 2:  # the second shard: half of it written, then Ctrl-C
             target.write_bytes(source.read_bytes()[: source.stat().st_size // 2])
             raise KeyboardInterrupt
-        return real(source, target, wanted, deliver, stop)
+        return real(source, target, wanted, deliver, stop, take)
     monkeypatch.setattr(_shards, "stream_shard", interrupted)
     assert cli.main([str(src), str(out), "--fold-value"]) == 2
     assert "interrupted; nothing written" in _one_line(capsys)
