@@ -718,7 +718,8 @@ def run_surgery(model: nn.Module, operation: str, *, storage: str, certify_seed:
             modes = _Modes(model)
             model.eval()
             try:
-                y_after = _calls.flatten(_calls.run_model(model, inputs))
+                with torch.no_grad():  # a check, not a training step: no autograd graph
+                    y_after = _calls.flatten(_calls.run_model(model, inputs))
                 delta = _calls.change(y_before, y_after)
             except Exception as exc:  # noqa: BLE001
                 delta = math.inf

@@ -92,25 +92,6 @@ def read_index(folder: Path) -> tuple[dict[str, str], dict[str, dict]]:
     return weight_map, tables
 
 
-def read_tensors(path: Path, names: list[str]) -> dict[str, torch.Tensor]:
-    """The named tensors of one safetensors file, each read with plain reads at its offsets."""
-    start, table = header(path)
-    out = {}
-    with path.open("rb") as f:
-        for name in sorted(names, key=lambda k: table[k]["data_offsets"][0]):
-            info = table[name]
-            lo, hi = (int(x) for x in info["data_offsets"])
-            dtype = DTYPES.get(info["dtype"])
-            if dtype is None:
-                raise CheckpointError(f"{path.name}: tensor {name} has dtype {info['dtype']}, which this tool "
-                                      "cannot read")
-            f.seek(start + lo)
-            data = bytearray(f.read(hi - lo))
-            flat = torch.frombuffer(data, dtype=dtype) if data else torch.empty(0, dtype=dtype)
-            out[name] = flat.reshape(info["shape"])
-    return out
-
-
 def _raw(t: torch.Tensor) -> bytes:
     return t.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
 
