@@ -14,8 +14,9 @@ Then, in fresh processes, one measurement each, so that every peak is its own:
   model's own bytes, time in forward passes); left out where the model in memory would take
   more than LIBRARY_LIMIT_GB, the share of this machine's memory a bench may use;
 * cli: python -m keybias.surgery IN OUT --fold-value --allow-dropout (wall time over the floor's; peak memory
-  over the largest shard plus one layer). A sharded checkpoint is processed one module and one
-  shard at a time; a single file is loaded whole.
+  over the largest shard plus one layer). A sharded checkpoint is streamed shard by shard, each
+  byte read once and written once, each changed module certified as soon as its tensors are
+  read; a single file is loaded whole.
 
 Peak memory is the process's peak resident set (VmHWM, reset with /proc/self/clear_refs after
 the model is loaded, for the library row; the CLI's from wait4). Writes
@@ -47,10 +48,11 @@ the loaded model on the tool's example inputs (2 x 8 tokens); strip s is strip_k
 such forward passes; library peak is the process's peak resident set during strip and fold
 (Python, torch and transformers included), and its ratio to the model's parameter bytes; the
 floor reads every shard and writes it back with safetensors; CLI is `python -m keybias.surgery IN
-OUT --fold-value --allow-dropout` as a whole (import, plan or load, strip, fold, certify, write, read-back), its
-mode "per shard" for a sharded checkpoint (one module and one shard at a time) or "whole" for a
-single file (loaded whole), its peak the process's peak resident set, also over the largest shard
-plus one layer. A dash: not measured (the library rows need the model in memory, above
+OUT --fold-value --allow-dropout` as a whole (import, plan or load, strip, fold, certify, write, check of the
+written files), its mode "per shard" for a sharded checkpoint (each shard streamed once, each
+changed module certified on its own as its tensors are read) or "whole" for a single file
+(loaded whole), its peak the process's peak resident set, also over the largest shard plus one
+layer. A dash: not measured (the library rows need the model in memory, above
 {limit:g} GB here). The machine is shared with other jobs, so single timings are noisy."""
 
 # name -> (shape of scripts/write_random_checkpoint.py, dtype)

@@ -401,14 +401,18 @@ def outputs(unit: nn.Module, calls: list[Call], merged: tuple[Call, int] | None 
 
 
 def probe(unit: nn.Module, calls: list[Call], edit: Callable[[nn.Module], Any],
-          before: list[torch.Tensor] | None = None, merged: tuple[Call, int] | None = None) -> tuple[float, float]:
+          before: list[torch.Tensor] | None = None, merged: tuple[Call, int] | None = None,
+          keep: list[torch.Tensor] | None = None) -> tuple[float, float]:
     """Largest output change over the calls when `edit` is applied to (a state-restored) unit,
     and the bound for it. `edit` must be undone by the caller (probes run on throwaway copies);
     `before`, the unit's outputs on the calls, is computed here unless given; `merged` (from
-    merge(calls), checked by the caller) runs all the calls as one batch."""
+    merge(calls), checked by the caller) runs all the calls as one batch; `keep` receives the
+    outputs after the edit."""
     before = outputs(unit, calls, merged) if before is None else before
     edit(unit)
     after = outputs(unit, calls, merged)
+    if keep is not None:
+        keep.extend(after)
     worst, limit = 0.0, math.inf
     for y0, y1 in zip(before, after, strict=True):
         worst = max(worst, change(y0, y1))

@@ -322,25 +322,58 @@ KERNEL_SWITCH_BOUND = 2.0**-12
 _NO_INPUTS = object()
 
 
-def _float64_copy(unit: nn.Module) -> nn.Module:
+class Float64Buffers:
+    """Float64 storage handed from one unit's certification copy to the next of the same shapes.
+
+    A fresh tensor of tens of megabytes is new memory from the operating system, and touching
+    it for the first time costs about as much as converting the weights into it (page faults,
+    zeroed pages); a unit's copy is dead once its probes are done, so the next unit's copy is
+    converted into its storage instead. Only the tools' own copies go through here, and only
+    once they are no longer used."""
+
+    SMALLEST = 2**16  # entries: below this, fresh tensors are cheap
+
+    def __init__(self):
+        self.free: dict[tuple[int, ...], list[torch.Tensor]] = {}
+
+    def converted(self, t: torch.Tensor) -> torch.Tensor:
+        """A float64 copy of `t`, in recycled storage where some of its shape is free."""
+        spare = self.free.get(tuple(t.shape))
+        if spare and t.device.type == "cpu":
+            return spare.pop().copy_(t.detach())
+        return t.detach().to(torch.float64, copy=True)
+
+    def recycle(self, module: nn.Module) -> None:
+        """Take back the large float64 tensors of a certification copy that is no longer used."""
+        seen = set()
+        for t in list(module.parameters()) + list(module.buffers()):
+            if (t.dtype == torch.float64 and t.device.type == "cpu" and t.numel() >= self.SMALLEST
+                    and id(t) not in seen and t.is_contiguous() and t.storage_offset() == 0):
+                seen.add(id(t))
+                self.free.setdefault(tuple(t.shape), []).append(t.detach())
+
+
+def _float64_copy(unit: nn.Module, buffers: Float64Buffers | None = None) -> nn.Module:
     """copy.deepcopy(unit).double().eval() without the float32 copy in between: every floating
-    parameter and buffer is converted once, straight into the copy (shared ones stay shared)."""
+    parameter and buffer is converted once, straight into the copy (shared ones stay shared),
+    into recycled storage where `buffers` has some."""
+    buffers = buffers or Float64Buffers()
     memo: dict[int, Any] = {}
     for p in unit.parameters():
         if id(p) not in memo and p.is_floating_point():
-            memo[id(p)] = nn.Parameter(p.detach().to(torch.float64, copy=True), requires_grad=p.requires_grad)
+            memo[id(p)] = nn.Parameter(buffers.converted(p), requires_grad=p.requires_grad)
     for b in unit.buffers():
         if id(b) not in memo and b.is_floating_point():
-            memo[id(b)] = b.detach().to(torch.float64, copy=True)
+            memo[id(b)] = buffers.converted(b)
     return copy.deepcopy(unit, memo).double().eval()
 
 
-def _unit_copy(unit: nn.Module, calls: list) -> nn.Module:
+def _unit_copy(unit: nn.Module, calls: list, buffers: Float64Buffers | None = None) -> nn.Module:
     """A float64 eval-mode copy of one unit (never of the whole model), on the kernel that
     computes the unit's own function: PyTorch's SDPA where it agrees with the unit's eager
     kernel (some eager kernels take the softmax in float32 even in float64), else the unit's own
     (SDPA drops terms such as attention sinks)."""
-    base = _float64_copy(unit)
+    base = _float64_copy(unit, buffers)
     switched = _float64_kernels(base)
     if switched and calls:
         own = copy.deepcopy(base)
@@ -359,8 +392,7 @@ def _fresh_copies(site: Site, base: nn.Module, change: Callable[[nn.Module], int
     a deep copy of the unit per probe. The change is certified with storage='zeros', which gives
     the same numbers as 'remove' (zeros in the removed entries). A unit whose biases are already
     re-parameterized (an earlier storage='remove') gets deep copies and the change as given."""
-    slots = [x for x in (site.key, site.key_partner, site.value, site.value_partner, site.query,
-                         Slot(site.out, site.out_bias) if site.out is not None else None) if x is not None]
+    slots = _site_slots(site)
     if any(parametrize.is_parametrized(_owner(base, x), x.name) for x in slots):
         pristine = copy.deepcopy(base)
         return (lambda: copy.deepcopy(pristine)), change
@@ -395,26 +427,73 @@ def _merged_probes(base: nn.Module, probes: list, captured: list[torch.Tensor] |
     return None, [_calls.unit_output(base, c) for c in probes]
 
 
+def _same_calls(a: Any, b: Any) -> bool:
+    """Two captured calls (or their parts) are the same: equal tensors, equal values."""
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dtype == b.dtype
+                and a.shape == b.shape and torch.equal(a, b))
+    if isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)):
+        return len(a) == len(b) and all(_same_calls(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return list(a) == list(b) and all(_same_calls(a[k], b[k]) for k in a)
+    return type(a) is type(b) and a == b
+
+
+def _site_slots(site: Site) -> list[Slot]:
+    return [x for x in (site.key, site.key_partner, site.value, site.value_partner, site.query,
+                        Slot(site.out, site.out_bias) if site.out is not None else None) if x is not None]
+
+
+def _reusable(entry: dict | None, site: Site, unit: nn.Module, calls: list) -> bool:
+    """Whether the float64 copy that certified the strip of this site can certify its fold: the
+    unit is called exactly as then, and every bias slot of the real unit, as the strip left it,
+    equals the copy's (weight matrices are never written by the strip)."""
+    if entry is None or not _same_calls(entry["calls"], calls):
+        return False
+    base = entry["base"]
+    for slot in _site_slots(site):
+        mine, theirs = getattr(_owner(unit, slot), slot.name, None), getattr(_owner(base, slot), slot.name, None)
+        if (mine is None) != (theirs is None):
+            return False
+        if mine is not None and not torch.equal(mine.detach().double(), theirs.detach()):
+            return False
+    return True
+
+
 def _probe_site(site: Site, model: nn.Module, calls: list, change: Callable[[nn.Module], int], strip: bool,
-                seed: int, captured: list[torch.Tensor] | None = None) -> dict[str, Any]:
+                seed: int, captured: list[torch.Tensor] | None = None, reuse: dict | None = None,
+                buffers: Float64Buffers | None = None) -> dict[str, Any]:
     """Certify one site on the unit's real calls (captured in the model's own dtype, replayed
     in float64 on a float64 copy of the unit alone), plus random calls of the same structure:
     the change itself, the redundancy probe (b_k + a random vector: the output must not move)
     and its control (b_q + the same vector: it must). `captured`, the unit's outputs that the
-    model's forward recorded, lets the calls run as one batch (checked against them)."""
+    model's forward recorded, lets the calls run as one batch (checked against them).
+
+    `reuse` (a dict kept across a strip and the fold that follows it on the same unit and calls)
+    lets the fold start from the strip's float64 copy, with the strip applied, and its outputs
+    after the strip, instead of a second conversion and a second unchanged run: the same numbers
+    a fresh copy of the stripped unit would give, used only where `_reusable` says so."""
     unit = model.get_submodule(site.unit_path) if site.unit_path else model
     calls = [_calls.to_float64(c) for c in calls]
-    gen = torch.Generator().manual_seed(seed)
-    probes = list(calls) + [_calls.randomized(c, gen) for c in calls]
     result = {"certified": False, "change": math.inf, "tolerance": 0.0, "reason": ""}
+    entry = reuse.pop(site.name, None) if reuse is not None else None
     try:
-        base = _unit_copy(unit, calls)
+        if not strip and _reusable(entry, site, unit, calls):
+            base, probes, merged, before = entry["base"], entry["probes"], entry["merged"], entry["after"]
+            result["reused"] = True
+        else:
+            gen = torch.Generator().manual_seed(seed)
+            probes = list(calls) + [_calls.randomized(c, gen) for c in calls]
+            base = _unit_copy(unit, calls, buffers)
+            merged = before = None
         fresh, change = _fresh_copies(site, base, change, strip)
         slot = site.key if strip else site.value
         scale = 1.0 + float(slot_values(base, slot).abs().max())  # before any probe edits the slot
-        merged, before = _merged_probes(base, probes, captured, _model_dtype(unit))
+        if before is None:
+            merged, before = _merged_probes(base, probes, captured, _model_dtype(unit))
         result["batched"] = merged is not None
-        delta, limit = _calls.probe(fresh(), probes, change, before=before, merged=merged)
+        after: list[torch.Tensor] = []
+        delta, limit = _calls.probe(fresh(), probes, change, before=before, merged=merged, keep=after)
         result.update(change=delta, tolerance=limit)
         partner = site.key_partner if strip else site.value_partner
         if strip:
@@ -445,6 +524,13 @@ def _probe_site(site: Site, model: nn.Module, calls: list, change: Callable[[nn.
         result["inconclusive"] = True
         return result
     result["certified"] = True
+    if strip and reuse is not None:
+        stripped = fresh()
+        change(stripped)  # the copy as the strip leaves the unit, for the fold's probes
+        reuse[site.name] = {"base": stripped, "calls": calls, "probes": probes, "merged": merged, "after": after}
+        base = None
+    if buffers is not None and base is not None:
+        buffers.recycle(base)  # the probes are done with it
     return result
 
 
@@ -482,10 +568,14 @@ def _model_dtype(model: nn.Module) -> torch.dtype:
 
 
 def run_surgery(model: nn.Module, operation: str, *, storage: str, certify_seed: int = 0,
-                allow_dropout: bool = False, inputs: Any = None) -> dict[str, Any]:
+                allow_dropout: bool = False, inputs: Any = None, reuse: dict | None = None,
+                buffers: Float64Buffers | None = None) -> dict[str, Any]:
     """Plan every site, certify every planned change on a float64 copy (on the model's own
     calls where inputs are known), check the whole model, then apply them all; any refusal or
-    error leaves the model bit-identical."""
+    error leaves the model bit-identical. `reuse`: see `_probe_site` (the same dict for a strip
+    and then a fold of the same model on the same inputs); `buffers`: storage for the float64
+    copies, kept across calls by a caller that certifies one module after another."""
+    buffers = buffers or Float64Buffers()
     if operation not in OPERATIONS:
         raise ValueError(f"operation={operation!r} not allowed; allowed: {list(OPERATIONS)}")
     if storage not in STORAGES:
@@ -568,7 +658,7 @@ def run_surgery(model: nn.Module, operation: str, *, storage: str, certify_seed:
         change = _strip_change(site, storage) if strip else _fold_change(site, storage)
         if calls.get(site.unit_path):
             result = _probe_site(site, model, calls[site.unit_path], change, strip, certify_seed,
-                                 captured.get(site.unit_path))
+                                 captured.get(site.unit_path), reuse, buffers)
         elif site.trusted or site.layout == "mha" or site.family == "torch.ao quantizable MHA":
             result = certify(unit, site, change, seed=certify_seed)
             result.setdefault("reason", "")
@@ -628,7 +718,8 @@ def run_surgery(model: nn.Module, operation: str, *, storage: str, certify_seed:
             modes = _Modes(model)
             model.eval()
             try:
-                y_after = _calls.flatten(_calls.run_model(model, inputs))
+                with torch.no_grad():  # a check, not a training step: no autograd graph
+                    y_after = _calls.flatten(_calls.run_model(model, inputs))
                 delta = _calls.change(y_before, y_after)
             except Exception as exc:  # noqa: BLE001
                 delta = math.inf

@@ -2,24 +2,36 @@
 
 A sharded Hugging Face checkpoint is config.json, model.safetensors.index.json (its
 weight_map names the shard of every tensor) and the shards. Nothing here holds a shard in
-memory: a tensor is read with plain reads at its offsets (a memory map would count every
-page it touches in the process's resident memory), and a shard is rewritten by copying its
-header and its bytes in chunks, putting the few changed tensors in their places. Changed
-tensors keep their dtype and shape, so the header, and every offset in it, is the same.
+memory. A shard is rewritten in one pass that reads each of its bytes once: its header is
+copied, the tensors the caller asks for are read into memory with plain reads (a memory map
+would count every page it touches in the process's resident memory), written from there and
+handed over, and every other run of bytes is copied by the kernel (copy_file_range), without
+passing through the process. The few changed tensors are then written in their places:
+changed tensors keep their dtype and shape, so the header, and every offset in it, is the same.
+
+The written shard is checked without a second full read: its size and header equal the
+source's, every changed tensor reads back as the value given, and every other tensor's first
+and last bytes read back as the source's. That catches a shard cut short, a tensor written at
+the wrong offset, a byte range left out or copied from the wrong place, and a change that did
+not land; it does not compare every byte of an unchanged tensor again. (A read-back just after
+writing is served from the page cache, not the disk, so a full one would not check the disk
+either.) Every write and kernel copy is checked to have moved all its bytes.
 """
 
 from __future__ import annotations
 
+import errno
 import json
+import os
+import queue
 import threading
-import zlib
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
 
 INDEX = "model.safetensors.index.json"
-CHUNK = 64 * 2**20  # bytes per read while copying: the copy's memory, whatever the shard's size
+CHUNK = 64 * 2**20  # bytes per kernel copy (between two, a stop request is seen)
+EDGE = 4096  # bytes read back at each end of an unchanged tensor
 DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
           "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
           "BOOL": torch.bool}
@@ -80,114 +92,201 @@ def read_index(folder: Path) -> tuple[dict[str, str], dict[str, dict]]:
     return weight_map, tables
 
 
-def read_tensors(path: Path, names: list[str]) -> dict[str, torch.Tensor]:
-    """The named tensors of one safetensors file, each read with plain reads at its offsets."""
-    start, table = header(path)
-    out = {}
-    with path.open("rb") as f:
-        for name in sorted(names, key=lambda k: table[k]["data_offsets"][0]):
-            info = table[name]
-            lo, hi = (int(x) for x in info["data_offsets"])
-            dtype = DTYPES.get(info["dtype"])
-            if dtype is None:
-                raise CheckpointError(f"{path.name}: tensor {name} has dtype {info['dtype']}, which this tool "
-                                      "cannot read")
-            f.seek(start + lo)
-            data = bytearray(f.read(hi - lo))
-            flat = torch.frombuffer(data, dtype=dtype) if data else torch.empty(0, dtype=dtype)
-            out[name] = flat.reshape(info["shape"])
-    return out
-
-
 def _raw(t: torch.Tensor) -> bytes:
     return t.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
 
 
-def copy_shard(src: Path, dst: Path, replacements: dict[str, torch.Tensor], stop=None) -> dict[str, int]:
-    """Write `src` to `dst` with the tensors of `replacements` in place of its own (same dtype
-    and shape, so the same header). Returns the CRC-32 of each tensor's bytes as written.
-    `stop` (a threading.Event) ends the copy between two chunks once it is set."""
-    start, table = header(src)
-    crcs = {}
-    with src.open("rb") as f, dst.open("wb") as out:
-        out.write(f.read(start))  # the header, byte for byte
-        for name, info in sorted(table.items(), key=lambda kv: kv[1]["data_offsets"][0]):
-            lo, hi = (int(x) for x in info["data_offsets"])
-            if out.tell() != start + lo:
-                raise CheckpointError(f"{src.name}: tensor {name} does not start where the one before it ends")
-            if name in replacements:
-                new = replacements[name]
-                if (DTYPES.get(info["dtype"]) != new.dtype or list(new.shape) != list(info["shape"])):
-                    raise CheckpointError(f"{src.name}: the changed {name} is {new.dtype} {tuple(new.shape)}, "
-                                          f"the stored one {info['dtype']} {tuple(info['shape'])}")
-                data = _raw(new)
-                out.write(data)
-                crcs[name] = zlib.crc32(data)
+def _write_all(fd: int, data, offset: int) -> None:
+    view = memoryview(data)
+    while view:
+        n = os.pwrite(fd, view, offset)
+        if n <= 0:
+            raise CheckpointError("a write to the output wrote nothing (disk full?)")
+        view, offset = view[n:], offset + n
+
+
+def _read_exactly(fd: int, n: int, offset: int, what: str, into: bytearray | None = None) -> bytearray:
+    data = bytearray(n) if into is None else into
+    view, got = memoryview(data), 0
+    while got < n:
+        k = os.preadv(fd, [view[got:]], offset + got)
+        if k <= 0:
+            raise CheckpointError(f"{what} ended inside its tensors")
+        got += k
+    return data
+
+
+_NO_KERNEL_COPY = {errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL, errno.EBADF}
+
+
+def _copy_range(fin: int, fout: int, lo: int, hi: int, what: str, stop) -> None:
+    """Bytes lo..hi of fin to the same offsets of fout: by the kernel where the file system
+    allows it, else by plain reads and writes of CHUNK bytes."""
+    kernel = hasattr(os, "copy_file_range")
+    while lo < hi:
+        if stop is not None and stop.is_set():
+            raise CheckpointError(f"the copy of {what} was stopped")
+        n = min(CHUNK, hi - lo)
+        if kernel:
+            try:
+                done = os.copy_file_range(fin, fout, n, lo, lo)
+            except OSError as exc:
+                if exc.errno not in _NO_KERNEL_COPY:
+                    raise
+                kernel = False
                 continue
-            f.seek(start + lo)
-            crc, left = 0, hi - lo
-            while left:
-                if stop is not None and stop.is_set():
-                    raise CheckpointError(f"the copy of {src.name} was stopped")
-                chunk = f.read(min(CHUNK, left))
-                if not chunk:
-                    raise CheckpointError(f"{src.name} ended inside tensor {name}")
-                crc = zlib.crc32(chunk, crc)
-                out.write(chunk)
-                left -= len(chunk)
-            crcs[name] = crc
-        out.flush()
-    return crcs
+            if done <= 0:
+                raise CheckpointError(f"{what} ended inside its tensors")
+        else:
+            _write_all(fout, _read_exactly(fin, n, lo, what), lo)
+            done = n
+        lo += done
 
 
-def check_copy(path: Path, crcs: dict[str, int]) -> None:
-    """Read `path` back one chunk at a time: every tensor's CRC-32 is the one written."""
-    start, table = header(path)
-    if set(table) != set(crcs):
-        raise CheckpointError(f"reading back {path.name} gave other tensors than were written")
-    with path.open("rb") as f:
-        for name, info in sorted(table.items(), key=lambda kv: kv[1]["data_offsets"][0]):
-            lo, hi = (int(x) for x in info["data_offsets"])
-            f.seek(start + lo)
-            crc, left = 0, hi - lo
-            while left:
-                chunk = f.read(min(CHUNK, left))
-                if not chunk:
-                    break
-                crc = zlib.crc32(chunk, crc)
-                left -= len(chunk)
-            if left or crc != crcs[name]:
-                raise CheckpointError(f"reading back {path.name} gave a different {name}")
+def _ordered(table: dict) -> list[tuple[str, dict]]:
+    return sorted(table.items(), key=lambda kv: kv[1]["data_offsets"][0])
 
 
-class Writer:
-    """Copies shards in a background thread while the caller certifies the next modules (the
-    copy waits on the disk, the certification on the CPU). A shard is copied, then read back,
-    as soon as every module with a tensor in it is done (`ready`), so it has all its changes."""
+def stream_shard(src: Path, dst: Path, wanted: set[str], deliver, stop=None, take=None) -> None:
+    """Write `src` to `dst` unchanged, reading each byte once: each tensor named in `wanted` is
+    read into memory, written from there and passed to deliver(name, tensor) in file order;
+    all other bytes are copied by the kernel. `stop` (a threading.Event) ends the copy between
+    two tensors or chunks once it is set; take(n), where given, supplies the n-byte bytearray
+    a tensor is read into."""
+    start, table = header(src)
+    with src.open("rb") as f, dst.open("wb") as out:
+        fin, fout = f.fileno(), out.fileno()
+        _write_all(fout, _read_exactly(fin, start, 0, src.name), 0)  # the header, byte for byte
+        pos, copy_from = start, start
+        for name, info in _ordered(table):
+            lo, hi = (start + int(x) for x in info["data_offsets"])
+            if lo != pos:
+                raise CheckpointError(f"{src.name}: tensor {name} does not start where the one before it ends")
+            pos = hi
+            if name not in wanted:
+                continue
+            dtype = DTYPES.get(info["dtype"])
+            if dtype is None:
+                raise CheckpointError(f"{src.name}: tensor {name} has dtype {info['dtype']}, which this tool "
+                                      "cannot read")
+            _copy_range(fin, fout, copy_from, lo, src.name, stop)
+            data = _read_exactly(fin, hi - lo, lo, src.name, take(hi - lo) if take is not None else None)
+            _write_all(fout, data, lo)
+            copy_from = hi
+            flat = torch.frombuffer(data, dtype=dtype) if data else torch.empty(0, dtype=dtype)
+            deliver(name, flat.reshape(info["shape"]))
+        _copy_range(fin, fout, copy_from, pos, src.name, stop)
+        if os.fstat(fin).st_size != pos:
+            raise CheckpointError(f"{src.name} has {os.fstat(fin).st_size - pos} bytes after its last tensor")
 
-    def __init__(self, src: Path, dst: Path, tables: dict[str, dict]):
-        self.src, self.dst, self.tables = src, dst, tables
+
+def _checked(src: Path, info: dict, name: str, new: torch.Tensor) -> bytes:
+    if DTYPES.get(info["dtype"]) != new.dtype or list(new.shape) != list(info["shape"]):
+        raise CheckpointError(f"{src.name}: the changed {name} is {new.dtype} {tuple(new.shape)}, "
+                              f"the stored one {info['dtype']} {tuple(info['shape'])}")
+    return _raw(new)
+
+
+def patch(src: Path, dst: Path, replacements: dict[str, torch.Tensor]) -> None:
+    """Write each tensor of `replacements` into `dst` (a copy of `src`) at its place."""
+    start, table = header(src)
+    fd = os.open(dst, os.O_WRONLY)
+    try:
+        for name, new in replacements.items():
+            lo = start + int(table[name]["data_offsets"][0])
+            _write_all(fd, _checked(src, table[name], name, new), lo)
+    finally:
+        os.close(fd)
+
+
+def check_written(src: Path, dst: Path, replacements: dict[str, torch.Tensor]) -> None:
+    """`dst` is `src` with `replacements` in place (see the module docstring for what this
+    reads back and what it guarantees); raises CheckpointError naming the first difference."""
+    start, table = header(src)
+    with src.open("rb") as a, dst.open("rb") as b:
+        fa, fb = a.fileno(), b.fileno()
+        if os.fstat(fb).st_size != os.fstat(fa).st_size:
+            raise CheckpointError(f"the written {dst.name} has {os.fstat(fb).st_size} bytes, not "
+                                  f"{os.fstat(fa).st_size}")
+        if _read_exactly(fb, start, 0, dst.name) != _read_exactly(fa, start, 0, src.name):
+            raise CheckpointError(f"the written {dst.name} has another header than {src.name}")
+        for name, info in _ordered(table):
+            lo, hi = (start + int(x) for x in info["data_offsets"])
+            if name in replacements:
+                if _read_exactly(fb, hi - lo, lo, dst.name) != _checked(src, info, name, replacements[name]):
+                    raise CheckpointError(f"reading back {dst.name} gave a different {name} than was written")
+                continue
+            for edge in {(lo, min(hi, lo + EDGE)), (max(lo, hi - EDGE), hi)}:
+                if _read_exactly(fb, edge[1] - edge[0], edge[0], dst.name) != _read_exactly(
+                        fa, edge[1] - edge[0], edge[0], src.name):
+                    raise CheckpointError(f"reading back {dst.name} gave a different {name} than {src.name} holds")
+
+
+class Streamer:
+    """Streams the shards, one after the other, in a background thread: the caller takes the
+    wanted tensors from `tensors` (a queue; None after the last) and certifies while the
+    thread copies (the copy waits on the disk, the certification on the CPU). The thread
+    waits while more than `limit` bytes of tensors are held and the caller has tensors it has
+    not taken yet, so memory stays bounded and the caller is never left waiting for a tensor
+    the thread holds back."""
+
+    def __init__(self, src: Path, dst: Path, shards: list[str], wanted: dict[str, set[str]], limit: int):
+        self.src, self.dst, self.shards, self.wanted, self.limit = src, dst, shards, wanted, limit
         self.stop = threading.Event()
-        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="keybias-shards")
-        self.jobs: dict[str, object] = {}
+        self.room = threading.Condition()
+        self.held = 0
+        self.spare: dict[int, list[bytearray]] = {}  # read buffers given back, by size
+        self.buffers: dict[int, bytearray] = {}  # id of each delivered tensor -> the bytearray it views
+        self.reading: bytearray | None = None
+        self.tensors: queue.Queue = queue.Queue()
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, name="keybias-shards", daemon=True)
+        self.thread.start()
 
-    def _copy(self, shard: str, replacements: dict[str, torch.Tensor]) -> None:
-        crcs = copy_shard(self.src / shard, self.dst / shard, replacements, stop=self.stop)
-        check_copy(self.dst / shard, crcs)
+    def _deliver(self, name: str, tensor: torch.Tensor) -> None:
+        with self.room:
+            while self.held > self.limit and self.tensors.qsize() and not self.stop.is_set():
+                self.room.wait(0.1)
+            self.held += tensor.numel() * tensor.element_size()
+            self.buffers[id(tensor)] = self.reading
+        self.tensors.put((name, tensor))
 
-    def ready(self, shard: str, replacements: dict[str, torch.Tensor]) -> None:
-        if shard not in self.jobs:
-            self.jobs[shard] = self.pool.submit(self._copy, shard, dict(replacements))
+    def release(self, tensors: list[torch.Tensor]) -> None:
+        """The caller is done with these tensors (and holds no view of them): their bytes no
+        longer count, and their storage is read into again (fresh memory of tens of megabytes
+        costs page faults about as long as the read)."""
+        with self.room:
+            for t in tensors:
+                self.held -= t.numel() * t.element_size()
+                data = self.buffers.pop(id(t), None)
+                if data is not None:
+                    self.spare.setdefault(len(data), []).append(data)
+            self.room.notify_all()
+
+    def _take(self, n: int) -> bytearray:
+        with self.room:
+            spare = self.spare.get(n)
+            self.reading = spare.pop() if spare else bytearray(n)
+            return self.reading
+
+    def _run(self) -> None:
+        try:
+            for shard in self.shards:
+                stream_shard(self.src / shard, self.dst / shard, self.wanted.get(shard, set()), self._deliver,
+                             self.stop, self._take)
+        except BaseException as exc:  # noqa: BLE001  (raised in the caller's thread by finish)
+            self.error = exc
+        finally:
+            self.tensors.put(None)
 
     def finish(self) -> None:
-        """Wait for every shard; the first error of the copies is raised here."""
-        missing = set(self.tables) - set(self.jobs)
-        if missing:
-            raise CheckpointError(f"shards never became ready: {_names(missing)}")
-        for job in self.jobs.values():
-            job.result()
-        self.pool.shutdown(wait=True)
+        """Wait for the copies to end; the thread's error, if any, is raised here."""
+        self.thread.join()
+        if self.error is not None:
+            raise self.error
 
     def abort(self) -> None:
         self.stop.set()
-        self.pool.shutdown(wait=True, cancel_futures=True)
+        with self.room:
+            self.room.notify_all()
+        self.thread.join()

@@ -1,24 +1,33 @@
-"""The command line on a sharded checkpoint: one attention module at a time, one shard at a time.
+"""The command line on a sharded checkpoint: each shard streamed once, one attention module at a time.
 
 The model is built on the meta device from config.json (no memory for its weights) only to find
 its attention modules, their tensors' names and shapes and the refusals that depend on the
-architecture alone. Then, for each module that the tools change:
+architecture alone. Then the shards are streamed, one after the other, in a background thread:
+each byte of the checkpoint is read once and written once. The tensors of the attention
+modules the tools change are read into memory (and written from there); every other byte is
+copied by the kernel without entering the process. As soon as a module's tensors have all been
+read, and while the copy goes on:
 
-1. its own tensors are read from their shards and put into that module (every other module
-   stays on the meta device);
+1. its tensors are put into that module (every other module stays on the meta device);
 2. strip_key_bias (and fold_value_bias) run on that module alone, on built inputs (random
-   hidden states of the module's width, with one padded key): the change is certified on a
-   float64 copy of the module, on those calls and on randomised ones, with the redundancy
-   probe and its control, and the module's output is then checked in the checkpoint's own
-   dtype against that dtype's rounding bound;
+   hidden states of the module's width, with one padded key): each change is certified in
+   float64 on a copy of the module of its own, on those calls and on randomised ones, with the
+   redundancy probe and its control (b_k, then b_v, perturbed: the output must not move; b_q
+   perturbed: it must), and the module's output is then checked in the checkpoint's own dtype
+   against that dtype's rounding bound, after the strip and again after the fold. The fold's
+   float64 runs start from the strip's float64 copy with the strip applied (the same calls),
+   so each module is converted to float64 once; the copy's bias slots are first compared with
+   the stripped module's, so the fold is certified on exactly what a fresh copy would hold;
 3. the changed tensors (a few bias vectors) are kept and the module goes back to the meta device.
 
-Each shard is copied chunk by chunk, with the changed tensors in their places, and read back, as
-soon as every module that reads it is done: in a background thread, so that the copy (waiting on
-the disk) overlaps the certification of the next modules (waiting on the CPU). Everything goes
-to a temporary folder that is renamed into place only when all of it is done. The memory needed
-is one attention module in float64 and its copies, whatever the size of the model; the time is
-about one read of the attention weights and one read, write and read-back of the checkpoint.
+When every shard is copied and every module certified, the changed tensors are written into the
+copies at their offsets and each written shard is checked without a second full read: its size
+and header equal the input's, every changed tensor reads back as certified, and every other
+tensor's first and last bytes read back as the input's (see keybias.surgery._shards for what
+that catches). Everything goes to a temporary folder that is renamed into place only when all of
+it is done. The memory needed is a few attention modules (read ahead of the certification) and
+one module's float64 copy, whatever the size of the model; the time is one read and one write
+of the checkpoint, overlapped with the certification, which on a loaded CPU is the longer.
 
 What it does not do: run the whole model. Each module is certified on its own; the identities
 (softmax ignores a constant added to every score of a row; a row of weights that sums to one
@@ -40,6 +49,7 @@ from torch import nn
 
 from keybias import surgery
 from keybias.surgery import _shards
+from keybias.surgery._core import Float64Buffers, run_surgery
 from keybias.surgery._sites import discover
 from keybias.surgery.cli import (
     TEMP_TAG,
@@ -57,6 +67,7 @@ from keybias.surgery.cli import (
 )
 
 BATCH, LENGTH = 2, 8  # built inputs: two sequences of eight positions, the second's last key padded
+READ_AHEAD = 4  # modules' tensors the copier may hold before the certification takes them
 
 
 def _meta_model(cls, config) -> nn.Module:
@@ -157,11 +168,48 @@ def _shared_outside(unit_path: str, unit: nn.Module, held: dict[int, list[str]])
     return out
 
 
+def _itemsize(info: dict) -> int:
+    dtype = _shards.DTYPES.get(info["dtype"])
+    return torch.empty(0, dtype=dtype).element_size() if dtype is not None else 1
+
+
+def _certify_unit(model: nn.Module, unit_path: str, index: int, sites: list, loaded: dict[str, torch.Tensor],
+                  stored_names: dict[str, str], operations: list[str], allow_dropout: bool, reports: dict,
+                  replacements: dict[str, torch.Tensor], buffers: Float64Buffers) -> None:
+    """Put one module's tensors in it, strip (and fold) it on built inputs, keep the changed
+    tensors, and send the module back to the meta device. The fold starts from the strip's
+    float64 copy of the module (the same calls, the strip applied): one conversion to float64
+    per module, certified as a fresh copy would be."""
+    unit = model.get_submodule(unit_path) if unit_path else model
+    unit.load_state_dict(loaded, assign=True, strict=True)
+    absent = [n for n, t in list(unit.named_parameters()) + list(unit.named_buffers()) if t.is_meta]
+    if absent:
+        raise CliError(f"{unit_path} has tensors that the checkpoint does not store ({_names(absent)}); the "
+                       "sharded mode cannot rebuild them; nothing written")
+    site = next(s for s in sites if s.unit_path == unit_path)
+    dtype = next((t.dtype for t in loaded.values() if t.is_floating_point()), torch.float32)
+    inputs = _unit_inputs(unit, site, dtype, seed=index)
+    before = {k: t.clone() for k, t in unit.state_dict().items() if t.ndim <= 1}
+    reuse: dict = {}
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", surgery.FullyMaskedRowWarning)
+            for op in operations:  # as strip_key_bias and fold_value_bias, with the float64 copy shared
+                part = run_surgery(unit, op, storage="zeros", inputs=inputs, reuse=reuse, allow_dropout=allow_dropout,
+                                   buffers=buffers)
+                _merge(reports[op], part, unit_path)
+    except surgery.SurgeryRefused as exc:
+        raise CliError(refusal_message(exc, prefix=unit_path)) from exc
+    for k, t in unit.state_dict().items():
+        if k in before and not torch.equal(before[k], t):
+            replacements[stored_names[k]] = t.detach().clone()
+    unit.to("meta")
+
+
 def convert_sharded(in_dir: Path, out_dir: Path, *, fold_value: bool, allow_dropout: bool, log) -> dict[str, Any]:
     """The command on a sharded checkpoint: check, plan on the meta device, certify and change
-    one module at a time, then copy the shards with the changed tensors, atomically."""
-
-
+    one module at a time while the shards are copied, then put the changed tensors in their
+    places and check the written shards, atomically."""
     try:
         weight_map, tables = _shards.read_index(in_dir)
     except _shards.CheckpointError as exc:
@@ -189,24 +237,31 @@ def convert_sharded(in_dir: Path, out_dir: Path, *, fold_value: bool, allow_drop
         reports[op]["not_handled"] += not_handled
     replacements: dict[str, torch.Tensor] = {}
     units = list(dict.fromkeys(s.unit_path for s in sites))
-    # the shards each module reads: a shard is copied once every module that reads it is done
-    waiting: dict[str, set[str]] = {shard: set() for shard in tables}
+    # the stored names of each module's tensors, and the module that reads each stored name
+    names_of: dict[str, dict[str, str]] = {}
+    reader_of: dict[str, str] = {}
     for unit_path in units:
         unit = model.get_submodule(unit_path) if unit_path else model
-        for k in unit.state_dict(keep_vars=True):
-            waiting[weight_map[to_stored[f"{unit_path}.{k}" if unit_path else k]]].add(unit_path)
-
-    def release(writer, done: str | None) -> None:
-        for shard, pending in waiting.items():
-            pending.discard(done)
-            if not pending:
-                writer.ready(shard, {k: v for k, v in replacements.items() if weight_map[k] == shard})
+        shared = _shared_outside(unit_path, unit, held)
+        if shared:
+            raise CliError(f"{unit_path} shares tensors with {_names(shared)}: the sharded mode changes one module "
+                           "at a time and cannot change a tied tensor; nothing written")
+        names_of[unit_path] = {k: to_stored[f"{unit_path}.{k}" if unit_path else k]
+                               for k in unit.state_dict(keep_vars=True)}
+        for stored in names_of[unit_path].values():
+            reader_of[stored] = unit_path
+    wanted: dict[str, set[str]] = {}
+    for stored in reader_of:
+        wanted.setdefault(weight_map[stored], set()).add(stored)
+    # tensors read ahead of the certification: a few modules' worth
+    unit_bytes = max((sum(int(torch.Size(tables[weight_map[n]][n]["shape"]).numel()) * _itemsize(tables[weight_map[n]][n])
+                          for n in names.values()) for names in names_of.values()), default=0)
 
     tmp = out_dir.parent / f".{out_dir.name}{TEMP_TAG}{os.getpid()}"
     tmp.mkdir()
-    writer = _shards.Writer(in_dir, tmp, tables)
-    # One thread fewer for torch while the shards are copied beside it: the copier (reads,
-    # CRC-32, writes) gets a core, and the certification's float64 work on 2 x 8 tokens gains
+    streamer = None
+    # One thread fewer for torch while the shards are copied beside it: the copier (reads, kernel
+    # copies, writes) gets a core, and the certification's float64 work on 2 x 8 tokens gains
     # little from a second thread (on a loaded 2-core machine, one thread certified a module of
     # OPT-6.7B's shape in half the time two took).
     threads = torch.get_num_threads()
@@ -217,48 +272,33 @@ def convert_sharded(in_dir: Path, out_dir: Path, *, fold_value: bool, allow_drop
                 continue
             target = tmp / item.name
             shutil.copytree(item, target) if item.is_dir() else shutil.copy2(item, target)
-        release(writer, None)  # shards that no changed module reads
-        for i, unit_path in enumerate(units):
-            unit = model.get_submodule(unit_path) if unit_path else model
-            shared = _shared_outside(unit_path, unit, held)
-            if shared:
-                raise CliError(f"{unit_path} shares tensors with {_names(shared)}: the sharded mode changes one module "
-                               "at a time and cannot change a tied tensor; nothing written")
-            local = list(unit.state_dict(keep_vars=True))
-            full = {k: f"{unit_path}.{k}" if unit_path else k for k in local}
-            by_shard: dict[str, list[str]] = {}
-            for k in local:
-                stored = to_stored[full[k]]
-                by_shard.setdefault(weight_map[stored], []).append(stored)
-            values: dict[str, torch.Tensor] = {}
-            for shard, names in by_shard.items():
-                values.update(_shards.read_tensors(in_dir / shard, names))
-            loaded = {k: values[to_stored[full[k]]] for k in local}
-            unit.load_state_dict(loaded, assign=True, strict=True)
-            left = [n for n, t in list(unit.named_parameters()) + list(unit.named_buffers()) if t.is_meta]
-            if left:
-                raise CliError(f"{unit_path} has tensors that the checkpoint does not store ({_names(left)}); the "
-                               "sharded mode cannot rebuild them; nothing written")
-            site = next(s for s in sites if s.unit_path == unit_path)
-            dtype = next((t.dtype for t in loaded.values() if t.is_floating_point()), torch.float32)
-            inputs = _unit_inputs(unit, site, dtype, seed=i)
-            before = {k: t.clone() for k, t in unit.state_dict().items() if t.ndim <= 1}
-            try:
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore", surgery.FullyMaskedRowWarning)
-                    for op in operations:
-                        tool = surgery.strip_key_bias if op == "strip_key_bias" else surgery.fold_value_bias
-                        extra = {"allow_dropout": allow_dropout} if op == "fold_value_bias" else {}
-                        part = tool(unit, storage="zeros", inputs=inputs, **extra)
-                        _merge(reports[op], part, unit_path)
-            except surgery.SurgeryRefused as exc:
-                raise CliError(refusal_message(exc, prefix=unit_path)) from exc
-            for k, t in unit.state_dict().items():
-                if k in before and not torch.equal(before[k], t):
-                    replacements[to_stored[full[k]]] = t.detach().clone()
-            unit.to("meta")
-            del values, loaded, before
-            release(writer, unit_path)
+        streamer = _shards.Streamer(in_dir, tmp, list(tables), wanted, READ_AHEAD * unit_bytes)
+        got: dict[str, torch.Tensor] = {}
+        buffers = Float64Buffers()  # each module's float64 copy is converted into the last one's storage
+        left = {u: set(n.values()) for u, n in names_of.items()}
+        while left:
+            item = streamer.tensors.get()
+            if item is None:
+                break
+            stored, tensor = item
+            got[stored] = tensor
+            unit_path = reader_of[stored]
+            left[unit_path].discard(stored)
+            if left[unit_path]:
+                continue
+            del left[unit_path]
+            loaded = {k: got.pop(n) for k, n in names_of[unit_path].items()}
+            _certify_unit(model, unit_path, units.index(unit_path), sites, loaded, names_of[unit_path], operations,
+                          allow_dropout, reports, replacements, buffers)
+            streamer.release(list(loaded.values()))
+            del loaded
+        streamer.finish()
+        if left:
+            raise CliError(f"the shards ended before every tensor of {_names(left)} was read; nothing written")
+        for shard in tables:
+            mine = {k: v for k, v in replacements.items() if weight_map[k] == shard}
+            _shards.patch(in_dir / shard, tmp / shard, mine)
+            _shards.check_written(in_dir / shard, tmp / shard, mine)
 
         strip = reports["strip_key_bias"]
         if not any(r["modules_changed"] for r in reports.values()):
@@ -282,18 +322,19 @@ def convert_sharded(in_dir: Path, out_dir: Path, *, fold_value: bool, allow_drop
         if not check["holds"]:
             raise CliError("a module's own check failed; nothing written")
 
-        writer.finish()
         summary = {"input": str(in_dir), "operations": operations, "sharded": True,
                    "certification": check, "reports": list(reports.values()),
                    "tensors_changed": sorted(replacements)}
         (tmp / "keybias_surgery.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
         _commit(tmp, out_dir, log)
     except _shards.CheckpointError as exc:
-        writer.abort()
+        if streamer is not None:
+            streamer.abort()
         shutil.rmtree(tmp, ignore_errors=True)
         raise CliError(str(exc)) from exc
     except BaseException:
-        writer.abort()
+        if streamer is not None:
+            streamer.abort()
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     finally:

@@ -10,11 +10,15 @@ checked in its own dtype against that dtype's rounding bound.
 
 Sharded (model.safetensors.index.json and its shards, a Hugging Face directory): the checkpoint
 is never loaded whole. The model is built on the meta device to find its attention modules;
-each module the tools change is read from its shards alone, certified on its own in float64
-(built inputs: random hidden states with a padded key, and randomised ones; the redundancy probe
-and its control) and checked in the checkpoint's dtype; then every shard is copied chunk by chunk
-with the changed bias vectors in their places. Memory: one attention module and its float64
-copy; time: about one read, write and read-back of the checkpoint. The identities are exact for
+the shards are streamed once (each byte read once and written once: the changed modules'
+tensors through memory, the rest copied by the kernel), and each module the tools change is
+certified as soon as its tensors are read, on its own in float64 (built inputs: random hidden
+states with a padded key, and randomised ones; the redundancy probe and its control) and checked
+in the checkpoint's dtype. The changed bias vectors are then written in their places, and each
+written shard is checked by its size, its header, the changed tensors read back and the first
+and last bytes of every other tensor (not by a second full read). Memory: a few attention
+modules and one float64 copy; time: one read and one write of the checkpoint, overlapped with
+the certification. The identities are exact for
 each module whatever feeds it (softmax ignores a constant added to every score of a row; a row
 of weights that sums to one passes b_v through), so certifying each module on its own certifies
 the composition; no forward pass of the whole model is run in this mode.
@@ -31,7 +35,7 @@ configured is refused, naming the modules, unless --allow-dropout says that the 
 inference (the fold is exact in eval mode; in training mode dropped rows do not sum to one).
 
 Atomic: the output is written to a temporary folder next to OUT_DIR and renamed into place only
-when complete and read back (tensor by tensor); on any error or Ctrl-C before that, nothing is
+when complete and checked (one file: read back tensor by tensor; sharded: as above); on any error or Ctrl-C before that, nothing is
 left and the exit code is 2 (a rerun removes a killed run's temporary folder). Once OUT_DIR is
 complete the run has succeeded: an interrupt after that exits 0. Another library's long error
 message is cut with "…"; KEYBIAS_FULL_ERRORS=1 shows it whole.

@@ -85,18 +85,25 @@ def test_sharded_output_loads_and_computes_the_same_function(pair):
     assert (before - moved).abs().max() > 1e-3 * before.abs().max()
 
 
-def test_only_the_attention_modules_are_read_before_writing(tmp_path, monkeypatch):
-    """The model is never loaded: before the shards are copied, the tool reads only the tensors
-    of the attention modules it changes."""
+def test_each_input_byte_is_read_once_and_only_attention_tensors_enter_the_process(tmp_path, monkeypatch):
+    """The model is never loaded: each shard is streamed once; the only tensors read into the
+    process are those of the attention modules the tools change, each once; the rest of the
+    bytes are copied by the kernel."""
     src = _save(_opt(), tmp_path / "in")
     read: list[str] = []
-    real = _shards.read_tensors
+    streamed: list[str] = []
+    real = _shards.stream_shard
 
-    def spy(path, names):
-        read.extend(names)
-        return real(path, names)
-    monkeypatch.setattr(_shards, "read_tensors", spy)
+    def spy(source, target, wanted, deliver, stop=None, take=None):
+        streamed.append(source.name)
+
+        def counted(name, tensor):
+            read.append(name)
+            deliver(name, tensor)
+        return real(source, target, wanted, counted, stop, take)
+    monkeypatch.setattr(_shards, "stream_shard", spy)
     assert cli.main([str(src), str(tmp_path / "out"), "--fold-value"]) == 0
+    assert sorted(streamed) == sorted(p.name for p in src.glob("*.safetensors"))
     assert read and all(".self_attn." in name for name in read)
     assert len(read) == len(set(read)) == 2 * 8  # two layers, four projections with weight and bias
 
@@ -224,34 +231,67 @@ def test_allow_dropout_without_fold_is_a_usage_error(tmp_path, capsys):
 def test_a_shard_interrupted_mid_write_leaves_nothing_and_a_rerun_finishes(tmp_path, monkeypatch, capsys):
     src = _save(_opt(), tmp_path / "in")
     out = tmp_path / "out"
-    real = _shards.copy_shard
+    real = _shards.stream_shard
     calls = {"n": 0}
 
-    def interrupted(source, target, replacements, stop=None):
+    def interrupted(source, target, wanted, deliver, stop=None, take=None):
         calls["n"] += 1
         if calls["n"] == 2:  # the second shard: half of it written, then Ctrl-C
             target.write_bytes(source.read_bytes()[: source.stat().st_size // 2])
             raise KeyboardInterrupt
-        return real(source, target, replacements, stop)
-    monkeypatch.setattr(_shards, "copy_shard", interrupted)
+        return real(source, target, wanted, deliver, stop, take)
+    monkeypatch.setattr(_shards, "stream_shard", interrupted)
     assert cli.main([str(src), str(out), "--fold-value"]) == 2
     assert "interrupted; nothing written" in _one_line(capsys)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in"]
-    monkeypatch.setattr(_shards, "copy_shard", real)
+    monkeypatch.setattr(_shards, "stream_shard", real)
     assert cli.main([str(src), str(out), "--fold-value"]) == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in", "out"]
 
 
-def test_read_back_catches_a_shard_that_differs_from_what_was_written(tmp_path):
+def _streamed_copy(tmp_path: Path):
+    """A shard of the test model streamed to a copy, with its first 1-D tensor changed."""
     src = _save(_opt(), tmp_path / "in")
     shard = sorted(src.glob("*.safetensors"))[0]
-    crcs = _shards.copy_shard(shard, tmp_path / "copy.safetensors", {})
-    _shards.check_copy(tmp_path / "copy.safetensors", crcs)
-    data = bytearray((tmp_path / "copy.safetensors").read_bytes())
-    data[-1] ^= 1  # one bit of the last tensor
-    (tmp_path / "copy.safetensors").write_bytes(bytes(data))
-    with pytest.raises(_shards.CheckpointError, match="different"):
-        _shards.check_copy(tmp_path / "copy.safetensors", crcs)
+    start, table = _shards.header(shard)
+    name = next(k for k, v in sorted(table.items()) if len(v["shape"]) == 1 and v["dtype"] == "F32")
+    copy = tmp_path / "copy.safetensors"
+    _shards.stream_shard(shard, copy, set(), lambda *_: None)
+    change = {name: torch.arange(table[name]["shape"][0], dtype=torch.float32)}
+    _shards.patch(shard, copy, change)
+    _shards.check_written(shard, copy, change)
+    return shard, copy, change, start, table
+
+
+def _flip(path: Path, offset: int) -> None:
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 1
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("where", ["first byte of a tensor", "last byte of the file", "changed tensor", "header",
+                                   "cut short"])
+def test_the_written_check_catches_what_it_promises(tmp_path, where):
+    shard, copy, change, start, table = _streamed_copy(tmp_path)
+    from safetensors.torch import load_file
+
+    written = load_file(str(copy))
+    for k, v in load_file(str(shard)).items():  # the check passed on a copy that is right
+        assert torch.equal(written[k], change.get(k, v)), k
+    name = next(iter(change))
+    other = next(k for k in table if k != name)
+    if where == "first byte of a tensor":
+        _flip(copy, start + table[other]["data_offsets"][0])
+    elif where == "last byte of the file":
+        _flip(copy, copy.stat().st_size - 1)
+    elif where == "changed tensor":
+        _flip(copy, start + table[name]["data_offsets"][0] + 1)
+    elif where == "header":
+        _flip(copy, 10)
+    else:
+        copy.write_bytes(copy.read_bytes()[:-3])
+    with pytest.raises(_shards.CheckpointError, match="different|header|bytes"):
+        _shards.check_written(shard, copy, change)
 
 
 def test_long_messages_of_other_libraries_are_cut_visibly_and_can_be_shown_whole(monkeypatch):
