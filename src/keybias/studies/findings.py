@@ -19,6 +19,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from keybias.core.claimspec import list_claims
+from keybias.studies.conditions import cases as condition_cases
+from keybias.studies.symbolic import judge as _symbolic_specs  # noqa: F401  (registers 01's claims)
+
 BASES = ("test", "proof", "measurement")
 MODES = ("exact", "abs", "rel", "decades")
 
@@ -153,12 +157,12 @@ def plain_statement(statement: str, macros: dict[str, str]) -> str:
     return text.replace(r"\_", "_").replace("~", " ").replace(r"\%", "%").replace("--", "–")
 
 
-_LATEX_WORDS = {"bk": "b_k", "bq": "b_q", "bv": "b_v"}
+_LATEX_WORDS = {"bk": "b_k", "bq": "b_q", "bv": "b_v", "ktyp": "‖k‖_typ"}
 
 
 def _math_text(math: str) -> str:
     math = re.sub(r"10\^\{(-?\d+)\}", lambda m: "10" + m.group(1).translate(_SUPERSCRIPT), math)
-    math = re.sub(r"\\(bk|bq|bv)\b(\{\})?", lambda m: _LATEX_WORDS[m.group(1)], math)
+    math = re.sub(r"\\(bk|bq|bv|ktyp)\b(\{\})?", lambda m: _LATEX_WORDS[m.group(1)], math)
     for a, b in ((r"\le", "≤"), (r"\ge", "≥"), (r"\times", "×"), (r"\cdot", "·"), (r"\approx", "≈"),
                  (r"\sqrt", "√"), (r"\alpha", "α"), (r"\varepsilon", "ε"), (r"\epsilon", "ε"),
                  (r"\lambda", "λ"), (r"\pm", "±"), (r"\|", "‖"), (r"\,", " "), (r"\eta", "η"), ("g_b_q", "g_bq")):
@@ -168,6 +172,8 @@ def _math_text(math: str) -> str:
 
 # -- the findings, in the paper's order ----------------------------------------------------------
 _HIGH_PRECISION, _HALF_PRECISION = ("float64", "float32"), ("bfloat16", "float16")
+# every check of notebook 01 is a proof of the cancellation or its control
+_SYMBOLIC_PROOFS = tuple(list_claims(notebook="01_symbolic"))
 
 register(Finding(
     id="criterion-exact",
@@ -175,8 +181,8 @@ register(Finding(
     statement=(r"In exact arithmetic $\bk$ adds the same $q_i\cdot\bk$ to every score of query $i$, so "
                r"softmax, the output and every other gradient are unchanged and the gradient of $\bk$ is "
                r"zero; SymPy checks this on \SymGridSizes{} shapes of up to \SymGridMaxKeys{} keys."),
-    section="sec:theorem", figure=None, notebook="01_symbolic", basis="proof",
-    rests_on=("symbolic-score-split",),
+    section="sec:theorem", figure="symbolic_grid", notebook="01_symbolic", basis="proof",
+    rests_on=_SYMBOLIC_PROOFS,
     headlines=(_exact("SymGridSizes"), _exact("SymGridMaxKeys")),
 ))
 
@@ -189,6 +195,7 @@ register(Finding(
                r"\CondBrokenCount{} do not (among them soft-capping, tied query and key biases, relative "
                r"key--query terms, rotated RoPE dimensions, $\bk$ before QK-norm)."),
     section="sec:conditions", figure="conditions_effects", notebook="07_conditions", basis="proof",
+    rests_on=tuple(condition_cases.claim_id(c) for c in condition_cases.CASES),
     headlines=(_exact("CondCaseCount"), _exact("CondRedundantCount"), _exact("CondBrokenCount")),
 ))
 
@@ -236,7 +243,7 @@ register(Finding(
 register(Finding(
     id="gradient-is-rounding-noise",
     title=r"The gradient of $\bk$ is dominated by rounding noise",
-    statement=(r"In floating point the gradient of $\bk$ is dominated by rounding noise: its size is at most "
+    statement=(r"Its size is at most "
                r"\PrecGradNoiseScaleMax{} of the bound $\lambda\sqrt{n}\,u\|g_{\bq}\|$ that rounding of its row "
                r"sums allows, and its direction is indistinguishable from "
                r"isotropic noise "
@@ -256,7 +263,7 @@ register(Finding(
     id="precision-law",
     title=r"A large $\bk$ costs precision in proportion to its size",
     statement=(r"Although $\bk$ never changes the function, the rounding error it adds to the output grows "
-               r"in proportion to $\|\bk\|/\|k\|$: the fitted log--log slopes are \PrecSlopeFloatSixtyFour{}, "
+               r"in proportion to $\|\bk\|/\ktyp$: the fitted log--log slopes are \PrecSlopeFloatSixtyFour{}, "
                r"\PrecSlopeFloatThirtyTwo{}, \PrecSlopeFloatSixteen{} and \PrecSlopeBfloatSixteen{}$\pm$\PrecSlopeSeBfloatSixteen{} in "
                r"float64, float32, float16 and bfloat16, close to the first-order model's 1; no shipped checkpoint "
                r"we measured reaches the size where the error doubles."),
@@ -317,13 +324,13 @@ register(Finding(
     statement=(r"Over \LongFullRuns{} long runs (\LongFullSeeds{} seeds, two sizes), the small model's "
                r"$\|\bk\|$ grows like $t^{\alpha}$ with median $\alpha=\LongFullExponentMedianSmall{}$ at "
                r"$\varepsilon=10^{-12}$, faster than a random walk's $1/2$, though three seeds cannot exclude one; "
-               r"in the small model's float32 runs Adam's response to a small gradient bias along the drift "
+               r"in the small model's float32 runs (\LongFullMechanismRuns{} of the \LongFullRuns{}) Adam's response to a small gradient bias along the drift "
                r"predicts its velocity (measured over predicted \LongFullVelocityRatioMin{} to "
                r"\LongFullVelocityRatioMax{}; elsewhere \LongFullVelocityOutsideWrongSign{} of "
                r"\LongFullVelocityOutsideRows{} layers have the wrong sign), and noise that grows with $\|\bk\|$ does not explain it (elasticity "
                r"\LongFullNoiseElasticity{})."),
     section="sec:longrun", figure="longrun_full_drift", notebook="08_longrun", basis="test",
-    decided_by=("longrun-exponent-small-model", "longrun-drift-along-mean-query",
+    decided_by=("longrun-drift-along-mean-query",
                 "longrun-noise-not-tracking-bias"),
     rests_on=("longrun-drift-exponent-decided", "longrun-velocity-from-gradient-bias"),
     headlines=(Headline("LongFullExponentMedianSmall", "abs", 0.05,
@@ -361,8 +368,8 @@ register(Finding(
     title=r"$\bk$ in the checkpoints that ship with packages",
     statement=(r"In the two MiniLM sentence embedders that ship with packages $\bk$ is at most "
                r"\CkptMiniLMSixBkOverBqMax{} of $\bq$, but in multilingual-e5-small it is "
-               r"\CkptEFiveBkOverBqMedian{} times $\bq$ at the median layer; in that encoder, as measured and "
-               r"not tested, subtracting $\bk$ before per-token int4 absmax key quantization multiplies the relative "
+               r"\CkptEFiveBkOverBqMedian{} times $\bq$ at the median layer; in that encoder, the one checkpoint with a large $\bk$, as measured "
+               r"and not tested, subtracting $\bk$ before per-token int4 absmax key quantization multiplies the relative "
                r"attention-output error by \CkptQuantFourEFiveRatioMedian{}, about the "
                r"\CkptQuantFourControlRatioMedian{} of a positive-control offset as large as the keys."),
     section="sec:pretrained", figure="checkpoint_bias_and_quantization", notebook="10_checkpoints", basis="measurement",

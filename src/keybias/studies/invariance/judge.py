@@ -231,6 +231,7 @@ def magnitude_cells(df: pd.DataFrame, mags: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame(columns=cols)
     key = list(MODULE_COLUMNS)
     R.require_columns(m, ["config_id", *key], "invariance table")
+    R.require_finite(m, ["config_id"], "invariance table")  # a row without an id would vanish in the merge
     R.require_columns(mags, ["config_id", "magnitude", "verdict", "verdict_float64", "bk_abs",
                              "tolerance_abs", "cell_powered"], "magnitude table")
     R.require_finite(mags, ["config_id", "magnitude", "cell_powered"], "magnitude table")
