@@ -160,7 +160,7 @@ def test_index_renders_in_headless_chromium(tmp_path):
                "fails": ["b-claim"], "": ["a-claim", "b-claim", "c-claim"]}
     probe = ("<script>var q=document.getElementById('claim-filter'),out={};" + json.dumps(list(queries))
              + ".forEach(function(w){q.value=w;q.dispatchEvent(new Event('input'));out[w]=[].slice.call("
-             "document.querySelectorAll('ul.claims li')).filter(function(li){return !li.hidden;}).map("
+             "document.querySelectorAll('ul.claims li')).filter(function(li){return getComputedStyle(li).display!=='none';}).map("
              "function(li){return li.id.slice(6);});out[w+'#']=document.getElementById('claim-count').textContent;});"
              "var p=document.createElement('pre');p.id='probe';p.textContent=JSON.stringify(out);"
              "document.body.appendChild(p);</script>")

@@ -76,6 +76,7 @@ ul.claims{list-style:none;padding:0;margin:.3rem 0}
 ul.claims li{max-width:none;border-top:1px solid #e6e8ea;padding:.4rem 0;display:grid;gap:.1rem 1rem;
 grid-template-columns:minmax(0,1fr)}
 @media (min-width:48rem){ul.claims li{grid-template-columns:minmax(0,40rem) 12rem 7rem}}
+ul.claims li[hidden]{display:none}
 ul.claims .check{font-variant-numeric:tabular-nums;white-space:nowrap}
 ul.claims .kind{color:var(--muted);font-size:.88rem}
 ul.claims code{font-size:.8rem;overflow-wrap:anywhere}

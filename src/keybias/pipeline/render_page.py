@@ -101,6 +101,7 @@ def paper_pages(root: Path = ROOT) -> dict[str, dict]:
 
 def subscript_html(escaped: str) -> str:
     """Escaped prose with b_k, q_i and g_b_q as a reader writes them (italic, subscripted)."""
+    escaped = escaped.replace("‖_typ", "‖<sub>typ</sub>")  # the typical key norm, ‖k‖_typ
     escaped = _NESTED_SUB.sub(r"<i>\1</i><sub><i>\2</i><sub>\3</sub></sub>", escaped)
     return _SUB.sub(r"<i>\1</i><sub>\2</sub>", escaped)
 
