@@ -410,7 +410,7 @@ def test_saving_claim_holds_on_a_clean_benchmark(tmp_path):
     # the largest saving is quoted with its simultaneous (Bonferroni) interval, wider than the 95% one
     top = cost_judge.headline(model).sort_values("measured_saving").iloc[-1]
     assert timing["CostLargestPointSavingLowPercent"] == pytest.approx(100 * top.saving_ci_low_adjusted)
-    assert timing["CostLargestPointSavingWhere"] == f"BERT-base, {top.attention}-attention {top['mode']}, $S=128$, $B=8$"
+    assert timing["CostLargestPointSavingWhere"] == f"BERT-base, {top.attention}-attention {top['mode']}, 128 tokens, batch 8"
     assert top.saving_ci_low_adjusted < top.saving_ci_low and top.saving_ci_high_adjusted > top.saving_ci_high
     # the smallest saving the design resolves is the saving's median half-width: reported, not claimed
     assert timing["CostMinDetectablePercent"] == pytest.approx(100 * np.median(cost_judge.headline(model)["half_width"]))
