@@ -293,6 +293,19 @@ def _refuse_changed_dtypes(in_dir: Path, model) -> None:
                        "one; nothing written")
 
 
+def _refuse_mixed_float_shards(in_dir: Path) -> None:
+    """A sharded checkpoint is rewritten tensor by tensor in its own dtype, and each module is
+    checked against that dtype's rounding bound; a checkpoint mixing float dtypes has no one bound."""
+    floats = {}
+    for name, kind in _stored_dtypes(in_dir).items():
+        if kind in ("F16", "BF16", "F32", "F64"):
+            floats.setdefault(kind, name)
+    if len(floats) > 1:
+        kinds = ", ".join(f"{k} ({n})" for k, n in sorted(floats.items()))
+        raise CliError(f"{in_dir} stores its float tensors as {kinds}: a sharded checkpoint must hold one float "
+                       "dtype (convert it first); nothing written")
+
+
 def _refuse_non_finite(model) -> None:
     """A change cannot be certified against a NaN or an infinity: rounding bounds are then NaN."""
     import torch
@@ -387,6 +400,8 @@ def convert(in_dir: Path, out_dir: Path, *, fold_value: bool = False, dtype: str
     if sharded and fmt != "hf":
         raise CliError(f"{in_dir / INDEX}: sharded checkpoints are read for Hugging Face model directories only "
                        f"(this one is {fmt}'s format)")
+    if sharded:
+        _refuse_mixed_float_shards(in_dir)
     if sharded and dtype is not None:
         raise CliError("--dtype cannot be used with a sharded checkpoint, which is rewritten tensor by tensor "
                        "in its own dtype; convert it first")

@@ -183,6 +183,17 @@ def _shape_mismatch(src: Path) -> str:
     return "shape mismatch: model.decoder.layers.0.fc1.bias is (64,) in the checkpoint but (48,) in config.json"
 
 
+def _mixed_float_dtypes(src: Path) -> str:
+    from safetensors.torch import load_file, save_file
+
+    shard = sorted(src.glob("*.safetensors"))[-1]
+    tensors = load_file(shard)
+    name = sorted(tensors)[0]
+    tensors[name] = tensors[name].half()
+    save_file(tensors, shard, metadata={"format": "pt"})
+    return "a sharded checkpoint must hold one float dtype"
+
+
 def _with_dtype(src: Path) -> str:
     return "--dtype cannot be used with a sharded checkpoint"
 
@@ -191,7 +202,8 @@ SHARD_CASES = {"missing_shard": _missing_shard, "index_names_absent_tensor": _ab
                "tensor_in_another_shard": _moved_tensor, "file_not_in_index": _unindexed_file,
                "index_without_weight_map": _bad_index, "truncated_shard": _truncated_shard,
                "attention_dropout": _dropout, "dtype_with_shards": _with_dtype, "missing_tensors": _missing_tensors,
-               "unexpected_tensors": _unexpected_tensors, "shape_mismatch": _shape_mismatch}
+               "unexpected_tensors": _unexpected_tensors, "shape_mismatch": _shape_mismatch,
+               "mixed_float_dtypes": _mixed_float_dtypes}
 
 
 @pytest.mark.parametrize("case", sorted(SHARD_CASES))
