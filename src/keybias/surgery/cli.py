@@ -156,7 +156,7 @@ def check_input(in_dir: Path, out_dir: Path) -> None:
         state = "a dangling symbolic link" if not out_dir.exists() else "a symbolic link"
         raise CliError(f"output {out_dir} is {state} (to {target}); choose a new directory")
     if out_dir.exists():
-        raise CliError(f"output {out_dir} already exists; choose a new directory")
+        raise CliError(f"output '{out_dir}' already exists; choose a new directory")
     if not in_dir.exists():
         raise CliError(f"input directory {in_dir} does not exist")
     if not in_dir.is_dir():
@@ -634,7 +634,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(argv: list[str] | None) -> int:
     parser = _Parser(
-        prog="keybias-surgery",
+        prog="keybias-surgery", allow_abbrev=False,  # --fold must not quietly mean --fold-value
         description="Remove key biases (and fold value biases) of a Hugging Face model directory, certified.")
     parser.add_argument("in_dir", type=Path, help="Hugging Face model directory (config.json + *.safetensors)")
     parser.add_argument("out_dir", type=Path, help="new directory to write (must not exist)")

@@ -241,3 +241,11 @@ def test_an_output_another_run_wrote_meanwhile_is_named(tmp_path, capsys, monkey
     err = capsys.readouterr().err
     assert "appeared while this run worked" in err and "internal" not in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in", "out"]
+
+
+def test_an_abbreviated_flag_is_a_usage_error_not_the_flag_it_abbreviates(tmp_path, capsys):
+    with pytest.raises(SystemExit) as stop:
+        cli.main([str(tmp_path / "in"), str(tmp_path / "out"), "--fold"])
+    assert stop.value.code == 2
+    assert "--fold" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
