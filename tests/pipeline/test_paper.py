@@ -956,5 +956,11 @@ def test_invariance_map_caption_names_the_silent_controls():
         words = [w for match, w in _SILENT_CONTROL_WORDS if match(category)]
         assert words, f"silent control in {category!r}, which the caption does not name"
         assert words[0] in caption, f"silent control in {category!r}: the caption lacks {words[0]!r}"
-    # and the smallest size, where the half-precision rule has no power, is said to be mostly silent
-    assert "At the smallest size most half-precision" in caption
+    # and at the smallest size, where the half-precision rule has no power, the caption's counts in words
+    smallest = mags[mags["magnitude"] == mags["magnitude"].min()].merge(
+        pd.read_csv(data, low_memory=False)[["config_id", "dtype"]].drop_duplicates("config_id"), on="config_id")
+    quiet = smallest["control_abs"] <= smallest["tolerance_abs"]
+    by_dtype = quiet.groupby(smallest["dtype"]).agg(["sum", "count"])
+    assert "every bfloat16 control and some float16 ones" in caption
+    assert by_dtype.loc["bfloat16", "sum"] == by_dtype.loc["bfloat16", "count"], "not every bfloat16 control is silent"
+    assert 0 < by_dtype.loc["float16", "sum"] < by_dtype.loc["float16", "count"], "float16: not 'some'"
