@@ -577,9 +577,12 @@ def _commit(tmp: Path, out_dir: Path, log) -> None:
                 raise CliError(f"output {out_dir} appeared while this run worked (another run writing it?); "
                                "this run wrote nothing") from exc
             raise
+        COMMITTED.set()
         log(f"wrote {out_dir}")
     finally:
-        if held:
+        # in a real process a Ctrl-C after the rename could still land in a later frame or in the
+        # interpreter's teardown and exit 130 for a complete output: it stays ignored to the end
+        if held and not (COMMITTED.is_set() and _PROCESS.is_set()):
             signal.signal(signal.SIGINT, previous)
 
 
@@ -599,11 +602,6 @@ def _log(message: str) -> None:
     print(message, flush=True)
 
 
-def _complete(out_dir: Path) -> bool:
-    """OUT_DIR holds a finished output (it appears only by the final rename)."""
-    return out_dir.is_dir() and not out_dir.is_symlink() and (out_dir / "keybias_surgery.json").is_file()
-
-
 class _Parser(argparse.ArgumentParser):
     """Usage errors as one line (exit 2), like every other bad input; --help still prints usage."""
 
@@ -612,6 +610,8 @@ class _Parser(argparse.ArgumentParser):
 
 
 INTERRUPTED = threading.Event()
+COMMITTED = threading.Event()  # this run's output is in place: from here on the run has succeeded
+_PROCESS = threading.Event()  # main() runs as the process itself (argv from the command line)
 
 
 def _on_interrupt(signum, frame):
@@ -623,13 +623,16 @@ def _on_interrupt(signum, frame):
 
 def main(argv: list[str] | None = None) -> int:
     INTERRUPTED.clear()
+    COMMITTED.clear()
     if threading.current_thread() is not threading.main_thread():
         return _main(argv)
+    # called from Python (argv given), the caller's own SIGINT handling comes back afterwards
+    _PROCESS.set() if argv is None else _PROCESS.clear()
     previous = signal.signal(signal.SIGINT, _on_interrupt)
     try:
         return _main(argv)
     finally:
-        signal.signal(signal.SIGINT, previous)
+        signal.signal(signal.SIGINT, signal.SIG_IGN if COMMITTED.is_set() and _PROCESS.is_set() else previous)
 
 
 def _main(argv: list[str] | None) -> int:
@@ -645,7 +648,6 @@ def _main(argv: list[str] | None) -> int:
     args = parser.parse_args(argv)
     if args.allow_dropout and not args.fold_value:
         parser.error("--allow-dropout only applies with --fold-value")
-    earlier = _complete(args.out_dir)  # an output already there is not this run's (it is refused)
     try:
         convert(args.in_dir, args.out_dir, fold_value=args.fold_value, dtype=args.dtype,
                 allow_dropout=args.allow_dropout, log=_log)
@@ -653,7 +655,7 @@ def _main(argv: list[str] | None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        if not earlier and _complete(args.out_dir):
+        if COMMITTED.is_set():
             return 0  # interrupted after this run's output was complete: the run succeeded
         print("error: interrupted; nothing written", file=sys.stderr)
         return 2
