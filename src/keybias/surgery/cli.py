@@ -36,7 +36,9 @@ inference (the fold is exact in eval mode; in training mode dropped rows do not 
 
 Atomic: the output is written to a temporary folder next to OUT_DIR and renamed into place only
 when complete and checked (one file: read back tensor by tensor; sharded: as above); on any error or Ctrl-C before that, nothing is
-left and the exit code is 2 (a rerun removes a killed run's temporary folder). Once OUT_DIR is
+left and the exit code is 2 (a rerun removes a killed run's temporary folder). A run holds a lock
+on .OUT_DIR.keybias-lock beside OUT_DIR: a second run for the same OUT_DIR is refused while the
+first lives, and the kernel frees the lock when a run dies, so a dead run never blocks a rerun. Once OUT_DIR is
 complete the run has succeeded: an interrupt after that exits 0. Another library's long error
 message is cut with "…"; KEYBIAS_FULL_ERRORS=1 shows it whole.
 """
@@ -44,6 +46,7 @@ message is cut with "…"; KEYBIAS_FULL_ERRORS=1 shows it whole.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import importlib.util
 import json
@@ -72,6 +75,7 @@ class CliError(Exception):
 
 
 TEMP_TAG = ".keybias-tmp-"
+LOCK_TAG = ".keybias-lock"
 CLIP = 300  # characters of another library's message shown in the one-line error
 FULL_MESSAGES = "KEYBIAS_FULL_ERRORS"  # set to 1 to see every message whole
 
@@ -118,23 +122,55 @@ def _check_safetensors(path: Path) -> None:
         raise CliError(f"{path} is truncated: its tensors need {8 + n + end} bytes, the file has {size}")
 
 
-def _pid_alive(pid: int) -> bool:
+def lock_path(out_dir: Path) -> Path:
+    return out_dir.parent / f".{out_dir.name}{LOCK_TAG}"
+
+
+@contextlib.contextmanager
+def run_lock(out_dir: Path):
+    """Held for the whole run: an exclusive flock on a lock file beside OUT_DIR. The kernel frees
+    it when the process dies, however it dies (a zombie holds no files), so a dead run never
+    blocks a rerun and a live one always does, whatever its process id has become."""
+    import fcntl
+
+    path = lock_path(out_dir)
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+            os.close(fd)
+            who = f" (process {holder})" if holder.isdigit() else ""
+            raise CliError(f"another run{who} is writing {out_dir} (it holds {path}); wait for it to end") from None
+        except OSError as exc:
+            os.close(fd)
+            raise CliError(f"cannot lock {path} ({exc.strerror}): the file system of the output does not "
+                           "support file locks") from exc
+        # the run that held the lock removes its file before releasing it: a lock on a file that is
+        # no longer the one at that path guards nothing, so take the one in place
+        try:
+            held, here = os.fstat(fd), os.stat(path)
+            if (held.st_dev, held.st_ino) == (here.st_dev, here.st_ino):
+                break
+        except FileNotFoundError:
+            pass
+        os.close(fd)
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)  # only to name this run in another's message
+        yield path
+    finally:
+        try:
+            path.unlink(missing_ok=True)
+        finally:
+            os.close(fd)
 
 
 def clean_stale(out_dir: Path, log=print) -> None:
-    """Temporary folders of earlier runs for the same OUT_DIR: removed when their process is
-    gone (a killed run), named when it still runs."""
+    """Temporary folders of earlier runs for the same OUT_DIR, removed. Called with the run's
+    lock held: a run that still works holds the lock, so every such folder is a dead run's."""
     for stale in sorted(out_dir.parent.glob(f".{out_dir.name}{TEMP_TAG}*")):
-        pid = stale.name.rpartition("-")[2]
-        if pid.isdigit() and _pid_alive(int(pid)) and int(pid) != os.getpid():
-            raise CliError(f"another run (process {pid}) is writing {out_dir} (its temporary folder {stale})")
         shutil.rmtree(stale, ignore_errors=True)
         log(f"removed {stale}, the temporary folder of an interrupted earlier run")
 
@@ -148,7 +184,8 @@ def check_input(in_dir: Path, out_dir: Path) -> None:
     probe = parent / f".{out_dir.name}{TEMP_TAG}probe-{os.getpid()}"
     try:
         probe.mkdir()
-        probe.rmdir()
+        with contextlib.suppress(FileNotFoundError):  # a run beside this one cleaned it up
+            probe.rmdir()
     except OSError as exc:
         raise CliError(f"the parent of the output, {parent}, is not writable ({exc.strerror})") from exc
     if out_dir.is_symlink():
@@ -407,7 +444,17 @@ def convert(in_dir: Path, out_dir: Path, *, fold_value: bool = False, dtype: str
                        "in its own dtype; convert it first")
     if fmt == "hf":
         require_transformers()
-    clean_stale(out_dir, log)
+    with run_lock(out_dir):
+        if out_dir.exists() or out_dir.is_symlink():  # a run that ended while this one checked its input
+            raise CliError(f"output '{out_dir}' already exists; choose a new directory")
+        clean_stale(out_dir, log)
+        return _convert(in_dir, out_dir, fmt, sharded, fold_value=fold_value, dtype=dtype,
+                        allow_dropout=allow_dropout, log=log)
+
+
+def _convert(in_dir: Path, out_dir: Path, fmt: str, sharded: bool, *, fold_value: bool, dtype: str | None,
+             allow_dropout: bool, log) -> dict[str, Any]:
+    """convert() once the input is checked and this run holds OUT_DIR's lock."""
     os.environ["HF_HUB_OFFLINE"] = "1"
     os.environ["TRANSFORMERS_OFFLINE"] = "1"
     import torch
@@ -419,7 +466,6 @@ def convert(in_dir: Path, out_dir: Path, *, fold_value: bool = False, dtype: str
 
         transformers.utils.logging.disable_progress_bar()
         return convert_sharded(in_dir, out_dir, fold_value=fold_value, allow_dropout=allow_dropout, log=log)
-
 
     if fmt == "hf":
         import transformers

@@ -249,3 +249,56 @@ def test_an_abbreviated_flag_is_a_usage_error_not_the_flag_it_abbreviates(tmp_pa
     assert stop.value.code == 2
     assert "--fold" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+# Another process holding OUT_DIR's lock: a child that takes it, then either exits (a dead run:
+# left unreaped it is a zombie, whose process id still answers kill(pid, 0)) or waits on stdin.
+_HOLDER = """
+import fcntl, os, sys
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o644)
+fcntl.flock(fd, fcntl.LOCK_EX)
+os.pwrite(fd, str(os.getpid()).encode(), 0)
+os.mkdir(sys.argv[2] + str(os.getpid()))  # its temporary folder, named as a run names it
+print("locked", flush=True)
+if sys.argv[3] == "live":
+    sys.stdin.readline()
+"""
+
+
+def _holder(out: Path, state: str) -> subprocess.Popen:
+    proc = subprocess.Popen([sys.executable, "-c", _HOLDER, str(out.parent / f".{out.name}.keybias-lock"),
+                             str(out.parent / f".{out.name}{cli.TEMP_TAG}"), state],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "locked"
+    return proc
+
+
+def test_a_dead_run_that_is_still_a_zombie_does_not_block_a_rerun(tmp_path, capsys):
+    src, out = _write_tiny(tmp_path / "in", "BERT"), tmp_path / "out"
+    proc = _holder(out, "dead")
+    try:
+        os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT)  # it has exited, and is not reaped
+        assert Path(f"/proc/{proc.pid}/status").read_text().count("zombie") == 1
+        os.kill(proc.pid, 0)  # its process id still answers, as a live run's would
+        assert cli.main([str(src), str(out)]) == 0
+        assert (out / "keybias_surgery.json").is_file()
+        assert "interrupted earlier run" in capsys.readouterr().out
+        assert _leftovers(tmp_path) == ["in", "out"]  # its temporary folder and the lock file are gone
+    finally:
+        proc.wait()
+
+
+def test_a_live_run_blocks_a_second_run_for_the_same_output(tmp_path, capsys):
+    src, out = _write_tiny(tmp_path / "in", "BERT"), tmp_path / "out"
+    proc = _holder(out, "live")
+    try:
+        before = _leftovers(tmp_path)
+        capsys.readouterr()
+        assert cli.main([str(src), str(out)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and f"another run (process {proc.pid}) is writing" in err, err
+        assert _leftovers(tmp_path) == before and not out.exists()  # the other run's files are left alone
+    finally:
+        proc.communicate("\n", timeout=60)
+    assert cli.main([str(src), str(out)]) == 0  # once it has ended, the rerun goes ahead
+    assert _leftovers(tmp_path) == ["in", "out"]
