@@ -415,10 +415,46 @@ def require_transformers() -> None:
                        "installed: pip install 'keybias[hf]'")
 
 
-def _dropout_refusal(names: list[str], p: float) -> CliError:
-    return CliError(f"--fold-value refused: attention dropout is configured ({_names(names)}, p={p}); in training "
+def _dropout_refusal(names: list[str], p: float, where: str = "") -> CliError:
+    what = where or f"{_names(names)}, p={p}"
+    return CliError(f"--fold-value refused: attention dropout is configured ({what}); in training "
                     "mode dropped rows do not sum to one, so the fold is exact only in eval mode; pass "
                     "--allow-dropout for an output used for inference; nothing written")
+
+
+# The config keys under which Hugging Face (BERT-like, BART-like, GPT-2-like, MPT's attn_config,
+# CLIP's sub-configs) and timm (model_args) set the dropout on the attention weights; an MLP's or
+# a classifier's dropout (hidden_dropout_prob, drop_rate, ...) leaves the fold exact.
+ATTENTION_DROPOUT_KEYS = ("attention_probs_dropout_prob", "attention_dropout", "attention_dropout_prob",
+                          "attention_dropout_rate", "attention_probs_dropout", "attn_pdrop", "attn_dropout",
+                          "attn_dropout_rate", "attn_drop_rate", "attn_drop")
+CONFIG_FILES = {"hf": "config.json", "timm": "config.json", "open_clip": "open_clip_config.json"}
+
+
+def configured_dropout(in_dir: Path, fmt: str) -> tuple[str, float] | None:
+    """(where in the config file, p) of the first attention dropout above zero that the folder's
+    config sets, read from the JSON alone (nothing is imported or built)."""
+    found = []
+
+    def walk(node, path: str) -> None:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                where = f"{path}.{key}" if path else str(key)
+                if key in ATTENTION_DROPOUT_KEYS and isinstance(value, (int, float)) and not isinstance(value, bool):
+                    if value > 0:
+                        found.append((where, float(value)))
+                else:
+                    walk(value, where)
+        elif isinstance(node, list):
+            for i, value in enumerate(node):
+                walk(value, f"{path}[{i}]")
+
+    name = CONFIG_FILES[fmt]
+    walk(_read_json(in_dir / name), "")
+    if not found:
+        return None
+    where, p = sorted(found)[0]
+    return f"{name} {where}={p:g}", p
 
 
 def _more(items: list, limit: int = 3) -> str:
@@ -433,6 +469,10 @@ def convert(in_dir: Path, out_dir: Path, *, fold_value: bool = False, dtype: str
     fmt = check_input(in_dir, out_dir)
     if dtype is not None and dtype not in DTYPES:
         raise CliError(f"--dtype {dtype!r} unknown; allowed: {list(DTYPES)}")
+    if fold_value and not allow_dropout:  # refused from the config, before seconds of loading
+        dropout = configured_dropout(in_dir, fmt)
+        if dropout is not None:
+            raise _dropout_refusal([], dropout[1], where=dropout[0])
     sharded = (in_dir / INDEX).exists()
     if sharded and fmt != "hf":
         raise CliError(f"{in_dir / INDEX}: sharded checkpoints are read for Hugging Face model directories only "

@@ -302,3 +302,57 @@ def test_a_live_run_blocks_a_second_run_for_the_same_output(tmp_path, capsys):
         proc.communicate("\n", timeout=60)
     assert cli.main([str(src), str(out)]) == 0  # once it has ended, the rerun goes ahead
     assert _leftovers(tmp_path) == ["in", "out"]
+
+
+def _dropout_folder(directory: Path, kind: str) -> Path:
+    if kind == "timm":
+        pytest.importorskip("timm")
+        import json
+
+        import timm
+        from safetensors.torch import save_file
+
+        args = {"img_size": 32, "patch_size": 8, "depth": 1, "attn_drop_rate": 0.1}
+        model = timm.create_model("vit_tiny_patch16_224", pretrained=False, num_classes=0, **args)
+        directory.mkdir()
+        (directory / "config.json").write_text(json.dumps({"architecture": "vit_tiny_patch16_224", "num_classes": 0,
+                                                           "model_args": args}))
+        save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(directory / "model.safetensors"))
+        return directory
+    import transformers
+
+    cfg = transformers.OPTConfig(hidden_size=32, num_hidden_layers=2, ffn_dim=64, num_attention_heads=4,
+                                 word_embed_proj_dim=32, vocab_size=100, max_position_embeddings=32,
+                                 attention_dropout=0.1)
+    model = transformers.OPTModel(cfg) if kind == "sharded" else families.build("BERT")
+    model.save_pretrained(str(directory), safe_serialization=True, max_shard_size="40KB" if kind == "sharded" else "5GB")
+    return directory
+
+
+@pytest.mark.parametrize("kind, where", [("single", "config.json attention_probs_dropout_prob=0.1"),
+                                         ("sharded", "config.json attention_dropout=0.1"),
+                                         ("timm", "config.json model_args.attn_drop_rate=0.1")])
+def test_attention_dropout_in_the_config_is_refused_before_the_model_is_built(tmp_path, capsys, monkeypatch,
+                                                                              kind, where):
+    src, out = _dropout_folder(tmp_path / "in", kind), tmp_path / "out"
+
+    def never(*_args, **_kwargs):
+        raise AssertionError("the model was built although the config shows the refusal")
+    for name in ("_architecture", "load_exactly", "load_library_folder"):
+        monkeypatch.setattr(cli, name, never)
+    capsys.readouterr()
+    assert cli.main([str(src), str(out), "--fold-value"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "attention dropout is configured" in err and where in err, err
+    assert _leftovers(tmp_path) == ["in"]
+
+
+def test_a_dropout_that_is_not_on_the_attention_weights_is_not_refused(tmp_path):
+    # the control: ViT's hidden dropout (after the attention) leaves the fold exact in any mode
+    import transformers
+
+    cfg = transformers.ViTConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
+                                 image_size=16, patch_size=8, hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.0)
+    transformers.ViTModel(cfg).save_pretrained(str(tmp_path / "in"), safe_serialization=True)
+    assert cli.configured_dropout(tmp_path / "in", "hf") is None
+    assert cli.main([str(tmp_path / "in"), str(tmp_path / "out"), "--fold-value"]) == 0
