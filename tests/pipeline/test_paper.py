@@ -770,6 +770,8 @@ def test_printed_numbers_are_formatted_as_a_person_writes_them():
     for name in MAIN_SECTIONS:
         text = _uncommented(SECTIONS / f"{name}.tex")
         text = re.sub(r"\\Num\{\\[A-Za-z]+\}", " ", text)
+        # the two values \IfSameValue compares choose the wording; they are not printed
+        text = re.sub(r"\\IfSameValue\{\\[A-Za-z]+\}\{\\[A-Za-z]+\}", " ", text)
         used |= {m for m in re.findall(r"\\([A-Z][A-Za-z]+)", text) if m in macros}
     bad = {m for m in used if _badly_formatted(macros[m])}
     assert bad <= PENDING_FORMAT, f"print these with \\Num{{}} or reword: {sorted(bad - PENDING_FORMAT)}"
@@ -878,3 +880,77 @@ def test_architecture_counts_agree_with_their_table():
     text = (RESULTS / "tables" / "pretrained_architectures.tex").read_text()
     assert re.search(r"total\s*&[^\\]*&\s*" + re.escape(macros["PretArchTotal"].replace("{,}", ",")), text) or \
         macros["PretArchTotal"].replace("{,}", "") in text.replace(",", "")
+
+
+def test_pooled_slopes_lie_within_their_tables_per_path_slopes():
+    """The text quotes one slope per dtype, fitted over its four paths; Table 8 prints each path's own
+    fit. Each pooled slope lies within the range of its dtype's rows (to its printed two decimals), and
+    the caption says which fit the text quotes."""
+    macros = _macros()
+    names = {"float64": "FloatSixtyFour", "float32": "FloatThirtyTwo", "float16": "FloatSixteen",
+             "bfloat16": "BfloatSixteen"}
+    per_path: dict[str, list[float]] = {}
+    for row in _cells("precision_law.tex"):
+        per_path.setdefault(row[0], []).append(float(row[3].split("\\pm")[0]))
+    for dtype, name in names.items():
+        pooled = _number(macros[f"PrecSlope{name}"])
+        low, high = min(per_path[dtype]), max(per_path[dtype])
+        assert low - 0.005 <= pooled <= high + 0.005, f"{dtype}: pooled slope {pooled} outside [{low}, {high}]"
+    caption = " ".join(_uncommented(SECTIONS / "appendix_tables.tex").split())
+    assert "one fit over the dtype's four paths" in caption
+
+
+def test_architectures_table_names_each_class_once():
+    """Two model types can share a class (mlcd, mlcd_vision_model): the table names it once."""
+    import pandas as pd
+
+    from keybias.studies.pretrained import show
+
+    path = RESULTS / "data" / "pretrained_architectures.csv"
+    if not path.is_file():
+        pytest.skip("no architecture survey")
+    table = pd.read_csv(path, keep_default_na=False)
+    body = show.architectures_latex(table)
+    for cell in re.findall(r"\{\\footnotesize ([^}]*)\}", body):
+        names = [n.split(" (")[0].strip() for n in cell.split(", ")]
+        repeated = sorted({n for n in names if names.count(n) > 1})
+        assert not repeated, f"named twice in one row: {repeated}"
+    shared = table.groupby("model_class")["model_type"].nunique()
+    for cls in shared[shared > 1].index:
+        if table.loc[table["model_class"] == cls, "status"].isin(["refused", "not certified"]).any():
+            assert f"{show.model_name(cls)} ({shared[cls]} types)" in body, cls
+
+
+# Silent controls at the larger sizes of the invariance map, by the words its caption uses for them.
+_SILENT_CONTROL_WORDS = (
+    (lambda c: "single key" in c, "single key"), (lambda c: c == "MHA sizes", "width one"),
+    (lambda c: c == "variant qk_norm", "QK-norm"),
+    (lambda c: "add_bias_kv" in c or "add_zero_attn" in c, "appended-slot"),
+    (lambda c: "kdim_vdim" in c, "own-width"), (lambda c: c == "MHA fully masked row", "fully-masked-row"),
+    (lambda c: c.startswith("HF "), "Hugging Face"),
+)
+
+
+def test_invariance_map_caption_names_the_silent_controls():
+    """Figure 5's caption says where the positive control stayed below the tolerance (the verdict
+    is invalid there): every category with such a control at the larger sizes is named, and one the
+    caption has no words for fails here by name."""
+    import pandas as pd
+
+    from keybias.studies.invariance import judge
+
+    data, mags_path = RESULTS / "data" / "invariance.csv", RESULTS / "data" / "invariance_magnitudes.csv"
+    if not (data.is_file() and mags_path.is_file()):
+        pytest.skip("no invariance data")
+    measured = judge.measured(pd.read_csv(data, low_memory=False))[["config_id", "category"]]
+    mags = pd.read_csv(mags_path).merge(measured, on="config_id")
+    larger = mags[mags["magnitude"] > mags["magnitude"].min()]
+    silent = set(larger.loc[larger["control_abs"] <= larger["tolerance_abs"], "category"])
+    caption = next(c for c in captions(SECTIONS / "appendix_tables.tex") if "one panel per size" in c)
+    caption = " ".join(caption.split())
+    for category in sorted(silent):
+        words = [w for match, w in _SILENT_CONTROL_WORDS if match(category)]
+        assert words, f"silent control in {category!r}, which the caption does not name"
+        assert words[0] in caption, f"silent control in {category!r}: the caption lacks {words[0]!r}"
+    # and the smallest size, where the half-precision rule has no power, is said to be mostly silent
+    assert "At the smallest size most half-precision" in caption

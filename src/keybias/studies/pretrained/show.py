@@ -119,7 +119,10 @@ def architectures_latex(table: pd.DataFrame) -> str:
         if status in ("refused", "not certified", "could not build"):
             parts = sorted(groups, key=lambda g: (-len(g[1]), g[0]))
             for i, (why, part) in enumerate(parts):
-                names = ", ".join(model_name(c) for c in part["model_class"]) if listed else ""
+                # two model types can share one class (mlcd and mlcd_vision_model): name it once, with its count
+                counts = part["model_class"].value_counts(sort=False)
+                names = ", ".join(model_name(c) + (f" ({n} types)" if n > 1 else "")
+                                  for c, n in counts.items()) if listed else ""
                 head = "" if i else f"{status}, {len(rows)}" if len(parts) > 1 else status
                 names = rf"{{\footnotesize {names}}}" if names else ""
                 lines.append(rf"{head} & {why} & {len(part)} & {names} \\")
