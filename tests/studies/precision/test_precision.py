@@ -318,14 +318,8 @@ def test_model_constant_claim_needs_a_calibration_of_every_path():
         assert not c[nj.PRECISION_ROUNDING_MODEL_CONSTANT.id].holds
     m = nj.model_constant_check(law, LAW_CAL).iloc[0]
     s = LAW_CAL["model_scatter_log10"].iloc[0]  # one fit: the pooled scatter is its own
-    # the standard error of a difference of two means, each over its own fit's points
-    n, n_cal = float(law["points"].iloc[0]), float(LAW_CAL["points"].iloc[0])
-    assert m["allowance_log10"] == pytest.approx(nj.normal_quantile() * s * math.sqrt(1 / n + 1 / n_cal))
+    assert m["allowance_log10"] == pytest.approx(nj.normal_quantile() * math.sqrt(2) * s)
     assert m["deviation_log10"] < m["allowance_log10"]
-    # more points in the main fit shrink its share of the standard error; a fit of no points has none (NaN)
-    more = nj.model_constant_check(law.assign(points=4 * n), LAW_CAL).iloc[0]
-    assert more["allowance_log10"] < m["allowance_log10"]
-    assert math.isnan(nj.model_constant_check(law.assign(points=0), LAW_CAL)["allowance_log10"].iloc[0])
     # pooling weights each fit's scatter by its degrees of freedom; a one-point fit (NaN) adds nothing
     two = pd.concat([LAW_CAL.assign(points=11, model_scatter_log10=0.01),
                      LAW_CAL.assign(path="b", points=3, model_scatter_log10=0.04),
@@ -335,9 +329,8 @@ def test_model_constant_claim_needs_a_calibration_of_every_path():
 
 @pytest.mark.claim_mutation(nj.PRECISION_ROUNDING_MODEL_CONSTANT.id)
 def test_model_constant_claim_fails_when_one_path_drifts_from_its_calibration(record_mutation):
-    """Two paths; one reproduces its calibration, the other's constant sits just past z standard
-    errors of the difference of the two constants: the claim is a maximum over paths, so one
-    drifting path fails it."""
+    """Two paths; one reproduces its calibration, the other's constant sits just past z times the
+    calibration's scatter: the claim is a maximum over paths, so one drifting path fails it."""
     law, pooled, df, checks, gsum, grads = _claim_inputs()
     two = pd.concat([df, df.assign(path="sdpa_math")], ignore_index=True)
     cal = pd.concat([LAW_CAL, LAW_CAL.assign(path="sdpa_math")], ignore_index=True)
@@ -410,7 +403,7 @@ LAM_SQRT_16 = verdict.LAMBDA * 4.0  # lambda sqrt(n) for the n = 16 the claims b
 
 
 def _edge_model_constant(law, pooled, df, checks, gsum, grads):
-    """The main run's model constant lies 5% beyond z standard errors of the difference from the
+    """The main run's model constant lies 5% beyond z times the calibration's scatter from the
     constant calibrated on the held-out seed (the measured change is unchanged; the model's
     prediction is scaled, so only C moves)."""
     c0 = float(nj.fit_law(df)["model_constant"].iloc[0])

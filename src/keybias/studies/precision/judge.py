@@ -350,29 +350,21 @@ def calibration_scatter(law_calibration: pd.DataFrame | None) -> float:
 
 def model_constant_check(law: pd.DataFrame, law_calibration: pd.DataFrame | None) -> pd.DataFrame:
     """Per (dtype, path) of the main fit: its model constant C against the constant C_cal fitted on the
-    held-out calibration seed, `deviation_log10` = |log10(C / C_cal)|, and the allowance z times the
-    standard error of that difference, `constant_se_log10` = s sqrt(1/n + 1/n_cal). Each constant is a
-    mean of log10 C over its fit's points (n in the main fit, n_cal in the calibration's), so its
-    standard error is s / sqrt(points); s is the per-point scatter of log10 C pooled over the
-    calibration's fits (`calibration_scatter`): held-out, so the run judged does not set its own
-    allowance. z = `normal_quantile`. A (dtype, path) with no calibrated constant, or no point count,
-    gets NaN, which fails the claim."""
-    cols = ["dtype", "path", "model_constant", "points"]
-    require_columns(law, cols, "model-constant fits")
+    held-out calibration seed, `deviation_log10` = |log10(C / C_cal)|, and the allowance z sqrt(2) s:
+    s the calibration's pooled scatter of log10 C (`calibration_scatter`), sqrt(2) because the two
+    constants are two draws of that scatter, z = `normal_quantile`. A (dtype, path) with no
+    calibrated constant gets NaN, which fails the claim."""
+    cols = ["dtype", "path", "model_constant"]
     if law_calibration is None or not len(law_calibration):
         cal = pd.DataFrame(columns=cols + ["model_scatter_log10"])
     else:
         cal = law_calibration[cols + ["model_scatter_log10"]]
-    m = law[cols].merge(cal.rename(columns={"model_constant": "calibration_constant", "points": "calibration_points",
+    m = law[cols].merge(cal.rename(columns={"model_constant": "calibration_constant",
                                              "model_scatter_log10": "calibration_scatter_log10"}),
                         on=["dtype", "path"], how="left")
     m["deviation_log10"] = np.abs(np.log10(m["model_constant"].astype(float) / m["calibration_constant"].astype(float)))
     m["pooled_scatter_log10"] = calibration_scatter(law_calibration)
-    # a fit without points has no standard error: inf, then NaN below, never a zero allowance
-    inverse = (1.0 / m["points"].astype(float).where(m["points"].astype(float) > 0)
-               + 1.0 / m["calibration_points"].astype(float).where(m["calibration_points"].astype(float) > 0))
-    m["constant_se_log10"] = m["pooled_scatter_log10"] * np.sqrt(inverse)
-    m["allowance_log10"] = normal_quantile() * m["constant_se_log10"]
+    m["allowance_log10"] = normal_quantile() * math.sqrt(2.0) * m["pooled_scatter_log10"]
     return m
 
 
@@ -415,8 +407,7 @@ def precision_claims(law, pooled, errors, checks, gsum, grads, seq_len, law_cali
         detectable[row["dtype"]] = row["detectable_dev"]
     # every (dtype, path) that ran must have a model constant, and a calibrated one to judge it against
     ran = ok_err[["dtype", "path"]].drop_duplicates()
-    law_cols = (law[["dtype", "path", "model_constant", "points"]] if len(law)
-                else pd.DataFrame(columns=["dtype", "path", "model_constant", "points"]))
+    law_cols = law[["dtype", "path", "model_constant"]] if len(law) else pd.DataFrame(columns=["dtype", "path", "model_constant"])
     covered = model_constant_check(ran.merge(law_cols, on=["dtype", "path"], how="left"), law_calibration)
     z_tex = f"{normal_quantile():.2f}"
     lam_sqrt_n = verdict.LAMBDA * math.sqrt(seq_len)
@@ -434,8 +425,8 @@ def precision_claims(law, pooled, errors, checks, gsum, grads, seq_len, law_cali
              statement=f"For every dtype, the pooled log-log slope of the b_k-induced output change against |b_k|/|k| is within the fixed margin of 1 that the first-order model allows; a true slope farther from 1 than the margin plus z standard errors (z for p = {p_tex}), the smallest detectable deviation, would have failed it.",
              value=_per_fit_max(slope_dev, "slope deviation per dtype") / SLOPE_MARGIN, bound=1.0, comparison="<="),
         build_claim(id="precision-rounding-model-constant", kind="test",
-             bound_origin=f"held-out calibration: z = {z_tex} (two-sided normal quantile at p = {p_tex}, the failure probability of every notebook-03 claim) times the standard error of the difference of the two fitted constants, s sqrt(1/n + 1/n_cal), with s the per-point scatter of log10 C in the calibration seed's fits, pooled over dtypes and paths",
-             statement=f"For every dtype and code path, the constant C by which the measured change exceeds the first-order rounding model reproduces the constant calibrated on a held-out seed (fresh inputs and b_k direction) within z = {z_tex} standard errors of the difference of the two fitted constants (each a mean over its fit's points, with the per-point scatter of the calibration pooled over its fits): C is a property of the dtype and kernel, not of the data.",
+             bound_origin=f"held-out calibration: z = {z_tex} (two-sided normal quantile at p = {p_tex}, the failure probability of every notebook-03 claim) times sqrt(2) times the scatter of log10 C in the calibration seed's fits, pooled over dtypes and paths",
+             statement=f"For every dtype and code path, the constant C by which the measured change exceeds the first-order rounding model reproduces the constant calibrated on a held-out seed (fresh inputs and b_k direction) within z = {z_tex} times the scatter of that calibration (pooled over its fits, times sqrt(2) for a difference of two draws): C is a property of the dtype and kernel, not of the data.",
              value=_per_fit_max(covered["deviation_log10"] / covered["allowance_log10"],
                                 "model constant deviation over allowance") if len(covered) else math.nan,
              bound=1.0, comparison="<="),
@@ -635,7 +626,7 @@ PRECISION_LAW_SLOPE_ONE = register_claim(ClaimSpec(
 PRECISION_ROUNDING_MODEL_CONSTANT = register_claim(ClaimSpec(
     'precision-rounding-model-constant', '03_precision', 'test',
     bound=1.0,
-    origin="held-out calibration: z = 4.89 (two-sided normal quantile at p = 1e-06, the failure probability of every notebook-03 claim) times the standard error of the difference of the two fitted constants, s sqrt(1/n + 1/n_cal), with s the per-point scatter of log10 C in the calibration seed's fits, pooled over dtypes and paths",
+    origin="held-out calibration: z = 4.89 (two-sided normal quantile at p = 1e-06, the failure probability of every notebook-03 claim) times sqrt(2) times the scatter of log10 C in the calibration seed's fits, pooled over dtypes and paths",
     finding='precision-law',
     value_class='fit',
 ))
