@@ -36,7 +36,9 @@ inference (the fold is exact in eval mode; in training mode dropped rows do not 
 
 Atomic: the output is written to a temporary folder next to OUT_DIR and renamed into place only
 when complete and checked (one file: read back tensor by tensor; sharded: as above); on any error or Ctrl-C before that, nothing is
-left and the exit code is 2 (a rerun removes a killed run's temporary folder). Once OUT_DIR is
+left and the exit code is 2 (a rerun removes a killed run's temporary folder). A run holds a lock
+on .OUT_DIR.keybias-lock beside OUT_DIR: a second run for the same OUT_DIR is refused while the
+first lives, and the kernel frees the lock when a run dies, so a dead run never blocks a rerun. Once OUT_DIR is
 complete the run has succeeded: an interrupt after that exits 0. Another library's long error
 message is cut with "…"; KEYBIAS_FULL_ERRORS=1 shows it whole.
 """
@@ -44,6 +46,7 @@ message is cut with "…"; KEYBIAS_FULL_ERRORS=1 shows it whole.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import importlib.util
 import json
@@ -72,6 +75,7 @@ class CliError(Exception):
 
 
 TEMP_TAG = ".keybias-tmp-"
+LOCK_TAG = ".keybias-lock"
 CLIP = 300  # characters of another library's message shown in the one-line error
 FULL_MESSAGES = "KEYBIAS_FULL_ERRORS"  # set to 1 to see every message whole
 
@@ -118,23 +122,55 @@ def _check_safetensors(path: Path) -> None:
         raise CliError(f"{path} is truncated: its tensors need {8 + n + end} bytes, the file has {size}")
 
 
-def _pid_alive(pid: int) -> bool:
+def lock_path(out_dir: Path) -> Path:
+    return out_dir.parent / f".{out_dir.name}{LOCK_TAG}"
+
+
+@contextlib.contextmanager
+def run_lock(out_dir: Path):
+    """Held for the whole run: an exclusive flock on a lock file beside OUT_DIR. The kernel frees
+    it when the process dies, however it dies (a zombie holds no files), so a dead run never
+    blocks a rerun and a live one always does, whatever its process id has become."""
+    import fcntl
+
+    path = lock_path(out_dir)
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+            os.close(fd)
+            who = f" (process {holder})" if holder.isdigit() else ""
+            raise CliError(f"another run{who} is writing {out_dir} (it holds {path}); wait for it to end") from None
+        except OSError as exc:
+            os.close(fd)
+            raise CliError(f"cannot lock {path} ({exc.strerror}): the file system of the output does not "
+                           "support file locks") from exc
+        # the run that held the lock removes its file before releasing it: a lock on a file that is
+        # no longer the one at that path guards nothing, so take the one in place
+        try:
+            held, here = os.fstat(fd), os.stat(path)
+            if (held.st_dev, held.st_ino) == (here.st_dev, here.st_ino):
+                break
+        except FileNotFoundError:
+            pass
+        os.close(fd)
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)  # only to name this run in another's message
+        yield path
+    finally:
+        try:
+            path.unlink(missing_ok=True)
+        finally:
+            os.close(fd)
 
 
 def clean_stale(out_dir: Path, log=print) -> None:
-    """Temporary folders of earlier runs for the same OUT_DIR: removed when their process is
-    gone (a killed run), named when it still runs."""
+    """Temporary folders of earlier runs for the same OUT_DIR, removed. Called with the run's
+    lock held: a run that still works holds the lock, so every such folder is a dead run's."""
     for stale in sorted(out_dir.parent.glob(f".{out_dir.name}{TEMP_TAG}*")):
-        pid = stale.name.rpartition("-")[2]
-        if pid.isdigit() and _pid_alive(int(pid)) and int(pid) != os.getpid():
-            raise CliError(f"another run (process {pid}) is writing {out_dir} (its temporary folder {stale})")
         shutil.rmtree(stale, ignore_errors=True)
         log(f"removed {stale}, the temporary folder of an interrupted earlier run")
 
@@ -148,7 +184,8 @@ def check_input(in_dir: Path, out_dir: Path) -> None:
     probe = parent / f".{out_dir.name}{TEMP_TAG}probe-{os.getpid()}"
     try:
         probe.mkdir()
-        probe.rmdir()
+        with contextlib.suppress(FileNotFoundError):  # a run beside this one cleaned it up
+            probe.rmdir()
     except OSError as exc:
         raise CliError(f"the parent of the output, {parent}, is not writable ({exc.strerror})") from exc
     if out_dir.is_symlink():
@@ -378,10 +415,46 @@ def require_transformers() -> None:
                        "installed: pip install 'keybias[hf]'")
 
 
-def _dropout_refusal(names: list[str], p: float) -> CliError:
-    return CliError(f"--fold-value refused: attention dropout is configured ({_names(names)}, p={p}); in training "
+def _dropout_refusal(names: list[str], p: float, where: str = "") -> CliError:
+    what = where or f"{_names(names)}, p={p}"
+    return CliError(f"--fold-value refused: attention dropout is configured ({what}); in training "
                     "mode dropped rows do not sum to one, so the fold is exact only in eval mode; pass "
                     "--allow-dropout for an output used for inference; nothing written")
+
+
+# The config keys under which Hugging Face (BERT-like, BART-like, GPT-2-like, MPT's attn_config,
+# CLIP's sub-configs) and timm (model_args) set the dropout on the attention weights; an MLP's or
+# a classifier's dropout (hidden_dropout_prob, drop_rate, ...) leaves the fold exact.
+ATTENTION_DROPOUT_KEYS = ("attention_probs_dropout_prob", "attention_dropout", "attention_dropout_prob",
+                          "attention_dropout_rate", "attention_probs_dropout", "attn_pdrop", "attn_dropout",
+                          "attn_dropout_rate", "attn_drop_rate", "attn_drop")
+CONFIG_FILES = {"hf": "config.json", "timm": "config.json", "open_clip": "open_clip_config.json"}
+
+
+def configured_dropout(in_dir: Path, fmt: str) -> tuple[str, float] | None:
+    """(where in the config file, p) of the first attention dropout above zero that the folder's
+    config sets, read from the JSON alone (nothing is imported or built)."""
+    found = []
+
+    def walk(node, path: str) -> None:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                where = f"{path}.{key}" if path else str(key)
+                if key in ATTENTION_DROPOUT_KEYS and isinstance(value, (int, float)) and not isinstance(value, bool):
+                    if value > 0:
+                        found.append((where, float(value)))
+                else:
+                    walk(value, where)
+        elif isinstance(node, list):
+            for i, value in enumerate(node):
+                walk(value, f"{path}[{i}]")
+
+    name = CONFIG_FILES[fmt]
+    walk(_read_json(in_dir / name), "")
+    if not found:
+        return None
+    where, p = sorted(found)[0]
+    return f"{name} {where}={p:g}", p
 
 
 def _more(items: list, limit: int = 3) -> str:
@@ -396,6 +469,10 @@ def convert(in_dir: Path, out_dir: Path, *, fold_value: bool = False, dtype: str
     fmt = check_input(in_dir, out_dir)
     if dtype is not None and dtype not in DTYPES:
         raise CliError(f"--dtype {dtype!r} unknown; allowed: {list(DTYPES)}")
+    if fold_value and not allow_dropout:  # refused from the config, before seconds of loading
+        dropout = configured_dropout(in_dir, fmt)
+        if dropout is not None:
+            raise _dropout_refusal([], dropout[1], where=dropout[0])
     sharded = (in_dir / INDEX).exists()
     if sharded and fmt != "hf":
         raise CliError(f"{in_dir / INDEX}: sharded checkpoints are read for Hugging Face model directories only "
@@ -407,7 +484,17 @@ def convert(in_dir: Path, out_dir: Path, *, fold_value: bool = False, dtype: str
                        "in its own dtype; convert it first")
     if fmt == "hf":
         require_transformers()
-    clean_stale(out_dir, log)
+    with run_lock(out_dir):
+        if out_dir.exists() or out_dir.is_symlink():  # a run that ended while this one checked its input
+            raise CliError(f"output '{out_dir}' already exists; choose a new directory")
+        clean_stale(out_dir, log)
+        return _convert(in_dir, out_dir, fmt, sharded, fold_value=fold_value, dtype=dtype,
+                        allow_dropout=allow_dropout, log=log)
+
+
+def _convert(in_dir: Path, out_dir: Path, fmt: str, sharded: bool, *, fold_value: bool, dtype: str | None,
+             allow_dropout: bool, log) -> dict[str, Any]:
+    """convert() once the input is checked and this run holds OUT_DIR's lock."""
     os.environ["HF_HUB_OFFLINE"] = "1"
     os.environ["TRANSFORMERS_OFFLINE"] = "1"
     import torch
@@ -419,7 +506,6 @@ def convert(in_dir: Path, out_dir: Path, *, fold_value: bool = False, dtype: str
 
         transformers.utils.logging.disable_progress_bar()
         return convert_sharded(in_dir, out_dir, fold_value=fold_value, allow_dropout=allow_dropout, log=log)
-
 
     if fmt == "hf":
         import transformers
@@ -577,9 +663,12 @@ def _commit(tmp: Path, out_dir: Path, log) -> None:
                 raise CliError(f"output {out_dir} appeared while this run worked (another run writing it?); "
                                "this run wrote nothing") from exc
             raise
+        COMMITTED.set()
         log(f"wrote {out_dir}")
     finally:
-        if held:
+        # in a real process a Ctrl-C after the rename could still land in a later frame or in the
+        # interpreter's teardown and exit 130 for a complete output: it stays ignored to the end
+        if held and not (COMMITTED.is_set() and _PROCESS.is_set()):
             signal.signal(signal.SIGINT, previous)
 
 
@@ -599,11 +688,6 @@ def _log(message: str) -> None:
     print(message, flush=True)
 
 
-def _complete(out_dir: Path) -> bool:
-    """OUT_DIR holds a finished output (it appears only by the final rename)."""
-    return out_dir.is_dir() and not out_dir.is_symlink() and (out_dir / "keybias_surgery.json").is_file()
-
-
 class _Parser(argparse.ArgumentParser):
     """Usage errors as one line (exit 2), like every other bad input; --help still prints usage."""
 
@@ -612,6 +696,8 @@ class _Parser(argparse.ArgumentParser):
 
 
 INTERRUPTED = threading.Event()
+COMMITTED = threading.Event()  # this run's output is in place: from here on the run has succeeded
+_PROCESS = threading.Event()  # main() runs as the process itself (argv from the command line)
 
 
 def _on_interrupt(signum, frame):
@@ -623,13 +709,16 @@ def _on_interrupt(signum, frame):
 
 def main(argv: list[str] | None = None) -> int:
     INTERRUPTED.clear()
+    COMMITTED.clear()
     if threading.current_thread() is not threading.main_thread():
         return _main(argv)
+    # called from Python (argv given), the caller's own SIGINT handling comes back afterwards
+    _PROCESS.set() if argv is None else _PROCESS.clear()
     previous = signal.signal(signal.SIGINT, _on_interrupt)
     try:
         return _main(argv)
     finally:
-        signal.signal(signal.SIGINT, previous)
+        signal.signal(signal.SIGINT, signal.SIG_IGN if COMMITTED.is_set() and _PROCESS.is_set() else previous)
 
 
 def _main(argv: list[str] | None) -> int:
@@ -645,7 +734,6 @@ def _main(argv: list[str] | None) -> int:
     args = parser.parse_args(argv)
     if args.allow_dropout and not args.fold_value:
         parser.error("--allow-dropout only applies with --fold-value")
-    earlier = _complete(args.out_dir)  # an output already there is not this run's (it is refused)
     try:
         convert(args.in_dir, args.out_dir, fold_value=args.fold_value, dtype=args.dtype,
                 allow_dropout=args.allow_dropout, log=_log)
@@ -653,7 +741,7 @@ def _main(argv: list[str] | None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        if not earlier and _complete(args.out_dir):
+        if COMMITTED.is_set():
             return 0  # interrupted after this run's output was complete: the run succeeded
         print("error: interrupted; nothing written", file=sys.stderr)
         return 2

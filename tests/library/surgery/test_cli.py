@@ -249,3 +249,110 @@ def test_an_abbreviated_flag_is_a_usage_error_not_the_flag_it_abbreviates(tmp_pa
     assert stop.value.code == 2
     assert "--fold" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+# Another process holding OUT_DIR's lock: a child that takes it, then either exits (a dead run:
+# left unreaped it is a zombie, whose process id still answers kill(pid, 0)) or waits on stdin.
+_HOLDER = """
+import fcntl, os, sys
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o644)
+fcntl.flock(fd, fcntl.LOCK_EX)
+os.pwrite(fd, str(os.getpid()).encode(), 0)
+os.mkdir(sys.argv[2] + str(os.getpid()))  # its temporary folder, named as a run names it
+print("locked", flush=True)
+if sys.argv[3] == "live":
+    sys.stdin.readline()
+"""
+
+
+def _holder(out: Path, state: str) -> subprocess.Popen:
+    proc = subprocess.Popen([sys.executable, "-c", _HOLDER, str(out.parent / f".{out.name}.keybias-lock"),
+                             str(out.parent / f".{out.name}{cli.TEMP_TAG}"), state],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "locked"
+    return proc
+
+
+def test_a_dead_run_that_is_still_a_zombie_does_not_block_a_rerun(tmp_path, capsys):
+    src, out = _write_tiny(tmp_path / "in", "BERT"), tmp_path / "out"
+    proc = _holder(out, "dead")
+    try:
+        os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT)  # it has exited, and is not reaped
+        assert Path(f"/proc/{proc.pid}/status").read_text().count("zombie") == 1
+        os.kill(proc.pid, 0)  # its process id still answers, as a live run's would
+        assert cli.main([str(src), str(out)]) == 0
+        assert (out / "keybias_surgery.json").is_file()
+        assert "interrupted earlier run" in capsys.readouterr().out
+        assert _leftovers(tmp_path) == ["in", "out"]  # its temporary folder and the lock file are gone
+    finally:
+        proc.wait()
+
+
+def test_a_live_run_blocks_a_second_run_for_the_same_output(tmp_path, capsys):
+    src, out = _write_tiny(tmp_path / "in", "BERT"), tmp_path / "out"
+    proc = _holder(out, "live")
+    try:
+        before = _leftovers(tmp_path)
+        capsys.readouterr()
+        assert cli.main([str(src), str(out)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and f"another run (process {proc.pid}) is writing" in err, err
+        assert _leftovers(tmp_path) == before and not out.exists()  # the other run's files are left alone
+    finally:
+        proc.communicate("\n", timeout=60)
+    assert cli.main([str(src), str(out)]) == 0  # once it has ended, the rerun goes ahead
+    assert _leftovers(tmp_path) == ["in", "out"]
+
+
+def _dropout_folder(directory: Path, kind: str) -> Path:
+    if kind == "timm":
+        pytest.importorskip("timm")
+        import json
+
+        import timm
+        from safetensors.torch import save_file
+
+        args = {"img_size": 32, "patch_size": 8, "depth": 1, "attn_drop_rate": 0.1}
+        model = timm.create_model("vit_tiny_patch16_224", pretrained=False, num_classes=0, **args)
+        directory.mkdir()
+        (directory / "config.json").write_text(json.dumps({"architecture": "vit_tiny_patch16_224", "num_classes": 0,
+                                                           "model_args": args}))
+        save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(directory / "model.safetensors"))
+        return directory
+    import transformers
+
+    cfg = transformers.OPTConfig(hidden_size=32, num_hidden_layers=2, ffn_dim=64, num_attention_heads=4,
+                                 word_embed_proj_dim=32, vocab_size=100, max_position_embeddings=32,
+                                 attention_dropout=0.1)
+    model = transformers.OPTModel(cfg) if kind == "sharded" else families.build("BERT")
+    model.save_pretrained(str(directory), safe_serialization=True, max_shard_size="40KB" if kind == "sharded" else "5GB")
+    return directory
+
+
+@pytest.mark.parametrize("kind, where", [("single", "config.json attention_probs_dropout_prob=0.1"),
+                                         ("sharded", "config.json attention_dropout=0.1"),
+                                         ("timm", "config.json model_args.attn_drop_rate=0.1")])
+def test_attention_dropout_in_the_config_is_refused_before_the_model_is_built(tmp_path, capsys, monkeypatch,
+                                                                              kind, where):
+    src, out = _dropout_folder(tmp_path / "in", kind), tmp_path / "out"
+
+    def never(*_args, **_kwargs):
+        raise AssertionError("the model was built although the config shows the refusal")
+    for name in ("_architecture", "load_exactly", "load_library_folder"):
+        monkeypatch.setattr(cli, name, never)
+    capsys.readouterr()
+    assert cli.main([str(src), str(out), "--fold-value"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "attention dropout is configured" in err and where in err, err
+    assert _leftovers(tmp_path) == ["in"]
+
+
+def test_a_dropout_that_is_not_on_the_attention_weights_is_not_refused(tmp_path):
+    # the control: ViT's hidden dropout (after the attention) leaves the fold exact in any mode
+    import transformers
+
+    cfg = transformers.ViTConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
+                                 image_size=16, patch_size=8, hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.0)
+    transformers.ViTModel(cfg).save_pretrained(str(tmp_path / "in"), safe_serialization=True)
+    assert cli.configured_dropout(tmp_path / "in", "hf") is None
+    assert cli.main([str(tmp_path / "in"), str(tmp_path / "out"), "--fold-value"]) == 0

@@ -137,3 +137,65 @@ def test_usage_errors_are_one_line_exit_2(argv, capsys, tmp_path):
         cli.main([str(tmp_path / a) if not a.startswith("-") and a != "int8" else a for a in argv])
     err = capsys.readouterr().err.strip()
     assert info.value.code == 2 and len(err.splitlines()) == 1 and err.startswith("error: ")
+
+
+# A real process: the command line run as `python -m keybias.surgery` would, with hooks that stop
+# at a known point and wait on stdin, so that the test's Ctrl-C lands exactly there.
+_AFTER_MAIN = """
+import sys
+from keybias.surgery import cli
+code = cli.main()
+print("main returned", flush=True)
+sys.stdin.readline()  # the interpreter's teardown after the output is complete, made as long as the test needs
+sys.exit(code)
+"""
+_BEFORE_COMMIT = """
+import sys
+from keybias.surgery import cli
+real = cli.verify_written
+def held(*args):
+    real(*args)
+    print("verified", flush=True)
+    sys.stdin.readline()  # the output is written to its temporary folder, not yet in place
+cli.verify_written = held
+sys.exit(cli.main())
+"""
+
+
+def _interrupted_process(script: str, marker: str, src: Path, out: Path) -> tuple[int, str]:
+    import signal
+    import subprocess
+    import sys
+
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(Path(cli.__file__).parents[2]),
+                                                                    os.environ.get("PYTHONPATH")])))
+    proc = subprocess.Popen([sys.executable, "-c", script, str(src), str(out)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        for line in proc.stdout:
+            if line.startswith(marker):
+                break
+        else:
+            raise AssertionError(f"the run ended before {marker!r}: {proc.wait()} {proc.stderr.read()}")
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate("\n", timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return proc.returncode, err
+
+
+def test_a_process_interrupted_after_its_output_is_complete_exits_0(tmp_path):
+    src, out = _tiny(tmp_path / "in"), tmp_path / "out"
+    code, err = _interrupted_process(_AFTER_MAIN, "main returned", src, out)
+    assert code == 0, err
+    assert (out / "keybias_surgery.json").is_file()
+
+
+def test_a_process_interrupted_before_its_output_is_in_place_exits_2_and_leaves_nothing(tmp_path):
+    # the control of the test above: the same Ctrl-C one step earlier is not ignored
+    src, out = _tiny(tmp_path / "in"), tmp_path / "out"
+    code, err = _interrupted_process(_BEFORE_COMMIT, "verified", src, out)
+    assert code == 2 and "interrupted; nothing written" in err, err
+    assert sorted(os.listdir(tmp_path)) == ["in"]

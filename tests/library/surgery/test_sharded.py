@@ -225,7 +225,7 @@ def test_attention_dropout_is_folded_only_with_the_flag_in_both_paths(tmp_path, 
         src = _save(model, tmp_path / f"in-{sharded}", sharded=sharded)
         assert cli.main([str(src), str(tmp_path / f"out-{sharded}"), "--fold-value"]) == 2
         err = _one_line(capsys)
-        assert "attention dropout" in err and "--allow-dropout" in err and "self_attn" in err
+        assert "attention dropout" in err and "--allow-dropout" in err and "config.json attention_dropout=0.1" in err
         assert not (tmp_path / f"out-{sharded}").exists()
         assert cli.main([str(src), str(tmp_path / f"out-{sharded}"), "--fold-value", "--allow-dropout"]) == 0
         capsys.readouterr()

@@ -74,7 +74,7 @@ def test_each_case_has_a_measurement_and_unique_id():
 def test_cases_are_proof_checks_of_the_own_attention_or_consistency_checks():
     """Every case evaluates the project's own float64 attention, so it is a proof check (its
     identity is its statement); the cases whose outcome the code puts there are consistency
-    checks. Only the PyTorch quirk, which runs PyTorch's module, is a test."""
+    checks. Only the size of the PyTorch quirk, which runs PyTorch's module, is a test."""
     kinds = {claim_id(c): c.kind for c in CASES}
     assert {cid for cid, kind in kinds.items() if kind != "proof"} == BY_CONSTRUCTION_IDS
     assert set(kinds.values()) == {"proof", "consistency"}
@@ -240,9 +240,28 @@ def test_quirk_judge_accepts_the_reported_pattern(tmp_path):
     assert set(result) == set(QUIRK_IDS) and all(result.values())
 
 
+def test_the_quirk_is_decided_by_the_size_of_the_change_and_the_documented_checks_are_consistency():
+    """The finding rests on a measurement of PyTorch: the size of the output change, against the
+    theory bound BREAK_MIN. The checks that need_weights=True and the plain paths do what the
+    documentation says restate it against the reproducer's reference: consistency checks."""
+    from keybias.core.claimspec import spec_of
+    from keybias.studies import findings
+
+    changes = {conditions_judge.COND_QUIRK_NEED_WEIGHTS_CHANGES_OUTPUT.id_for(option=o)
+               for o in ("add-bias-kv", "add-zero-attn")}
+    kinds = {cid: spec_of(cid).kind for cid in QUIRK_IDS}
+    assert {cid for cid, kind in kinds.items() if kind == "test"} == changes
+    assert {kinds[cid] for cid in set(QUIRK_IDS) - changes} == {"consistency"}
+    quirk = next(f for f in findings.list_findings() if f.id == "need-weights-quirk")
+    assert set(quirk.decided_by) == changes and set(quirk.rests_on) == set(QUIRK_IDS) - changes
+    assert all(c.bound == conditions_judge.BREAK_MIN for c in conditions_judge.judge_quirk(quirk_rows())
+               if c.id in changes)
+
+
 @pytest.mark.claim_mutation(*QUIRK_IDS)
 def test_quirk_claims_fail_at_the_edge_of_their_bounds(record_mutation):
-    """A PyTorch whose paths differ by just under BREAK_MIN, or agree only to 1.1x REDUNDANT_MAX."""
+    """A PyTorch whose paths differ by just under BREAK_MIN (the tests), or agree only to 1.1x
+    REDUNDANT_MAX (the documented-behaviour checks)."""
     edge = conditions_judge.BREAK_MIN / 1.1
     fixed = quirk_rows(add_bias_kv=(edge, edge, 0.0), add_zero_attn=(edge, edge, 0.0))
     result = judged(conditions_judge.judge_quirk(fixed))

@@ -4,6 +4,7 @@ test claim of notebook 02 fed data that violates it (claim_mutation)."""
 import math
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -785,3 +786,87 @@ def test_measure_does_not_import_controls():
                     and n.module.startswith("keybias.studies.invariance") for a in n.names}
         imported |= {n.module.rsplit(".", 1)[-1] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
         assert forbidden not in imported, f"{name} imports {forbidden}"
+
+
+def test_kinds_of_the_margin_drop_and_gradient_claims(small):
+    """The float32 break margin shows power (a control of the float32 count); the drop's redundant
+    side and the gradient's one-sided check follow from the tests on the same rows (implied)."""
+    _, df, mags = small
+    claims, _ = _claims(df, mags)
+    margin = claims[J.INVARIANCE_BREAK_MARGIN.id_for(dtype="float32")]
+    assert margin["kind"] == "control" and margin["protects"] == [J.INVARIANCE_INDEPENDENT.id_for(dtype="float32")]
+    assert claims[J.INVARIANCE_DROP_NEVER_BREAKS_REDUNDANT.id]["implied_by"] == [J.INVARIANCE_DROP_MATCHES_THEORY.id]
+    assert claims[J.INVARIANCE_GRADIENT_NEVER_CONTRADICTS.id]["implied_by"] == [J.INVARIANCE_GRADIENT_AGREES.id]
+    for cid in (J.INVARIANCE_ADD_BIAS_KV_JOINT_REDUNDANT.id, J.INVARIANCE_DROP_MATCHES_THEORY.id,
+                J.INVARIANCE_GRADIENT_AGREES.id):
+        assert claims[cid]["kind"] == "test" and 0 < claims[cid]["min_detectable"] < 1, cid
+
+
+@pytest.mark.parametrize("dt", ["bfloat16", "float16"])
+def test_half_precision_joint_drop_and_gradient_are_printed_not_judged(small, dt):
+    """A half-precision joint break, false drop break or gradient contradiction leaves the claims as
+    they were (no claim judges half precision there) and is counted in its macro."""
+    _, df, mags = small
+    base_claims, base = _claims(df, mags)
+    joint = _flip(df, lambda d: (d.dtype == dt) & (d.option == "add_bias_kv") & (d.verdict_joint == "redundant"),
+                  "verdict_joint", "not_redundant")
+    claims, out = _claims(joint, mags)
+    assert claims[J.INVARIANCE_ADD_BIAS_KV_JOINT_REDUNDANT.id]["holds"]
+    assert out["macros"]["InvJointRedundantHalf"] == base["macros"]["InvJointRedundantHalf"] - 1
+    drop = _flip(df, _valid(dt), "drop_verdict", "not_redundant")
+    claims, out = _claims(drop, mags)
+    assert claims[J.INVARIANCE_DROP_MATCHES_THEORY.id]["holds"]
+    assert claims[J.INVARIANCE_DROP_NEVER_BREAKS_REDUNDANT.id]["holds"]
+    assert out["macros"]["InvDropFalseBreaksHalf"] == base["macros"]["InvDropFalseBreaksHalf"] + 1
+    # a half-precision gradient verdict is mostly invalid (its bound has no power); a flip makes one judged
+    grad = _flip(df, _valid(dt), "grad_verdict", "not_redundant")
+    claims, out = _claims(grad, mags)
+    assert claims[J.INVARIANCE_GRADIENT_AGREES.id]["holds"]
+    assert claims[J.INVARIANCE_GRADIENT_NEVER_CONTRADICTS.id]["holds"]
+    assert out["macros"]["InvGradContradictionsHalf"] == base["macros"]["InvGradContradictionsHalf"] + 1
+    assert base_claims.keys() == claims.keys()
+
+
+def test_smallest_detectable_effects_come_from_the_matched_controls(small):
+    """Each is the largest tolerance over its size-matched control's effect, over the float32/float64
+    rows the claim judges: a larger tolerance in one row raises it, a half-precision row does not."""
+    _, df, mags = small
+    _, base = _claims(df, mags)
+    high = df.dtype.isin(J.HIGH_PRECISION)
+    judged = (df.status == "measured") & df.drop_verdict.isin(["redundant", "not_redundant"])
+    drops = df[high & judged]
+    assert base["macros"]["InvDropMinDetectable"] == pytest.approx(
+        (drops.drop_tolerance_rel / drops.drop_control_rel).max())
+    row = drops.index[0]
+    wide = df.copy()
+    wide.loc[row, "drop_tolerance_rel"] = 0.5 * wide.loc[row, "drop_control_rel"]
+    assert _claims(wide, mags)[1]["macros"]["InvDropMinDetectable"] == pytest.approx(0.5)
+    half = df.copy()
+    half.loc[df.index[~high & judged][0], "drop_tolerance_rel"] = 1e6
+    assert _claims(half, mags)[1]["macros"]["InvDropMinDetectable"] == base["macros"]["InvDropMinDetectable"]
+    grads = J.valid(df)
+    grads = grads[grads.grad_verdict.isin(["redundant", "not_redundant"]) & grads.dtype.isin(J.HIGH_PRECISION)]
+    assert base["macros"]["InvGradMinDetectable"] == pytest.approx(
+        (grads.grad_tolerance / np.minimum(grads.grad_bq, grads.grad_bv)).max())
+    kv = df[(df.status == "measured") & (df.option == "add_bias_kv") & high]
+    cells = mags.merge(kv[["config_id"]], on="config_id")
+    cells = cells[cells.verdict == "not_redundant"]
+    assert base["macros"]["InvJointMinDetectable"] == pytest.approx((cells.joint_tolerance_rel / cells.bk_rel).max())
+    # without the matched control (b_k alone never seen to break) there is no smallest detectable effect
+    blind = mags.copy()
+    blind.loc[blind.config_id.isin(kv.config_id), "verdict"] = "redundant"
+    assert math.isnan(J.joint_min_detectable(J.measured(df), blind))
+
+
+@pytest.mark.claim_mutation(J.INVARIANCE_ADD_BIAS_KV_JOINT_REDUNDANT.id, J.INVARIANCE_DROP_MATCHES_THEORY.id,
+                            J.INVARIANCE_GRADIENT_AGREES.id)
+def test_mutation_float64_joint_drop_and_gradient(small, record_mutation):
+    """The smallest violation in the other judged dtype: one float64 verdict each."""
+    _, df, mags = small
+    joint = _flip(df, lambda d: (d.dtype == "float64") & (d.option == "add_bias_kv") & (d.verdict_joint == "redundant"),
+                  "verdict_joint", "not_redundant")
+    record_mutation(_claims(joint, mags)[0][J.INVARIANCE_ADD_BIAS_KV_JOINT_REDUNDANT.id])
+    drop = _flip(df, _valid("float64", "not_redundant"), "drop_verdict", "redundant")
+    record_mutation(_claims(drop, mags)[0][J.INVARIANCE_DROP_MATCHES_THEORY.id])
+    grad = _flip(df, lambda d: _valid("float64")(d) & (d.grad_verdict == "redundant"), "grad_verdict", "not_redundant")
+    record_mutation(_claims(grad, mags)[0][J.INVARIANCE_GRADIENT_AGREES.id])

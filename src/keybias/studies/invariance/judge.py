@@ -5,14 +5,19 @@ watch a claim fail. The rows come from keybias.studies.invariance.measure.run_sw
 configuration and magnitude, and the power control's column `min_detectable_eps`.
 
 Claim kinds (keybias.core.recorder.Recorder.claim):
-- `test`: the per-dtype verdict counts (each verdict judged in its own dtype), the per-dtype share
-  of distinct modules whose float64-known break the dtype's verdict misses (ties as misses,
+- `test`: the float64 and float32 verdict counts (each verdict judged in its own dtype), the
+  float16 share of distinct modules whose float64-known break its verdict misses (ties as misses,
   `TIE_RULE`), the float64 separation of breaks and redundant changes from the tolerance (both
-  sides), the float32 break margin, the joint bias_k verdict, the drop, the float64 noise floor,
-  the float64 twin, the gradient and the power control (grid to 100, bound 1). Each has a
-  mutation test in tests/test_sweep.py.
+  sides), and, in float64 and float32 only, the joint bias_k verdict, the drop and the gradient.
+  Each "no effect" test states the smallest effect it would have seen, as a share of a size-matched
+  positive control's effect (`joint_min_detectable`, `drop_min_detectable`,
+  `gradient_min_detectable`); half-precision counts of the same checks are macros, not claims. Each
+  test has a mutation test in tests/studies/invariance/test_invariance.py.
+- `control`: the power control (grid to 100, bound 1) and the float32 break margin (every known
+  break at least twice the float32 tolerance), which show the power of the tests they protect.
 - `implied`: the per-category and overall "matches the proof" claims, which partition the same
-  rows the per-dtype claims count.
+  rows the per-dtype claims count; the float32 miss rate (from the break margin); the drop's
+  redundant side and the gradient's one-sided check (each a part of the test on the same rows).
 - `consistency`: the number of measured configurations against the profile's target, that
   every float64 noise floor is finite, and that no float32/float64 verdict is unexpectedly
   `invalid` (power bookkeeping).
@@ -400,6 +405,43 @@ def summary(df: pd.DataFrame, mags: pd.DataFrame | None = None) -> dict:
     return out
 
 
+def joint_min_detectable(m: pd.DataFrame, mags: pd.DataFrame) -> float:
+    """The smallest joint change the float32/float64 joint verdict would have seen, as a share of the
+    change b_k alone makes at the same configuration and magnitude (the matched positive control:
+    b_k without bias_k breaks (A1)): the largest joint tolerance over that change, over the
+    add_bias_kv cells where b_k alone was seen to break. NaN where no such cell ran."""
+    R.require_columns(m, ["config_id", "option", "dtype"], "invariance table")
+    R.require_columns(mags, ["config_id", "verdict", "bk_rel", "joint_tolerance_rel"], "magnitude table")
+    kv = m[m.option.eq("add_bias_kv") & m.dtype.isin(HIGH_PRECISION)]
+    j = mags.merge(kv[["config_id"]], on="config_id")
+    j = j[(j.verdict == VD.NOT_REDUNDANT) & j.joint_tolerance_rel.notna()]
+    if not len(j):
+        return math.nan
+    return R.finite_max(j.joint_tolerance_rel / j.bk_rel, "joint tolerance over the b_k-alone break", strict=True)
+
+
+def drop_min_detectable(drops: pd.DataFrame) -> float:
+    """The smallest change of function the drop verdicts would have seen, as a share of the change a
+    size-matched control makes (b_q or b_v moved as far as b_k is long): the largest drop tolerance
+    over that control's change, over the judged drops. NaN where none was judged."""
+    R.require_columns(drops, ["drop_tolerance_rel", "drop_control_rel"], "invariance table")
+    if not len(drops):
+        return math.nan
+    return R.finite_max(drops.drop_tolerance_rel / drops.drop_control_rel, "drop tolerance over its control",
+                        strict=True)
+
+
+def gradient_min_detectable(rows: pd.DataFrame) -> float:
+    """The smallest b_k gradient the gradient verdicts would have seen, as a share of the gradient of
+    b_q or b_v in the same backward pass (the matched positive control, the smaller of the two): the
+    largest gradient tolerance over that control, over the rows judged. NaN where none was."""
+    R.require_columns(rows, ["grad_tolerance", "grad_bq", "grad_bv"], "invariance table")
+    if not len(rows):
+        return math.nan
+    control = np.minimum(rows.grad_bq.astype(float), rows.grad_bv.astype(float))
+    return R.finite_max(rows.grad_tolerance.astype(float) / control, "gradient tolerance over its control", strict=True)
+
+
 def _mismatch_claim(cid, statement, rows, ok, *, kind, bound_origin, skipped, claims, **extra):
     """A count of rows where `ok` is False; an empty selection is a NaN claim (it fails, naming
     itself) for a test claim, and is listed in `skipped` for an implied one."""
@@ -492,41 +534,55 @@ def invariance_claims(df: pd.DataFrame, mags: pd.DataFrame, *, min_configs: int,
     for dt in [d for d in BREAK_MARGIN_DTYPES if d in set(cells.dtype)]:
         g = cells[(cells.dtype == dt) & cells.powered]
         brk = R.reduce_selections(g.break_over_tol, R.finite_min, f"{dt} smallest known break over tolerance")
+        # a positive control: it shows that the dtype's verdict sees every known break with room to
+        # spare (the power of its independence count), and decides nothing by itself
         claims.append({
             "claim_id": f"invariance-break-margin-{dt}",
             "statement": f"At every magnitude in {dt}, the smallest float64-known break is at least {SEPARATION:g}x "
                          f"the {dt} tolerance (the break side only: a redundant change is rounding, of the size of "
                          "the measured null, and sits at a fixed share of the tolerance; that share is printed, "
                          "not claimed).",
-            "value": SEPARATION / brk, "bound": 1.0, "comparison": "<=", "kind": "test",
+            "value": SEPARATION / brk, "bound": 1.0, "comparison": "<=", "kind": "control",
+            "protects": [f"invariance-independent-{dt}"],
             "bound_origin": "the issue: a break at least 2x the tolerance"})
     R.require_columns(df, ["option", "verdict_joint", "drop_verdict", "verdict_float64", "noise_floor_over_tol64",
                            "max_rel_bk", "family", "variant", "embed_dim", "src_len"], "invariance table")
     R.require_columns(mags, ["magnitude"], "magnitude table")
-    # the joint verdict is a label of the add_bias_kv configurations; one that was not judged has none
-    joint = m[m.option.eq("add_bias_kv") & m.verdict_joint.notna()]
-    joint = joint[joint.verdict_joint != VD.INVALID] if len(joint) else joint
+    # the joint verdict is a label of the add_bias_kv configurations; one that was not judged has none.
+    # It is judged in float64 and float32 only: in half precision the joint tolerance exceeds the
+    # change b_k alone makes (the matched control below), so no joint break could fail it there
+    joint_all = m[m.option.eq("add_bias_kv") & m.verdict_joint.notna()]
+    joint_all = joint_all[joint_all.verdict_joint != VD.INVALID] if len(joint_all) else joint_all
+    joint = joint_all[joint_all.dtype.isin(HIGH_PRECISION)]
+    joint_half = joint_all[~joint_all.dtype.isin(HIGH_PRECISION)]
+    joint_detect = joint_min_detectable(m, mags)
     if m.option.eq("add_bias_kv").any():
         _mismatch_claim("invariance-add-bias-kv-joint-redundant",
-                        "With add_bias_kv, b_k is redundant jointly with bias_k (shifting both by the same vector).",
+                        "In float64 and float32, with add_bias_kv, b_k is redundant jointly with bias_k (shifting both "
+                        "by the same vector).",
                         joint, joint.verdict_joint == VD.REDUNDANT, kind="test",
                         bound_origin="theory: shifting every key slot by the same vector is a row-constant score shift",
-                        skipped=skipped, claims=claims)
+                        skipped=skipped, claims=claims, min_detectable=joint_detect)
     else:
         skipped.append(("invariance-add-bias-kv-joint-redundant", "no add_bias_kv configuration"))
     drops = m[m.drop_verdict.isin([VD.REDUNDANT, VD.NOT_REDUNDANT]) & m.expected.isin([VD.REDUNDANT, VD.NOT_REDUNDANT])]
     drops_high = drops[drops.dtype.isin(HIGH_PRECISION)]
     drops_low = drops[~drops.dtype.isin(HIGH_PRECISION)]
+    drop_detect = drop_min_detectable(drops_high)
     _mismatch_claim("invariance-drop-matches-theory",
                     "In float32 and float64, setting b_k to zero is exact exactly where the proof predicts "
                     "redundancy, and changes the function elsewhere.",
                     drops_high, drops_high.drop_verdict == drops_high.expected, kind="test", bound_origin=theory,
-                    skipped=skipped, claims=claims)
+                    skipped=skipped, claims=claims, min_detectable=drop_detect)
+    # the redundant side of the claim above, in the same rows: it cannot fail unless that one does.
+    # In half precision a drop is not judged as a claim (its tolerance is near the output's size);
+    # its counts are printed
     _mismatch_claim("invariance-drop-never-breaks-redundant",
-                    "In no dtype does setting b_k to zero change the output beyond rounding where the proof "
-                    "predicts redundancy.",
-                    drops, ~((drops.expected == VD.REDUNDANT) & (drops.drop_verdict == VD.NOT_REDUNDANT)),
-                    kind="test", bound_origin=theory, skipped=skipped, claims=claims)
+                    "In float32 and float64, setting b_k to zero never changes the output beyond rounding where the "
+                    "proof predicts redundancy.",
+                    drops_high, ~((drops_high.expected == VD.REDUNDANT) & (drops_high.drop_verdict == VD.NOT_REDUNDANT)),
+                    kind="implied", bound_origin=theory, skipped=skipped, claims=claims,
+                    implied_by=["invariance-drop-matches-theory"])
     red = m[m.expected == VD.REDUNDANT]
     floor = red.noise_floor_over_tol64.astype(float) if len(red) else pd.Series(dtype=float)
     floor_excluded: list = []
@@ -564,12 +620,14 @@ def invariance_claims(df: pd.DataFrame, mags: pd.DataFrame, *, min_configs: int,
                     "In float32 and float64, the b_k gradient verdict agrees with the output verdict wherever both have power.",
                     high, high.verdict == high.grad_verdict, kind="test",
                     bound_origin="theory: the gradient rounding bound (keybias.verdict.gradient_tolerance)",
-                    skipped=skipped, claims=claims)
+                    skipped=skipped, claims=claims, min_detectable=gradient_min_detectable(high))
+    # one side of the agreement above, in the same rows; half precision is printed, not claimed
     _mismatch_claim("invariance-gradient-never-contradicts",
-                    "No configuration whose output is redundant has a b_k gradient above its rounding bound.",
-                    both, ~((both.verdict == VD.REDUNDANT) & (both.grad_verdict == VD.NOT_REDUNDANT)), kind="test",
+                    "In float32 and float64, no configuration whose output is redundant has a b_k gradient above its "
+                    "rounding bound.",
+                    high, ~((high.verdict == VD.REDUNDANT) & (high.grad_verdict == VD.NOT_REDUNDANT)), kind="implied",
                     bound_origin="theory: the gradient rounding bound (keybias.verdict.gradient_tolerance)",
-                    skipped=skipped, claims=claims)
+                    skipped=skipped, claims=claims, implied_by=["invariance-gradient-agrees"])
     high_m = m[m.dtype.isin(HIGH_PRECISION)]
     _mismatch_claim("invariance-no-unexpected-invalid",
                     "In float32 and float64, no configuration is invalid (a control within rounding at every "
@@ -628,6 +686,18 @@ def invariance_claims(df: pd.DataFrame, mags: pd.DataFrame, *, min_configs: int,
         "InvDropBelowResolution": int(((drops_low.expected == VD.NOT_REDUNDANT)
                                        & (drops_low.drop_verdict == VD.REDUNDANT)).sum()),
         "InvGradLowPrecisionMissed": int(((low.verdict == VD.NOT_REDUNDANT) & (low.grad_verdict == VD.REDUNDANT)).sum()),
+        # the smallest effects the float32/float64 joint, drop and gradient claims would have seen, each
+        # as a share of a size-matched positive control's effect (NOT_RUN where no control ran)
+        "InvJointMinDetectable": joint_detect, "InvDropMinDetectable": drop_detect,
+        "InvGradMinDetectable": gradient_min_detectable(high),
+        # half precision, printed and not claimed: its tolerances are near the size of the effects
+        "InvJointJudgedHalf": len(joint_half),
+        "InvJointRedundantHalf": int((joint_half.verdict_joint == VD.REDUNDANT).sum()),
+        "InvDropRedundantHalf": int((drops_low.expected == VD.REDUNDANT).sum()),
+        "InvDropFalseBreaksHalf": int(((drops_low.expected == VD.REDUNDANT)
+                                       & (drops_low.drop_verdict == VD.NOT_REDUNDANT)).sum()),
+        "InvGradJudgedHalf": len(low),
+        "InvGradContradictionsHalf": int(((low.verdict == VD.REDUNDANT) & (low.grad_verdict == VD.NOT_REDUNDANT)).sum()),
         "InvIndependentTotal": int(counts.tests.sum()), "InvContradictionsTotal": int(counts.contradictions.sum()),
         "InvMagnitudeCount": int(mags.magnitude.nunique()) if len(mags) else 0,
         "InvPowerBlindStates": int(power.blind_states.sum()) if len(power) else 0,
@@ -772,11 +842,11 @@ INVARIANCE_SEPARATION = register_claim(ClaimSpec(
     finding='invariance-map',
     params={'dtype': ('float64',)},
 ))
+# a positive control of the float32 independence count (it shows power, it decides nothing)
 INVARIANCE_BREAK_MARGIN = register_claim(ClaimSpec(
-    'invariance-break-margin-{dtype}', '02_invariance', 'test',
+    'invariance-break-margin-{dtype}', '02_invariance', 'control',
     bound=1.0,
     origin='the issue: a break at least 2x the tolerance',
-    finding='invariance-map',
     params={'dtype': ('float32',)},
 ))
 INVARIANCE_ADD_BIAS_KV_JOINT_REDUNDANT = register_claim(ClaimSpec(
@@ -792,11 +862,11 @@ INVARIANCE_DROP_MATCHES_THEORY = register_claim(ClaimSpec(
     origin="theory: the proof's prediction for each configuration (keybias.studies.invariance.measure.expected_verdict)",
     finding='invariance-map',
 ))
+# the redundant side of invariance-drop-matches-theory, in the same rows
 INVARIANCE_DROP_NEVER_BREAKS_REDUNDANT = register_claim(ClaimSpec(
-    'invariance-drop-never-breaks-redundant', '02_invariance', 'test',
+    'invariance-drop-never-breaks-redundant', '02_invariance', 'implied',
     bound=0.0,
     origin="theory: the proof's prediction for each configuration (keybias.studies.invariance.measure.expected_verdict)",
-    finding='invariance-map',
 ))
 INVARIANCE_FLOAT64_NOISE_FLOOR = register_claim(ClaimSpec(
     'invariance-float64-noise-floor', '02_invariance', 'consistency',
@@ -820,11 +890,11 @@ INVARIANCE_GRADIENT_AGREES = register_claim(ClaimSpec(
     origin='theory: the gradient rounding bound (keybias.verdict.gradient_tolerance)',
     finding='invariance-map',
 ))
+# one side of invariance-gradient-agrees, in the same rows
 INVARIANCE_GRADIENT_NEVER_CONTRADICTS = register_claim(ClaimSpec(
-    'invariance-gradient-never-contradicts', '02_invariance', 'test',
+    'invariance-gradient-never-contradicts', '02_invariance', 'implied',
     bound=0.0,
     origin='theory: the gradient rounding bound (keybias.verdict.gradient_tolerance)',
-    finding='invariance-map',
 ))
 INVARIANCE_NO_UNEXPECTED_INVALID = register_claim(ClaimSpec(
     'invariance-no-unexpected-invalid', '02_invariance', 'consistency',

@@ -472,6 +472,10 @@ def measure(cfg: dict, magnitudes, null_factor: dict | None = None,
         noise_floor_over_tol64=_max_or_nan(floor),
         null_factor=C.null_factor_for(null_factor, cfg["dtype"]) if low else math.nan,
         max_rel_drop=d_drop / y_abs,
+        # the drop's tolerance and its size-matched control (b_q or b_v moved as far, at the nearest
+        # magnitude): their ratio is the smallest share of a real bias's effect the drop would see
+        drop_tolerance_rel=tol_drop / y_abs,
+        drop_control_rel=nearest["control_abs"] / y_abs,
         drop_verdict=VD.classify(d_drop, tol_drop, control_delta=nearest["control_abs"], output_abs=y_abs),
     )
     if joint_verdicts:

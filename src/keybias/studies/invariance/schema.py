@@ -22,7 +22,7 @@ TABLES: dict[str, dict[str, str]] = {
         "config_id independent power_probe_states power_blind_states",
         f32="typical_key_norm output_abs_max grad_tolerance grad_bv",
         effect32="max_rel_bk",
-        noise="noise_floor_rel noise_floor_over_tol64 max_rel_drop grad_bk grad_bq "
+        noise="noise_floor_rel noise_floor_over_tol64 max_rel_drop drop_tolerance_rel drop_control_rel grad_bk grad_bq "
         "grad_ratio power_tolerance_rel decision_margin_min",
         statistic="null_factor",
         decade_grid="min_detectable_eps min_detectable_eps_perturbed",  # bisections on a decade grid
