@@ -379,8 +379,8 @@ register(Finding(
                r"\CkptMiniLMSixBkOverBqMax{} of $\bq$, but in multilingual-e5-small it is "
                r"\CkptEFiveBkOverBqMedian{} times $\bq$ at the median layer; there alone, as measured and not "
                r"tested, subtracting $\bk$ before per-token int4 absmax key quantization multiplies the "
-               r"attention-output error by \CkptQuantFourEFiveRatioMedian{}, about the "
-               r"\CkptQuantFourControlRatioMedian{} of a positive control."),
+               r"attention-output error by \CkptQuantFourEFiveRatioMedian{}, near a positive "
+               r"control's \CkptQuantFourControlRatioMedian{}."),
     section="sec:pretrained", figure="checkpoint_bias_and_quantization", notebook="10_checkpoints", basis="measurement",
     rests_on=("checkpoints-strip-reduces-int8-error", "checkpoints-strip-reduces-int4-error",
               "checkpoints-strip-control-int8", "checkpoints-strip-control-int4"),
