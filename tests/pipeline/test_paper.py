@@ -12,6 +12,7 @@ every standalone number that is left, with file, line and context. Digits inside
 
 from __future__ import annotations
 
+import math
 import re
 import shutil
 import subprocess
@@ -850,6 +851,10 @@ def test_gradient_caption_matches_its_data():
     assert (g["bq_mean_cos"] > 2 * g["cos_bound"]).all()
     assert (g["ratio_median"] <= g["unit_roundoff"]).all()
     assert "\\PrecBqCosMin{}" in _uncommented(SECTIONS / "precision.tex")
+    # "about a decade below it in the half precisions": within half a decade of a tenth of u
+    half = g[g["dtype"].isin(["bfloat16", "float16"])]
+    assert ((half["ratio_over_u"].map(math.log10) + 1).abs() <= 0.5).all(), "half precision is not about a decade below u"
+    assert "about a decade below it in the half precisions" in " ".join(_uncommented(SECTIONS / "precision.tex").split())
 
 
 def test_training_drift_caption_matches_its_data():
