@@ -50,6 +50,7 @@ import contextlib
 import importlib
 import importlib.util
 import json
+import logging
 import os
 import shutil
 import signal
@@ -241,7 +242,28 @@ def _format(in_dir: Path) -> str:
     return "hf"
 
 
+@contextlib.contextmanager
+def quiet_libraries():
+    """Other libraries' log messages (transformers' token-id warnings, timm's, open_clip's) and
+    Python warnings, silenced while a model's config is read and the model is built and loaded:
+    every problem they could report ends the run with the tool's own one line, and theirs would
+    come before it. Errors that a library only logs still print."""
+    previous = logging.root.manager.disable
+    logging.disable(logging.WARNING)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        logging.disable(previous)
+
+
 def _architecture(in_dir: Path):
+    with quiet_libraries():
+        return _read_architecture(in_dir)
+
+
+def _read_architecture(in_dir: Path):
     import transformers
 
     try:
@@ -270,9 +292,11 @@ def load_exactly(cls, in_dir: Path):
     verbosity = transformers.utils.logging.get_verbosity()
     transformers.utils.logging.set_verbosity_error()  # the loading report is ours to give, in one line
     try:
-        model, info = cls.from_pretrained(str(in_dir), local_files_only=True, use_safetensors=True,
-                                          output_loading_info=True, ignore_mismatched_sizes=True)
-    except (OSError, ValueError, RuntimeError, KeyError) as exc:
+        with quiet_libraries():
+            model, info = cls.from_pretrained(str(in_dir), local_files_only=True, use_safetensors=True,
+                                              output_loading_info=True, ignore_mismatched_sizes=True)
+    # an AssertionError: torch's own checks of a module's arguments (a pad_token_id outside the vocabulary)
+    except (OSError, ValueError, RuntimeError, KeyError, AssertionError) as exc:
         raise CliError(f"transformers could not load {in_dir} as {cls.__name__}: {clip(exc)}") \
             from exc
     finally:
@@ -367,6 +391,11 @@ def _import_library(name: str, extra: str):
 def load_library_folder(fmt: str, in_dir: Path):
     """A timm or open_clip model built from the folder's config and loaded with exactly the
     tensors of its safetensors files (missing, unexpected or mis-shaped ones are an error)."""
+    with quiet_libraries():
+        return _load_library_folder(fmt, in_dir)
+
+
+def _load_library_folder(fmt: str, in_dir: Path):
     import torch
     from safetensors.torch import load_file
 
@@ -378,7 +407,7 @@ def load_library_folder(fmt: str, in_dir: Path):
             kwargs.setdefault("num_classes", cfg["num_classes"])
         try:
             model = timm.create_model(cfg["architecture"], pretrained=False, **kwargs)
-        except (RuntimeError, ValueError, TypeError, KeyError) as exc:
+        except (RuntimeError, ValueError, TypeError, KeyError, AssertionError) as exc:
             raise CliError(f"timm cannot build {cfg['architecture']!r}: {clip(exc)}") from exc
         label = f"timm {cfg['architecture']}"
     else:
@@ -389,7 +418,7 @@ def load_library_folder(fmt: str, in_dir: Path):
         custom = model_cfg.pop("custom_text", False) or "hf_model_name" in (model_cfg.get("text_cfg") or {})
         try:
             model = (oc_model.CustomTextCLIP if custom else oc_model.CLIP)(**model_cfg)
-        except (RuntimeError, ValueError, TypeError, KeyError) as exc:
+        except (RuntimeError, ValueError, TypeError, KeyError, AssertionError) as exc:
             raise CliError(f"open_clip cannot build the model of open_clip_config.json: "
                            f"{clip(exc)}") from exc
         label = "open_clip CLIP"
