@@ -753,8 +753,16 @@ def main(argv: list[str] | None = None) -> int:
 def _main(argv: list[str] | None) -> int:
     parser = _Parser(
         prog="keybias-surgery", allow_abbrev=False,  # --fold must not quietly mean --fold-value
-        description="Remove key biases (and fold value biases) of a Hugging Face model directory, certified.")
-    parser.add_argument("in_dir", type=Path, help="Hugging Face model directory (config.json + *.safetensors)")
+        description="Remove key biases (and fold value biases) of a model folder, certified, into a new folder.",
+        epilog="A sharded checkpoint (model.safetensors.index.json and its shards) is streamed, never loaded "
+               "whole, and scanned for NaN only in the attention modules the tool would change (such a module is "
+               "left as it is and reported as not handled), since its other tensors are copied unread. "
+               "Exit status: 0 once OUT_DIR is written (a Ctrl-C after that changes nothing); 2 for a bad input, "
+               "a refusal, a failed check or a Ctrl-C before that, with nothing written.")
+    parser.add_argument("in_dir", type=Path,
+                        help="a Hugging Face model folder (config.json with model_type), timm's Hugging Face folder "
+                             "(config.json with architecture) or open_clip's (open_clip_config.json), with "
+                             "*.safetensors weights, in one file or sharded")
     parser.add_argument("out_dir", type=Path, help="new directory to write (must not exist)")
     parser.add_argument("--fold-value", action="store_true", help="also fold every value bias into the output bias")
     parser.add_argument("--allow-dropout", action="store_true",

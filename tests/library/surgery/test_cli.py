@@ -356,3 +356,12 @@ def test_a_dropout_that_is_not_on_the_attention_weights_is_not_refused(tmp_path)
     transformers.ViTModel(cfg).save_pretrained(str(tmp_path / "in"), safe_serialization=True)
     assert cli.configured_dropout(tmp_path / "in", "hf") is None
     assert cli.main([str(tmp_path / "in"), str(tmp_path / "out"), "--fold-value"]) == 0
+
+
+def test_help_says_what_the_sharded_mode_scans_for_nan(capsys):
+    with pytest.raises(SystemExit) as info:
+        cli.main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert info.value.code == 0
+    assert "scanned for NaN only in the attention modules the tool would change" in text
+    assert "open_clip" in text and "timm" in text  # every folder format the command takes is named
