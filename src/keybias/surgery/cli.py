@@ -741,6 +741,11 @@ def main(argv: list[str] | None = None) -> int:
     previous = signal.signal(signal.SIGINT, _on_interrupt)
     try:
         return _main(argv)
+    except KeyboardInterrupt:  # outside the run itself: while the arguments were parsed
+        if COMMITTED.is_set():
+            return 0
+        print("error: interrupted; nothing written", file=sys.stderr)
+        return 2
     finally:
         signal.signal(signal.SIGINT, signal.SIG_IGN if COMMITTED.is_set() and _PROCESS.is_set() else previous)
 

@@ -241,3 +241,12 @@ def test_quiet_libraries_silences_their_warnings_and_gives_them_back(caplog):
         timm_log.warning("timm's warning")
         warnings.warn("a Python warning", UserWarning, stacklevel=1)
         assert [r.getMessage() for r in caplog.records] == ["timm's warning"] and len(seen) == 1
+
+
+def test_an_interrupt_while_the_arguments_are_parsed_exits_2(tmp_path, monkeypatch, capsys):
+    def stop(*_args, **_kwargs):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(cli._Parser, "parse_args", stop)
+    assert cli.main([str(tmp_path / "in"), str(tmp_path / "out")]) == 2
+    assert capsys.readouterr().err.strip() == "error: interrupted; nothing written"
+    assert os.listdir(tmp_path) == []
