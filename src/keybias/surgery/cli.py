@@ -31,8 +31,9 @@ Never a guess: a checkpoint with a tensor missing (transformers would initialise
 an unexpected tensor (it would be dropped), a shape that differs from config.json, a shard the
 index names but the folder lacks, or an index that places a tensor in a shard that does not hold
 it, is an error naming them, before any surgery. --fold-value on a model with attention dropout
-configured is refused, naming the modules, unless --allow-dropout says that the output is for
-inference (the fold is exact in eval mode; in training mode dropped rows do not sum to one).
+configured is refused unless --allow-dropout says that the output is for inference (the fold is
+exact in eval mode; in training mode dropped rows do not sum to one): from the config file's keys,
+before the model is loaded, and otherwise naming the modules the built model shows it in.
 
 Atomic: the output is written to a temporary folder next to OUT_DIR and renamed into place only
 when complete and checked (one file: read back tensor by tensor; sharded: as above); on any error or Ctrl-C before that, nothing is
