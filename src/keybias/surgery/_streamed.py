@@ -63,6 +63,7 @@ from keybias.surgery.cli import (
     _refuse_mismatch,
     clip,
     format_report,
+    quiet_libraries,
     refusal_message,
 )
 
@@ -74,11 +75,12 @@ def _meta_model(cls, config) -> nn.Module:
     import transformers
 
     try:
-        with torch.device("meta"):
+        with torch.device("meta"), quiet_libraries():
             if cls is transformers.AutoModel:
                 return transformers.AutoModel.from_config(config).eval()
             return cls(config).eval()
-    except (RuntimeError, ValueError, TypeError, KeyError, AttributeError) as exc:
+    # an AssertionError: torch's own checks of a module's arguments (a pad_token_id outside the vocabulary)
+    except (RuntimeError, ValueError, TypeError, KeyError, AttributeError, AssertionError) as exc:
         raise CliError(f"transformers cannot build {cls.__name__} from config.json: {clip(str(exc))}") from exc
 
 

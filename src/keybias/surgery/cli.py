@@ -31,8 +31,9 @@ Never a guess: a checkpoint with a tensor missing (transformers would initialise
 an unexpected tensor (it would be dropped), a shape that differs from config.json, a shard the
 index names but the folder lacks, or an index that places a tensor in a shard that does not hold
 it, is an error naming them, before any surgery. --fold-value on a model with attention dropout
-configured is refused, naming the modules, unless --allow-dropout says that the output is for
-inference (the fold is exact in eval mode; in training mode dropped rows do not sum to one).
+configured is refused unless --allow-dropout says that the output is for inference (the fold is
+exact in eval mode; in training mode dropped rows do not sum to one): from the config file's keys,
+before the model is loaded, and otherwise naming the modules the built model shows it in.
 
 Atomic: the output is written to a temporary folder next to OUT_DIR and renamed into place only
 when complete and checked (one file: read back tensor by tensor; sharded: as above); on any error or Ctrl-C before that, nothing is
@@ -50,6 +51,7 @@ import contextlib
 import importlib
 import importlib.util
 import json
+import logging
 import os
 import shutil
 import signal
@@ -62,7 +64,6 @@ from typing import Any
 
 from keybias import surgery
 from keybias.surgery import _calls
-from keybias.surgery._shards import header
 
 DTYPES = ("float32", "float64", "bfloat16", "float16")
 INDEX = "model.safetensors.index.json"
@@ -100,9 +101,10 @@ def refusal_message(exc, prefix: str = "") -> str:
             f"{first['reason']}{tail}")
 
 
-def _check_safetensors(path: Path) -> None:
+def _check_safetensors(path: Path) -> dict[str, dict]:
     """The header of a safetensors file: 8 bytes of length, a JSON table whose tensors all lie
-    inside the file (a truncated or empty file fails here, before anything is loaded)."""
+    inside the file (a truncated or empty file fails here, before anything is loaded). Returns
+    that table without __metadata__: tensor name -> dtype, shape and offsets."""
     size = path.stat().st_size
     if size < 8:
         raise CliError(f"{path} is empty or truncated ({size} bytes): not a safetensors file")
@@ -116,10 +118,14 @@ def _check_safetensors(path: Path) -> None:
             raise CliError(f"{path} has a corrupt header ({exc.__class__.__name__}): not a safetensors file") from exc
     if not isinstance(header, dict):
         raise CliError(f"{path} has a corrupt header: not a table of tensors")
-    end = max((int(v["data_offsets"][1]) for k, v in header.items()
-               if k != "__metadata__" and isinstance(v, dict) and "data_offsets" in v), default=0)
+    for name, info in header.items():
+        if name != "__metadata__" and not (isinstance(info, dict) and {"dtype", "shape", "data_offsets"} <= set(info)):
+            raise CliError(f"{path} has a corrupt header: its entry for {name} is not a tensor's "
+                           "(dtype, shape and data_offsets)")
+    end = max((int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"), default=0)
     if 8 + n + end > size:
         raise CliError(f"{path} is truncated: its tensors need {8 + n + end} bytes, the file has {size}")
+    return {k: v for k, v in header.items() if k != "__metadata__"}
 
 
 def lock_path(out_dir: Path) -> Path:
@@ -175,9 +181,10 @@ def clean_stale(out_dir: Path, log=print) -> None:
         log(f"removed {stale}, the temporary folder of an interrupted earlier run")
 
 
-def check_input(in_dir: Path, out_dir: Path) -> None:
+def check_input(in_dir: Path, out_dir: Path) -> tuple[str, dict[str, dict]]:
     """Every way the arguments can be wrong, checked before any model is loaded; the output's
-    parent first, so that no work is done for a result that could not be written."""
+    parent first, so that no work is done for a result that could not be written. Returns the
+    folder's format and the header table of each of its safetensors files (by file name)."""
     parent = out_dir.absolute().parent
     if not parent.is_dir():
         raise CliError(f"the parent of the output, {parent}, does not exist")
@@ -208,9 +215,7 @@ def check_input(in_dir: Path, out_dir: Path) -> None:
             raise CliError(f"{in_dir} holds only pickle checkpoints ({', '.join(pickles)}); this tool loads "
                            "safetensors only, because unpickling runs arbitrary code. Convert them first.")
         raise CliError(f"{in_dir} has no *.safetensors weights")
-    for path in safetensors:
-        _check_safetensors(path)
-    return fmt
+    return fmt, {path.name: _check_safetensors(path) for path in safetensors}
 
 
 def _read_json(path: Path) -> Any:
@@ -241,7 +246,28 @@ def _format(in_dir: Path) -> str:
     return "hf"
 
 
+@contextlib.contextmanager
+def quiet_libraries():
+    """Other libraries' log messages (transformers' token-id warnings, timm's, open_clip's) and
+    Python warnings, silenced while a model's config is read and the model is built and loaded:
+    every problem they could report ends the run with the tool's own one line, and theirs would
+    come before it. Errors that a library only logs still print."""
+    previous = logging.root.manager.disable
+    logging.disable(logging.WARNING)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        logging.disable(previous)
+
+
 def _architecture(in_dir: Path):
+    with quiet_libraries():
+        return _read_architecture(in_dir)
+
+
+def _read_architecture(in_dir: Path):
     import transformers
 
     try:
@@ -270,9 +296,11 @@ def load_exactly(cls, in_dir: Path):
     verbosity = transformers.utils.logging.get_verbosity()
     transformers.utils.logging.set_verbosity_error()  # the loading report is ours to give, in one line
     try:
-        model, info = cls.from_pretrained(str(in_dir), local_files_only=True, use_safetensors=True,
-                                          output_loading_info=True, ignore_mismatched_sizes=True)
-    except (OSError, ValueError, RuntimeError, KeyError) as exc:
+        with quiet_libraries():
+            model, info = cls.from_pretrained(str(in_dir), local_files_only=True, use_safetensors=True,
+                                              output_loading_info=True, ignore_mismatched_sizes=True)
+    # an AssertionError: torch's own checks of a module's arguments (a pad_token_id outside the vocabulary)
+    except (OSError, ValueError, RuntimeError, KeyError, AssertionError) as exc:
         raise CliError(f"transformers could not load {in_dir} as {cls.__name__}: {clip(exc)}") \
             from exc
     finally:
@@ -305,19 +333,24 @@ def _refuse_mismatch(in_dir: Path, what: str, info: dict) -> None:
                        "nothing written")
 
 
-def _stored_dtypes(in_dir: Path) -> dict[str, str]:
-    """{tensor name: safetensors dtype} of every weight file, read from the headers only."""
-    stored = {}
-    for path in sorted(in_dir.glob("*.safetensors")):
-        stored.update({k: v["dtype"] for k, v in header(path)[1].items() if k != "__metadata__"})
-    return stored
-
-
-def _refuse_changed_dtypes(in_dir: Path, model) -> None:
-    """Without --dtype the output must hold each tensor in the dtype it was stored in; the model
-    is built in one dtype, so a checkpoint that mixes dtypes, or stores a weight as an integer,
-    would come back converted."""
-    stored = _stored_dtypes(in_dir)
+def _refuse_dtypes(in_dir: Path, tables: dict[str, dict], model=None) -> None:
+    """The output must hold each tensor in the dtype it was stored in, read from the headers
+    check_input read (tables). A sharded checkpoint (model None) is rewritten tensor by tensor in
+    its own dtype and each module is checked against that dtype's rounding bound: one that mixes
+    float dtypes has no one bound. A single file is loaded into a model built in one dtype
+    (without --dtype): one that mixes dtypes, or stores a weight as an integer, would come back
+    converted."""
+    stored = {name: info["dtype"] for table in tables.values() for name, info in table.items()}
+    if model is None:
+        floats = {}
+        for name, kind in stored.items():
+            if kind in ("F16", "BF16", "F32", "F64"):
+                floats.setdefault(kind, name)
+        if len(floats) > 1:
+            kinds = ", ".join(f"{k} ({n})" for k, n in sorted(floats.items()))
+            raise CliError(f"{in_dir} stores its float tensors as {kinds}: a sharded checkpoint must hold one "
+                           "float dtype (convert it first); nothing written")
+        return
     state = model.state_dict()
     changed = sorted(n for n, d in stored.items()
                      if n in state and _SAFETENSORS_DTYPES.get(d) != str(state[n].dtype).removeprefix("torch."))
@@ -328,19 +361,6 @@ def _refuse_changed_dtypes(in_dir: Path, model) -> None:
                        f"{str(state[first].dtype).removeprefix('torch.')} ({first} is {stored[first]}"
                        f"{_more(changed[1:], 0)}): the output would change their dtype; pass --dtype to choose "
                        "one; nothing written")
-
-
-def _refuse_mixed_float_shards(in_dir: Path) -> None:
-    """A sharded checkpoint is rewritten tensor by tensor in its own dtype, and each module is
-    checked against that dtype's rounding bound; a checkpoint mixing float dtypes has no one bound."""
-    floats = {}
-    for name, kind in _stored_dtypes(in_dir).items():
-        if kind in ("F16", "BF16", "F32", "F64"):
-            floats.setdefault(kind, name)
-    if len(floats) > 1:
-        kinds = ", ".join(f"{k} ({n})" for k, n in sorted(floats.items()))
-        raise CliError(f"{in_dir} stores its float tensors as {kinds}: a sharded checkpoint must hold one float "
-                       "dtype (convert it first); nothing written")
 
 
 def _refuse_non_finite(model) -> None:
@@ -367,6 +387,11 @@ def _import_library(name: str, extra: str):
 def load_library_folder(fmt: str, in_dir: Path):
     """A timm or open_clip model built from the folder's config and loaded with exactly the
     tensors of its safetensors files (missing, unexpected or mis-shaped ones are an error)."""
+    with quiet_libraries():
+        return _load_library_folder(fmt, in_dir)
+
+
+def _load_library_folder(fmt: str, in_dir: Path):
     import torch
     from safetensors.torch import load_file
 
@@ -378,7 +403,7 @@ def load_library_folder(fmt: str, in_dir: Path):
             kwargs.setdefault("num_classes", cfg["num_classes"])
         try:
             model = timm.create_model(cfg["architecture"], pretrained=False, **kwargs)
-        except (RuntimeError, ValueError, TypeError, KeyError) as exc:
+        except (RuntimeError, ValueError, TypeError, KeyError, AssertionError) as exc:
             raise CliError(f"timm cannot build {cfg['architecture']!r}: {clip(exc)}") from exc
         label = f"timm {cfg['architecture']}"
     else:
@@ -389,7 +414,7 @@ def load_library_folder(fmt: str, in_dir: Path):
         custom = model_cfg.pop("custom_text", False) or "hf_model_name" in (model_cfg.get("text_cfg") or {})
         try:
             model = (oc_model.CustomTextCLIP if custom else oc_model.CLIP)(**model_cfg)
-        except (RuntimeError, ValueError, TypeError, KeyError) as exc:
+        except (RuntimeError, ValueError, TypeError, KeyError, AssertionError) as exc:
             raise CliError(f"open_clip cannot build the model of open_clip_config.json: "
                            f"{clip(exc)}") from exc
         label = "open_clip CLIP"
@@ -466,7 +491,7 @@ def convert(in_dir: Path, out_dir: Path, *, fold_value: bool = False, dtype: str
     """The whole command: check, load, strip (and fold), certify, write atomically. A sharded
     Hugging Face checkpoint (model.safetensors.index.json) is processed one module and one
     shard at a time (keybias.surgery._streamed), never loaded whole."""
-    fmt = check_input(in_dir, out_dir)
+    fmt, tables = check_input(in_dir, out_dir)
     if dtype is not None and dtype not in DTYPES:
         raise CliError(f"--dtype {dtype!r} unknown; allowed: {list(DTYPES)}")
     if fold_value and not allow_dropout:  # refused from the config, before seconds of loading
@@ -478,7 +503,7 @@ def convert(in_dir: Path, out_dir: Path, *, fold_value: bool = False, dtype: str
         raise CliError(f"{in_dir / INDEX}: sharded checkpoints are read for Hugging Face model directories only "
                        f"(this one is {fmt}'s format)")
     if sharded:
-        _refuse_mixed_float_shards(in_dir)
+        _refuse_dtypes(in_dir, tables)
     if sharded and dtype is not None:
         raise CliError("--dtype cannot be used with a sharded checkpoint, which is rewritten tensor by tensor "
                        "in its own dtype; convert it first")
@@ -488,12 +513,12 @@ def convert(in_dir: Path, out_dir: Path, *, fold_value: bool = False, dtype: str
         if out_dir.exists() or out_dir.is_symlink():  # a run that ended while this one checked its input
             raise CliError(f"output '{out_dir}' already exists; choose a new directory")
         clean_stale(out_dir, log)
-        return _convert(in_dir, out_dir, fmt, sharded, fold_value=fold_value, dtype=dtype,
+        return _convert(in_dir, out_dir, fmt, sharded, tables, fold_value=fold_value, dtype=dtype,
                         allow_dropout=allow_dropout, log=log)
 
 
-def _convert(in_dir: Path, out_dir: Path, fmt: str, sharded: bool, *, fold_value: bool, dtype: str | None,
-             allow_dropout: bool, log) -> dict[str, Any]:
+def _convert(in_dir: Path, out_dir: Path, fmt: str, sharded: bool, tables: dict[str, dict], *, fold_value: bool,
+             dtype: str | None, allow_dropout: bool, log) -> dict[str, Any]:
     """convert() once the input is checked and this run holds OUT_DIR's lock."""
     os.environ["HF_HUB_OFFLINE"] = "1"
     os.environ["TRANSFORMERS_OFFLINE"] = "1"
@@ -520,7 +545,7 @@ def _convert(in_dir: Path, out_dir: Path, fmt: str, sharded: bool, *, fold_value
     if dtype is not None:
         model = model.to(getattr(torch, dtype))
     else:
-        _refuse_changed_dtypes(in_dir, model)
+        _refuse_dtypes(in_dir, tables, model)
     _refuse_non_finite(model)
     log(f"loaded {type(model).__name__} ({label}) from {in_dir}: "
         f"{sum(p.numel() for p in model.parameters()):,} parameters, {next(model.parameters()).dtype}")
@@ -717,6 +742,11 @@ def main(argv: list[str] | None = None) -> int:
     previous = signal.signal(signal.SIGINT, _on_interrupt)
     try:
         return _main(argv)
+    except KeyboardInterrupt:  # outside the run itself: while the arguments were parsed
+        if COMMITTED.is_set():
+            return 0
+        print("error: interrupted; nothing written", file=sys.stderr)
+        return 2
     finally:
         signal.signal(signal.SIGINT, signal.SIG_IGN if COMMITTED.is_set() and _PROCESS.is_set() else previous)
 
@@ -724,8 +754,16 @@ def main(argv: list[str] | None = None) -> int:
 def _main(argv: list[str] | None) -> int:
     parser = _Parser(
         prog="keybias-surgery", allow_abbrev=False,  # --fold must not quietly mean --fold-value
-        description="Remove key biases (and fold value biases) of a Hugging Face model directory, certified.")
-    parser.add_argument("in_dir", type=Path, help="Hugging Face model directory (config.json + *.safetensors)")
+        description="Remove key biases (and fold value biases) of a model folder, certified, into a new folder.",
+        epilog="A sharded checkpoint (model.safetensors.index.json and its shards) is streamed, never loaded "
+               "whole, and scanned for NaN only in the attention modules the tool would change (such a module is "
+               "left as it is and reported as not handled), since its other tensors are copied unread. "
+               "Exit status: 0 once OUT_DIR is written (a Ctrl-C after that changes nothing); 2 for a bad input, "
+               "a refusal, a failed check or a Ctrl-C before that, with nothing written.")
+    parser.add_argument("in_dir", type=Path,
+                        help="a Hugging Face model folder (config.json with model_type), timm's Hugging Face folder "
+                             "(config.json with architecture) or open_clip's (open_clip_config.json), with "
+                             "*.safetensors weights, in one file or sharded")
     parser.add_argument("out_dir", type=Path, help="new directory to write (must not exist)")
     parser.add_argument("--fold-value", action="store_true", help="also fold every value bias into the output bias")
     parser.add_argument("--allow-dropout", action="store_true",

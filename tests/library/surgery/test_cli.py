@@ -356,3 +356,45 @@ def test_a_dropout_that_is_not_on_the_attention_weights_is_not_refused(tmp_path)
     transformers.ViTModel(cfg).save_pretrained(str(tmp_path / "in"), safe_serialization=True)
     assert cli.configured_dropout(tmp_path / "in", "hf") is None
     assert cli.main([str(tmp_path / "in"), str(tmp_path / "out"), "--fold-value"]) == 0
+
+
+def test_help_says_what_the_sharded_mode_scans_for_nan(capsys):
+    with pytest.raises(SystemExit) as info:
+        cli.main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert info.value.code == 0
+    assert "scanned for NaN only in the attention modules the tool would change" in text
+    assert "open_clip" in text and "timm" in text  # every folder format the command takes is named
+
+
+@pytest.mark.parametrize("sharded", [False, True])
+def test_each_safetensors_header_is_read_once_for_the_dtype_refusals(tmp_path, capsys, monkeypatch, sharded):
+    """check_input reads every header; the dtype refusals (a single file that mixes dtypes, a
+    sharded checkpoint that mixes float dtypes) use those tables and read no header again."""
+    import transformers
+    from safetensors.torch import load_file, save_file
+
+    cfg = transformers.OPTConfig(hidden_size=32, num_hidden_layers=2, ffn_dim=64, num_attention_heads=4,
+                                 word_embed_proj_dim=32, vocab_size=100, max_position_embeddings=32)
+    src = tmp_path / "in"
+    transformers.OPTModel(cfg).save_pretrained(str(src), safe_serialization=True,
+                                               max_shard_size="40KB" if sharded else "5GB")
+    files = sorted(src.glob("*.safetensors"))
+    path = next(f for f in files if any(n.endswith("q_proj.weight") for n in load_file(str(f))))
+    tensors = load_file(str(path))
+    name = sorted(n for n in tensors if n.endswith("q_proj.weight"))[0]
+    tensors[name] = tensors[name].half()
+    save_file(tensors, str(path), metadata={"format": "pt"})
+    opened: list[str] = []
+    real_open = Path.open
+
+    def counting(self, *args, **kwargs):
+        if self.suffix == ".safetensors":
+            opened.append(self.name)
+        return real_open(self, *args, **kwargs)
+    monkeypatch.setattr(Path, "open", counting)
+    capsys.readouterr()
+    assert cli.main([str(src), str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert ("must hold one float dtype" if sharded else "would change their dtype") in err and name in err, err
+    assert sorted(opened) == [f.name for f in files]  # each file once, by check_input

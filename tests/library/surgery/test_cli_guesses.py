@@ -199,3 +199,54 @@ def test_a_process_interrupted_before_its_output_is_in_place_exits_2_and_leaves_
     code, err = _interrupted_process(_BEFORE_COMMIT, "verified", src, out)
     assert code == 2 and "interrupted; nothing written" in err, err
     assert sorted(os.listdir(tmp_path)) == ["in"]
+
+
+@pytest.mark.parametrize("sharded", [False, True])
+def test_a_config_transformers_warns_about_prints_only_the_tools_line(tmp_path, capfd, sharded):
+    """A pad_token_id outside the vocabulary: transformers warns about it as it reads the config,
+    then torch refuses the embedding; the user sees one line, the tool's, and no 'please report'."""
+    import json
+
+    import transformers
+
+    cfg = transformers.OPTConfig(hidden_size=32, num_hidden_layers=1, ffn_dim=64, num_attention_heads=4,
+                                 word_embed_proj_dim=32, vocab_size=100, max_position_embeddings=32)
+    cfg.architectures = ["OPTForCausalLM"]
+    src = tmp_path / "in"
+    transformers.OPTForCausalLM(cfg).save_pretrained(str(src), safe_serialization=True,
+                                                     max_shard_size="40KB" if sharded else "5GB")
+    config = json.loads((src / "config.json").read_text())
+    (src / "config.json").write_text(json.dumps(dict(config, pad_token_id=500)))
+    capfd.readouterr()
+    assert cli.main([str(src), str(tmp_path / "out")]) == 2
+    err = capfd.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and err.startswith("error:"), err
+    assert "Padding_idx" in err and "internal" not in err and "pad_token_id must be" not in err
+    assert sorted(os.listdir(tmp_path)) == ["in"]
+
+
+def test_quiet_libraries_silences_their_warnings_and_gives_them_back(caplog):
+    import logging
+    import warnings
+
+    timm_log, hf_log = logging.getLogger("timm.models._builder"), logging.getLogger("transformers.configuration_utils")
+    with caplog.at_level(logging.WARNING), warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        with cli.quiet_libraries():
+            timm_log.warning("timm's warning")
+            hf_log.warning("transformers' warning")
+            warnings.warn("a Python warning", UserWarning, stacklevel=1)
+        assert caplog.records == [] and seen == []
+        # the control: after it, the same warnings come through
+        timm_log.warning("timm's warning")
+        warnings.warn("a Python warning", UserWarning, stacklevel=1)
+        assert [r.getMessage() for r in caplog.records] == ["timm's warning"] and len(seen) == 1
+
+
+def test_an_interrupt_while_the_arguments_are_parsed_exits_2(tmp_path, monkeypatch, capsys):
+    def stop(*_args, **_kwargs):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(cli._Parser, "parse_args", stop)
+    assert cli.main([str(tmp_path / "in"), str(tmp_path / "out")]) == 2
+    assert capsys.readouterr().err.strip() == "error: interrupted; nothing written"
+    assert os.listdir(tmp_path) == []
