@@ -418,6 +418,8 @@ MACRO_CLASSES: list[tuple[str, str, str]] = [
     ("macros/02_invariance.tex", r"Inv\w+(Max|Min)Rel", "effect32"),
     ("macros/02_invariance.tex", r"InvNullFactor\w+", "statistic"),
     ("macros/02_invariance.tex", r"InvMinDetect\w+", "decade_grid"),
+    # a measured tolerance over a size-matched control's change: rounding-dominated below float64
+    ("macros/02_invariance.tex", r"Inv(Joint|Drop|Grad)MinDetectable", "noise"),
     ("macros/03_precision.tex", r"PrecSlope(BfloatSixteen|FloatSixteen|FloatThirtyTwo|FloatSixtyFour)", "slope"),
     ("macros/03_precision.tex", r"PrecSlope(Se|Detectable)\w+|PrecLawResidMax", "fit_scatter"),
     ("macros/03_precision.tex", r"PrecCross\w+|PrecModelConst\w+", "fit"),

@@ -854,6 +854,8 @@ INVARIANCE_ADD_BIAS_KV_JOINT_REDUNDANT = register_claim(ClaimSpec(
     bound=0.0,
     origin='theory: shifting every key slot by the same vector is a row-constant score shift',
     finding='invariance-map',
+    # the value is a count (0 either way); min_detectable is a ratio of a measured tolerance
+    value_class='noise',
     profiles=('paper',),
 ))
 INVARIANCE_DROP_MATCHES_THEORY = register_claim(ClaimSpec(
@@ -861,6 +863,8 @@ INVARIANCE_DROP_MATCHES_THEORY = register_claim(ClaimSpec(
     bound=0.0,
     origin="theory: the proof's prediction for each configuration (keybias.studies.invariance.measure.expected_verdict)",
     finding='invariance-map',
+    # the value is a count (0 either way); min_detectable is a ratio of a measured tolerance
+    value_class='noise',
 ))
 # the redundant side of invariance-drop-matches-theory, in the same rows
 INVARIANCE_DROP_NEVER_BREAKS_REDUNDANT = register_claim(ClaimSpec(
@@ -889,6 +893,8 @@ INVARIANCE_GRADIENT_AGREES = register_claim(ClaimSpec(
     bound=0.0,
     origin='theory: the gradient rounding bound (keybias.verdict.gradient_tolerance)',
     finding='invariance-map',
+    # the value is a count (0 either way); min_detectable is a ratio of a measured tolerance
+    value_class='noise',
 ))
 # one side of invariance-gradient-agrees, in the same rows
 INVARIANCE_GRADIENT_NEVER_CONTRADICTS = register_claim(ClaimSpec(
