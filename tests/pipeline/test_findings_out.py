@@ -38,13 +38,14 @@ def test_every_test_claim_of_the_paper_profile_decides_one_finding():
 
 
 def test_stamp_and_errors_name_the_claim():
-    claims = [{"id": conditions_judge.COND_QUIRK_PLAIN_PATHS_AGREE.id, "kind": "test"}, {"id": "loose-test", "kind": "test"},
+    quirk_test = conditions_judge.COND_QUIRK_NEED_WEIGHTS_CHANGES_OUTPUT.id_for(option="add-bias-kv")
+    claims = [{"id": quirk_test, "kind": "test"}, {"id": "loose-test", "kind": "test"},
               {"id": "cond-fold-plain", "kind": "proof"}]
     stamped = FO.stamp_findings(claims)
     assert stamped[0]["finding"] == "need-weights-quirk" and "finding" not in stamped[1]
     errors = FO.findings_errors(claims, {}, strict_macros=False)
     assert any("loose-test" in e and "decides no finding" in e for e in errors)
-    wrong = FO.findings_errors([{"id": conditions_judge.COND_QUIRK_PLAIN_PATHS_AGREE.id, "kind": "consistency"}], {}, False)
+    wrong = FO.findings_errors([{"id": quirk_test, "kind": "consistency"}], {}, False)
     assert any("not a test" in e for e in wrong)
     missing = FO.findings_errors([], {}, strict_macros=True)
     assert any("CondQuirkZeroAttnDiff" in e for e in missing)

@@ -149,8 +149,12 @@ def memory_claims(allocator: pd.DataFrame) -> tuple[list[Claim], dict]:
 # ----------------------------------------------------------------------------- invariance
 def invariance_results(rows: pd.DataFrame, mags: pd.DataFrame) -> dict:
     """Notebook 02's claims of kind `test` on the GPU's sweep (the implied and consistency claims
-    follow from these or count the CPU's profile), the verdict table and the sweep's counts."""
+    follow from these or count the CPU's profile), the verdict table and the sweep's counts.
 
+    A sweep recorded before the drop's size-matched control was measured lacks its two columns:
+    they enter as NaN, so the drop claim is still judged and states no smallest detectable effect."""
+    unmeasured = [c for c in invariance_judge.DROP_CONTROL_COLUMNS if c not in rows.columns]
+    rows = rows.assign(**{c: float("nan") for c in unmeasured})
     out = invariance_judge.invariance_claims(rows, mags, min_configs=0)
     tests = [c for c in map(Claim.from_any, out["claims"]) if c.kind == "test"]
     ok = invariance_judge.valid(rows)

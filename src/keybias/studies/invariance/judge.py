@@ -420,12 +420,16 @@ def joint_min_detectable(m: pd.DataFrame, mags: pd.DataFrame) -> float:
     return R.finite_max(j.joint_tolerance_rel / j.bk_rel, "joint tolerance over the b_k-alone break", strict=True)
 
 
+DROP_CONTROL_COLUMNS = ("drop_tolerance_rel", "drop_control_rel")
+
+
 def drop_min_detectable(drops: pd.DataFrame) -> float:
     """The smallest change of function the drop verdicts would have seen, as a share of the change a
     size-matched control makes (b_q or b_v moved as far as b_k is long): the largest drop tolerance
-    over that control's change, over the judged drops. NaN where none was judged."""
-    R.require_columns(drops, ["drop_tolerance_rel", "drop_control_rel"], "invariance table")
-    if not len(drops):
+    over that control's change, over the judged drops. NaN where none was judged, or where the
+    control was not measured in any row (a sweep recorded before it was); a partial record raises."""
+    R.require_columns(drops, list(DROP_CONTROL_COLUMNS), "invariance table")
+    if not len(drops) or drops[list(DROP_CONTROL_COLUMNS)].isna().all().all():
         return math.nan
     return R.finite_max(drops.drop_tolerance_rel / drops.drop_control_rel, "drop tolerance over its control",
                         strict=True)
