@@ -34,7 +34,10 @@ ABBREVIATIONS = {"se": "standard error", "pred": "predicted", "resid": "residual
                  "fro": "Frobenius norm", "sqrt": "\u221a", "Wk": "W_k", "din": "d_in", "sdpa": "SDPA",
                  "Sdpa": "SDPA", "kv": "key-value", "lr": "learning rate"}
 # the words a verdict value is shown as (the data keep the identifiers the design names)
-VALUE_WORDS = {"not_redundant": "not redundant"}
+# (the attention code paths of the precision sweeps are named in words, as the paper names them)
+PATH_WORDS = {"explicit": "explicit attention", "sdpa_math": "SDPA math path", "sdpa_flash": "flash kernel",
+              "sdpa_efficient": "memory-efficient kernel"}
+VALUE_WORDS = {"not_redundant": "not redundant", **PATH_WORDS}
 _SUPERSCRIPT = str.maketrans("0123456789-", "\u2070\u00b9\u00b2\u00b3\u2074\u2075\u2076\u2077\u2078\u2079\u207b")
 # TeX in a cell ("$b_q$ tied to $b_k$") is left whole for MathJax: a break inside it would stop typesetting
 _INLINE_MATH = re.compile(r"\$[^$]+\$")
