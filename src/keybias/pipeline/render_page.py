@@ -370,8 +370,8 @@ def header_html(*, name, title, section, profile, device, commit, dirty, modules
     params_html = ""
     if shown:
         rows = "".join(f"<tr><th><code>{e(k)}</code></th><td><code>{e(v)}</code></td></tr>" for k, v in shown.items())
-        noun = "parameter" if len(shown) == 1 else "parameters"
-        params_html = (f"<details><summary>The {len(shown)} {noun} it ran with</summary>"
+        what = "The parameter" if len(shown) == 1 else f"The {len(shown)} parameters"
+        params_html = (f"<details><summary>{what} it ran with</summary>"
                        f'<table class="kb-params">{rows}</table></details>')
     where = DEVICE_WORDS.get(str(device).lower(), str(device))
     # the modules are for a reader who wants the code: folded, like the code cells
