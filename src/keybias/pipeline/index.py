@@ -609,7 +609,9 @@ def render_index(results: Path, steps: list[dict], claims: list[dict], provenanc
         gpu_lead = (f"On a GPU's recorded data, {word} check{'s' if n_gpu > 1 else ''} that hold{'' if n_gpu > 1 else 's'} "
                     f'on the CPU fail{"" if n_gpu > 1 else "s"}{what} (<a href="#gpu-fails">what does not carry '
                     "over</a>).")
-        found_lead = (found_lead[:-len("</p>")] + " " + gpu_lead + "</p>") if found_lead else f'<p class="lead">{gpu_lead}</p>'
+        # "every claim holds" is the CPU's verdict: said so, next to what the GPU's data say
+        found_lead = ((found_lead[:-len("</p>")].replace("Every claim holds.", "Every claim holds on the CPU.")
+                       + " " + gpu_lead + "</p>") if found_lead else f'<p class="lead">{gpu_lead}</p>')
     out.append('<section id="found" aria-labelledby="found-h"><h2 id="found-h">What we found</h2>' + found_lead
                + '<ol class="found">')
     for f in findings:
