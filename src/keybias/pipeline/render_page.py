@@ -587,7 +587,7 @@ def finish_page(page: str, *, header: str, name: str, claims: list[dict], judged
             for row in rows[TABLE_ROWS_SHOWN:]:
                 row.decompose()
             note = (f'<p class="kb-trimmed">The first {min(len(rows), TABLE_ROWS_SHOWN)} rows; every row is in '
-                    f'<a href="../data/{html.escape(csv)}.csv">data/{html.escape(csv)}.csv</a>.</p>')
+                    f'<a href="../data/{html.escape(csv)}.csv">the CSV file</a>.</p>')
         elif elided:
             for row in elided:
                 row.decompose()
