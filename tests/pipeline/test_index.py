@@ -343,3 +343,48 @@ def test_claim_kinds_read_the_same_on_the_entry_page_and_the_notebook_pages(tmp_
         assert f"<dt>{word}</dt><dd>{html.escape(render_page.KIND_MEANING[kind])}</dd>" in text
     assert "cross-check" not in text and ">consistency</span>" not in box
     assert render_page.kind_counts(claims) == "1 test, 1 positive control and 1 consistency check"
+
+
+def test_checks_that_fail_on_the_gpu_are_told_where_a_reader_looks(tmp_path):
+    """A CPU check that fails on the GPU's recorded data is said on the first screen and in its own
+    section, in words with the numbers the notebook computed (no claim id), and its finding's card
+    points to it; a check that holds there is not listed, and without the GPU's table nothing is said."""
+    results, steps, claims, provenance = fake_results(tmp_path)
+    plain = index.render_index(results, steps, claims, provenance, root=tmp_path)
+    assert 'id="gpu-fails"' not in plain and "On a GPU" not in plain
+    (results / "data" / "gpu_transfer.csv").write_text(
+        "study,claim,kind,value,comparison,bound,holds\n"
+        "x (01),a-claim,test,9.37,<=,1,False\n"
+        "x (01),precision-bk-gradient-no-direction,test,1.04,<=,1,False\n"
+        "x (01),c-claim,control,6.4,>,1,True\n")
+    (results / "macros").mkdir()
+    (results / "macros" / "09_gpu.tex").write_text(
+        "\\newcommand{\\GpuCosWorstCase}{float32, sdpa efficient}\n\\newcommand{\\GpuCosWorst}{0.102}\n"
+        "\\newcommand{\\GpuCosWorstBound}{0.0977}\n")
+    text = index.render_index(results, steps, claims, provenance, root=tmp_path)
+    lead = text[text.index('<p class="lead">'):]
+    lead = lead[:lead.index("</p>")]
+    assert "two checks that hold on the CPU fail" in lead and 'href="#gpu-fails"' in lead
+    section = text[text.index('id="gpu-fails"'):]
+    section = section[:section.index("</section>")]
+    body = html.unescape(re.sub(r"<[^>]+>", "", section))
+    assert "Two of the 3 CPU checks" in body
+    # the statement and the GPU's numbers for a check without words of its own; words for one with them
+    assert "It <holds> & is escaped. On the GPU: 9.37 \u2264 1 does not hold." in body
+    assert "(float32, memory-efficient kernel)" in body and "a mean cosine of 0.102" in body and "0.0977" in body
+    assert "A control no finding names" not in body  # it holds on the GPU
+    assert "a-claim" not in body and "precision-bk" not in body
+    assert 'href="notebooks/09_gpu.html#every-cpu-check-applied-to-the-gpu-s-data"' in section
+    card = text[text.index('id="finding-map-finding"'):]
+    assert 'class="gpu-note"' in card[:card.index("</article>")]
+
+
+def test_the_entry_page_names_no_make_target_and_no_file_as_link_text(tmp_path):
+    results, steps, claims, provenance = fake_results(tmp_path)
+    (results / "notebooks" / "01_x.ipynb").write_text(json.dumps(
+        {"cells": [{"cell_type": "markdown", "metadata": {}, "source": ["# 01 · The first section"]}]}))
+    text = index.render_index(results, steps, claims, provenance, root=tmp_path)
+    body = re.sub(r"<[^>]+>", " ", text[text.index("<body>"):text.index('id="cite"')])
+    assert "make " not in body and "dist/" not in body
+    links = re.findall(r'<a href="notebooks/[^"]*">([^<]*)</a>', text)
+    assert links and not [t for t in links if re.search(r"\d\d_\w", t)], links

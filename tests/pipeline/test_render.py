@@ -106,7 +106,9 @@ def test_header_names_section_profile_device_commit_and_links(sample_page):
     header = soup.find("header", class_="kb-header")
     text = " ".join(header.get_text(" ").split())
     assert "Custom section" in text  # from metadata.keybias.paper_section
-    assert "smoke" in text and "cpu" in text and "a" * 12 in text
+    assert "smoke" in text and "a CPU" in text and "a" * 12 in text
+    nav = header.find("nav")
+    assert nav.find("a", rel="prev") and "_" not in nav.get_text(), "the neighbours are named by title, not file name"
     hrefs = [a["href"] for a in header.find_all("a")]
     assert "../index.html" in hrefs
     assert [h for h in hrefs if "src/keybias" in h] == [
@@ -449,7 +451,7 @@ def test_table_formatter_numbers_headers_missing_and_no_index():
 
     assert [tables.format_number(v) for v in (1234567, 0.5, 12.3456, 0.000123, -0.00337, 2.5e7, float("nan"), None)] == [
         "1,234,567", "0.500", "12.3", "1.23\u00d710\u207b\u2074", "\u22120.00337", "2.5\u00d710\u2077", "\u2014", "\u2014"]
-    assert tables.header_text("norm_b_k") == "Norm b_k" and tables.header_text("embed_dim") == "embed_dim"
+    assert tables.header_text("norm_b_k") == "Norm b_k" and tables.header_text("embed_dim") == "Width E"
     frame = pd.DataFrame({"n_keys": [1, 20000], "max_err": [1e-16, None], "verdict": ["not_redundant", "--"]})
     page = tables.show_table(frame, csv="demo")._repr_html_()
     soup = BeautifulSoup(page, "html.parser")
@@ -494,7 +496,8 @@ def test_headers_write_symbols_as_the_paper_does_and_wide_tables_show_chosen_col
 
     assert tables.header_html("norm_b_k") == "Norm <i>b</i><sub>k</sub>"
     assert tables.header_html("resid_log10") == "Residual log<sub>10</sub>"
-    assert tables.header_html("embed_dim") == "<code>embed_dim</code>"
+    assert tables.header_html("embed_dim") == "Width E" and tables.header_html("num_heads") == "Heads"
+    assert tables.header_html("add_bias_kv") == "<code>add_bias_kv</code>"  # the option under study stays code
     assert tables.header_label("norm_b_k") == "Norm b\u2096"
     frame = pd.DataFrame({"grad_rms_b_k": [0.5], "extra_one": [1], "extra_two": [2]})
     page = tables.show_table(frame, csv="wide", columns=["grad_rms_b_k"], headers={"grad_rms_b_k": "RMS of b_k"})

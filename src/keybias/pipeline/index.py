@@ -32,7 +32,7 @@ from keybias.pipeline.render_page import (
     paper_pages,
     subscript_html,
 )
-from keybias.studies.tables import format_number
+from keybias.studies.tables import PATH_WORDS, format_number
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -80,7 +80,7 @@ ul.claims li[hidden]{display:none}
 ul.claims .check{font-variant-numeric:tabular-nums;white-space:nowrap}
 ul.claims .kind{color:var(--muted);font-size:.88rem}
 ul.claims code{font-size:.8rem;overflow-wrap:anywhere}
-.fails{color:#a4161a;font-weight:bold}.holds{color:#1d5a37}
+.fails{color:#a4161a;font-weight:bold}.gpu-note{font-size:.92rem;color:#a4161a}.holds{color:#1d5a37}
 code{font-size:.88rem}pre{background:var(--soft);padding:.6rem;font-size:.82rem;white-space:pre-wrap;overflow-wrap:anywhere;max-width:48rem}
 li:target,article:target{outline:2px solid #e9a23b;outline-offset:3px}
 ul.files li{max-width:min(48rem,64ch);margin:.3rem 0}
@@ -459,6 +459,77 @@ def retired_html(predictions: list[dict]) -> str:
             f"<p>{head}</p><ul>{items}</ul></section>")
 
 
+# What a CPU check that fails on the GPU's data means there, in the paper's words, with the
+# numbers notebook 09 computed; a check not named here is said with its statement and numbers.
+GPU_SHORT = {
+    "precision-accuracy-crossing-law": "on one path the rounding model misplaces where the error doubles",
+    "precision-bk-gradient-no-direction": "on one path the gradient of b_k is not pure noise",
+}
+GPU_WORDS = {
+    "precision-accuracy-crossing-law": (
+        "The rounding model does not say where the error doubles: on one path ({GpuCrossingWorstCase}) "
+        "the error against float64 already doubles at the smallest ratio ‖b_k‖/‖k‖ measured, "
+        "{GpuCrossingWorstMeasured}, where the model with the CPU's constant predicts {GpuCrossingWorstPredicted}."),
+    "precision-bk-gradient-no-direction": (
+        "The gradient of b_k is not pure noise everywhere: on one path ({GpuCosWorstCase}) the gradients "
+        "of independent batches share a direction slightly more than isotropic noise allows (a mean "
+        "cosine of {GpuCosWorst}, where such noise stays below {GpuCosWorstBound}); its size stays at rounding."),
+}
+GPU_NOTEBOOK, GPU_TABLE_ANCHOR = "09_gpu", "every-cpu-check-applied-to-the-gpu-s-data"
+
+
+def gpu_failures(results: Path, claims: list[dict]) -> list[dict]:
+    """The CPU checks that fail on the GPU's recorded data (results/data/gpu_transfer.csv, written
+    by notebook 09), each with its CPU statement; none when the GPU's table is absent."""
+    path = Path(results) / "data" / "gpu_transfer.csv"
+    if not path.is_file():
+        return []
+    table = pd.read_csv(path)
+    statements = {c["id"]: c.get("statement", "") for c in claims}
+    failed = table[~table["holds"].astype(str).str.lower().isin(["true", "1"])]
+    return [{"id": r["claim"], "value": r["value"], "bound": r["bound"], "comparison": r["comparison"],
+             "statement": statements.get(r["claim"], "")} for _, r in failed.iterrows()]
+
+
+def _gpu_checks(results: Path) -> int:
+    path = Path(results) / "data" / "gpu_transfer.csv"
+    return len(pd.read_csv(path)) if path.is_file() else 0
+
+
+def _case_words(text: str) -> str:
+    """"float32, sdpa efficient" as "float32, memory-efficient kernel": code paths in words."""
+    spoken = {k.replace("_", " "): v for k, v in PATH_WORDS.items()}
+    return ", ".join(spoken.get(part, part) for part in text.split(", "))
+
+
+def gpu_failure_sentence(f: dict, macros: dict[str, str]) -> str:
+    """One failure on the GPU in words (HTML): its meaning where the notebook computed the
+    numbers that say it, else the CPU statement with the GPU's value and bound."""
+    words = GPU_WORDS.get(f["id"])
+    names = re.findall(r"\{(\w+)\}", words or "")
+    if words and all(n in macros for n in names):
+        return statement_html(re.sub(r"\{(\w+)\}", lambda m: _case_words(plain_title(tex_to_html(macros[m.group(1)], {}))),
+                                     words))
+    sign = SIGNS.get(f.get("comparison", "<="), f.get("comparison", ""))
+    return (f"{statement_html(f['statement'] or 'A check of the CPU notebooks.')} On the GPU: "
+            f"{_esc(_plain_number(f['value']))} {_esc(sign)} {_esc(_plain_number(f['bound']))} does not hold.")
+
+
+def gpu_html(failures: list[dict], total: int, macros: dict[str, str]) -> str:
+    """The entry page's words on the CPU checks that do not carry over to the GPU (empty when all do)."""
+    if not failures:
+        return ""
+    n = len(failures)
+    count = NUMBER_WORDS[n] if n < len(NUMBER_WORDS) else str(n)
+    items = "".join(f"<li>{gpu_failure_sentence(f, macros)}</li>" for f in failures)
+    return (f'<section id="gpu-fails" aria-labelledby="gpu-fails-h"><h2 id="gpu-fails-h">What does not carry '
+            f"over to a GPU</h2><p>{count.capitalize()} of the {total} CPU checks that the GPU's recorded data "
+            f"let us apply fail{'s' if n == 1 else ''} there. These are findings about the GPU, reported "
+            f"rather than asserted: the GPU was measured once, after the checks were written.</p>"
+            f'<ul>{items}</ul><p><a href="notebooks/{GPU_NOTEBOOK}.html#{GPU_TABLE_ANCHOR}">Every check on the '
+            "GPU's data</a>, in its notebook.</p></section>")
+
+
 def _profile_note(profile: str) -> str:
     """Nothing for the paper's sizes; otherwise that these are not the paper's numbers."""
     if not profile or profile == "paper":
@@ -503,6 +574,8 @@ def render_index(results: Path, steps: list[dict], claims: list[dict], provenanc
     failing = [c for c in claims if not c.get("holds")]
     tests = [c for c in claims if c.get("kind") == "test"]
     retired = retired_html([{**p, "results": results} for p in retired_predictions(results, root)])
+    on_gpu = gpu_failures(results, claims)
+    gpu = gpu_html(on_gpu, _gpu_checks(results), read_macros(results)) if on_gpu else ""
     out = _page_head(title)
     out += [
         f'<header><h1 id="top">{title}</h1>',
@@ -513,7 +586,8 @@ def render_index(results: Path, steps: list[dict], claims: list[dict], provenanc
         'The findings</a><a href="#notebooks">Notebooks</a><a href="#claims">Claims</a>'
         '<a href="files.html">All files</a><a href="#cite">Cite</a></nav></header>'.replace(
             '<a href="#findings">', '<a href="#retired">What failed</a><a href="#findings">' if retired else
-            '<a href="#findings">'),
+            '<a href="#findings">').replace(
+            '<a href="#findings">', '<a href="#gpu-fails">On a GPU</a><a href="#findings">' if gpu else '<a href="#findings">'),
     ]
     if failing:
         out.append(f'<p class="fails">{len(failing)} of {len(claims)} claims FAIL: '
@@ -527,6 +601,17 @@ def render_index(results: Path, steps: list[dict], claims: list[dict], provenanc
         found_lead = (f'<p class="lead">{"Every claim holds" if not failing else f"{len(failing)} claims FAIL"}. '
                       f'{word.capitalize()} prediction{"s" if n_failed > 1 else ""} made before the data '
                       f'failed; <a href="#retired">what failed</a> reports {"them" if n_failed > 1 else "it"}.</p>')
+    if gpu:
+        n_gpu = len(on_gpu)
+        word = NUMBER_WORDS[n_gpu] if n_gpu < len(NUMBER_WORDS) else str(n_gpu)
+        shorts = [GPU_SHORT[f["id"]] for f in on_gpu if f["id"] in GPU_SHORT]
+        what = (": " + statement_html(_and(shorts)) if len(shorts) == n_gpu else "")
+        gpu_lead = (f"On a GPU's recorded data, {word} check{'s' if n_gpu > 1 else ''} that hold{'' if n_gpu > 1 else 's'} "
+                    f'on the CPU fail{"" if n_gpu > 1 else "s"}{what} (<a href="#gpu-fails">what does not carry '
+                    "over</a>).")
+        # "every claim holds" is the CPU's verdict: said so, next to what the GPU's data say
+        found_lead = ((found_lead[:-len("</p>")].replace("Every claim holds.", "Every claim holds on the CPU.")
+                       + " " + gpu_lead + "</p>") if found_lead else f'<p class="lead">{gpu_lead}</p>')
     out.append('<section id="found" aria-labelledby="found-h"><h2 id="found-h">What we found</h2>' + found_lead
                + '<ol class="found">')
     for f in findings:
@@ -536,6 +621,8 @@ def render_index(results: Path, steps: list[dict], claims: list[dict], provenanc
     out.append("</ol></section>")
     if retired:
         out.append(retired)
+    if gpu:
+        out.append(gpu)
 
     # each finding: its figure, its links, its claims
     out.append('<section id="findings"><h2>The findings</h2>')
@@ -560,8 +647,12 @@ def render_index(results: Path, steps: list[dict], claims: list[dict], provenanc
         verdict = ""
         if any(not c.get("holds") for c in mine):
             verdict = ' <span class="fails">(a claim FAILS)</span>'
+        off_gpu = [g for g in on_gpu if g["id"] in {c["id"] for c in mine}]
+        gpu_note = (f'<p class="gpu-note">On a GPU, {len(off_gpu)} of its checks '
+                    f'{"fails" if len(off_gpu) == 1 else "fail"}: <a href="#gpu-fails">what does not carry over</a>.</p>'
+                    if off_gpu else "")
         text = [f'<div><h3>{statement_html(f.get("title", f["id"]))}{verdict}</h3>',
-                f'<p class="statement">{statement_html(f.get("statement") or "")}</p>',
+                f'<p class="statement">{statement_html(f.get("statement") or "")}</p>', gpu_note,
                 f'<p class="links">{" &middot; ".join(links)}</p></div>']
         figure = ""
         if has_figure:
@@ -584,8 +675,7 @@ def render_index(results: Path, steps: list[dict], claims: list[dict], provenanc
     for step in steps:
         name = step["notebook"]
         out.append(f'<li><a href="notebooks/{_esc(name)}.html">{_esc(_notebook_title(results, name))}</a> '
-                   f'(<code>{_esc(name)}</code>; <a href="notebooks/{_esc(name)}.ipynb">the executed '
-                   "notebook</a>)</li>")
+                   f'(<a href="notebooks/{_esc(name)}.ipynb">the executed notebook</a>)</li>')
     out.append("</ol></section>")
 
     # claims, grouped by finding, with a filter
@@ -619,11 +709,11 @@ def render_index(results: Path, steps: list[dict], claims: list[dict], provenanc
     # cite and bundle
     out.append(f'<section id="cite"><h2>How to cite</h2>{_citation(root, title)}</section>')
     out.append(
-        '<section id="bundle"><h2>The bundle</h2><p><code>make bundle</code> writes one archive to '
-        "<code>dist/</code>, named after the commit above: the code, notebooks, parameters, these "
-        "results and the paper at that commit, byte for byte reproducible. <code>make all</code> inside it "
-        "regenerates everything; <code>make verify</code> compares a rerun with these results, findings first. "
-        'Every figure, table and data file is listed on <a href="files.html">its own page</a>.</p></section>')
+        '<section id="bundle"><h2>Reproduce it</h2><p>One archive, named after the commit above, holds the '
+        "code, the notebooks, their parameters, these results and the paper at that commit, byte for byte "
+        "reproducible. Rebuilding inside it regenerates every number, figure and page; a rerun is compared "
+        "with these results finding by finding. The repository's README gives the commands. Every figure, "
+        'table and data file is listed on <a href="files.html">its own page</a>.</p></section>')
     out.append("</body></html>")
     return "\n".join(out) + "\n"
 

@@ -197,6 +197,7 @@ def render_notebook_html(
                  "metadata": {"name": f"{name}: {title}"}}
     page, _ = exporter.from_notebook_node(nb, resources=resources)
     previous, following = neighbours(name, notebooks)
+    titles = neighbour_titles([n for n in (previous, following) if n])
     header = header_html(
         name=name,
         title=title,
@@ -210,10 +211,22 @@ def render_notebook_html(
         parameters=injected_parameters(raw),
         previous=previous,
         following=following,
+        titles=titles,
     )
     return finish_page(page, header=header, name=name, claims=claims, judged=judged, equations=equations,
                         kept=kept, table_csv=table_csv, figures=figures, previous=previous, following=following,
-                        findings=findings)
+                        findings=findings, titles=titles)
+
+
+def neighbour_titles(names: list[str], folder: Path = ROOT / "notebooks") -> dict[str, str]:
+    """Each named notebook's title, from its source (a missing or unreadable one keeps its name)."""
+    titles = {}
+    for name in names:
+        try:
+            titles[name] = notebook_title(json.loads((folder / f"{name}.ipynb").read_text()), name)
+        except (OSError, json.JSONDecodeError):
+            titles[name] = name
+    return titles
 
 
 _REMOTE = re.compile(r"^\s*(?:(?:https?|wss?|ftp):)?//", re.IGNORECASE)

@@ -348,8 +348,11 @@ def notebook_title(nb: dict, name: str) -> str:
 
 
 # -- the page ------------------------------------------------------------------------------
+DEVICE_WORDS = {"cpu": "a CPU", "cuda": "a GPU", "mps": "an Apple GPU"}
+
+
 def header_html(*, name, title, section, profile, device, commit, dirty, modules, repo, parameters,
-                 previous, following) -> str:
+                 previous, following, titles: dict[str, str] | None = None) -> str:
     e = html.escape
     short = (commit or "unknown")[:12]
     if repo and commit and re.fullmatch(r"[0-9a-f]{40}", commit):
@@ -358,8 +361,8 @@ def header_html(*, name, title, section, profile, device, commit, dirty, modules
         commit_html = f"<code>{e(short)}</code>"
     if dirty:
         commit_html += " plus local changes"
-    section_html = (f"the paper section <em>{e(section)}</em>" if section
-                    else "no section of the paper named in its metadata")
+    section_html = (f"It is a section of the paper, <em>{e(section)}</em>, with its code." if section
+                    else "It holds the code behind the paper's numbers.")
     links = ", ".join(
         f'<a href="{e(module_href(m, commit, repo))}"><code>keybias.{e(m)}</code></a>' for m in modules
     ) or "none"
@@ -367,31 +370,39 @@ def header_html(*, name, title, section, profile, device, commit, dirty, modules
     params_html = ""
     if shown:
         rows = "".join(f"<tr><th><code>{e(k)}</code></th><td><code>{e(v)}</code></td></tr>" for k, v in shown.items())
-        noun = "parameter" if len(shown) == 1 else "parameters"
-        params_html = (f"<details><summary>The {len(shown)} {noun} it ran with</summary>"
+        what = "The parameter" if len(shown) == 1 else f"The {len(shown)} parameters"
+        params_html = (f"<details><summary>{what} it ran with</summary>"
                        f'<table class="kb-params">{rows}</table></details>')
+    where = DEVICE_WORDS.get(str(device).lower(), str(device))
+    # the modules are for a reader who wants the code: folded, like the code cells
+    calls = (f'<details class="kb-calls"><summary>The library code it calls</summary><p>{links}.</p></details>'
+             if modules else "")
     return (
         f'<header class="kb-header">'
-        f'{_pager_html(previous, following, "kb-pager-top")}'
+        f'{_pager_html(previous, following, "kb-pager-top", titles)}'
         f'<h1 class="kb-title">{e(title)}</h1>'
-        f"<p>Notebook <code>notebooks/{e(name)}.ipynb</code> supports {section_html}.</p>"
-        f'<div class="kb-runwith">Computed at commit {commit_html} on <code>{e(device)}</code>'
+        f'<p>{section_html} <a href="{e(name)}.ipynb">The executed notebook</a>.</p>'
+        f'<div class="kb-runwith">Computed at commit {commit_html} on {e(where)}'
         + ("" if profile in ("paper", "", None) else
            f", at the small sizes of the <code>{e(profile)}</code> profile, not the paper's")
         + f".{params_html}</div>"
-        f"<p>Code it calls: {links}.</p>"
+        f"{calls}"
         f'<nav class="kb-toc" aria-label="Contents"></nav>'
         f"</header>"
     )
 
 
-def _pager_html(previous: str | None, following: str | None, css: str) -> str:
+def _pager_html(previous: str | None, following: str | None, css: str,
+                titles: dict[str, str] | None = None) -> str:
+    """Links to the entry page, the paper and the notebooks on either side, each named by its
+    title (a reader does not know what "08_longrun" holds)."""
     e = html.escape
+    titles = titles or {}
     parts = [f'<a href="{INDEX_HREF}">&uarr; All results</a>', f'<a href="{PAPER_HREF}">The paper (PDF)</a>']
     if previous:
-        parts.insert(0, f'<a rel="prev" href="{e(previous)}.html">&larr; {e(previous)}</a>')
+        parts.insert(0, f'<a rel="prev" href="{e(previous)}.html">&larr; {e(titles.get(previous, previous))}</a>')
     if following:
-        parts.append(f'<a rel="next" href="{e(following)}.html">{e(following)} &rarr;</a>')
+        parts.append(f'<a rel="next" href="{e(following)}.html">{e(titles.get(following, following))} &rarr;</a>')
     return f'<nav class="kb-pager {css}" aria-label="Notebooks">{" &middot; ".join(parts)}</nav>'
 
 
@@ -453,7 +464,7 @@ def _code_caption(holder):
 def finish_page(page: str, *, header: str, name: str, claims: list[dict], judged: dict[str, int],
                  equations: dict[int, list[str]], kept: list[int], table_csv: dict[int, str],
                  figures: dict[str, dict], previous: str | None, following: str | None,
-                 findings: list[dict] | None = None) -> str:
+                 findings: list[dict] | None = None, titles: dict[str, str] | None = None) -> str:
     """Everything nbconvert does not do: header, anchors, captions, claim boxes, tables, findings,
     code folded under a "Code" toggle."""
 
@@ -576,7 +587,7 @@ def finish_page(page: str, *, header: str, name: str, claims: list[dict], judged
             for row in rows[TABLE_ROWS_SHOWN:]:
                 row.decompose()
             note = (f'<p class="kb-trimmed">The first {min(len(rows), TABLE_ROWS_SHOWN)} rows; every row is in '
-                    f'<a href="../data/{html.escape(csv)}.csv">data/{html.escape(csv)}.csv</a>.</p>')
+                    f'<a href="../data/{html.escape(csv)}.csv">the CSV file</a>.</p>')
         elif elided:
             for row in elided:
                 row.decompose()
@@ -623,7 +634,7 @@ def finish_page(page: str, *, header: str, name: str, claims: list[dict], judged
         wrapper.wrap(fold)
         fold.insert(0, summary)
     main.append(fragment(findings_html(claims, findings, name)))
-    main.append(fragment(_pager_html(previous, following, "kb-pager-bottom")))
+    main.append(fragment(_pager_html(previous, following, "kb-pager-bottom", titles)))
     # links to the paper open it at this notebook's section (its first finding's), once it is built
     section = next((pages.get(f.get("section") or "") for f in findings if f.get("notebook") == name
                     and pages.get(f.get("section") or "")), None)

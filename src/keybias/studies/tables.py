@@ -19,11 +19,14 @@ COMPARISONS = {"<=": "\u2264", ">=": "\u2265", "!=": "\u2260", "==": "="}
 MAX_ROWS = 25
 WIDE_COLUMNS = 4  # a table with more columns reads as one card per row on a phone
 # column names that are PyTorch keywords (the sweep tables' axes): shown as code, not as words
+# (the options whose effect the studies measure); sizes and training settings read as words
 KEYWORDS = frozenset({
-    "embed_dim", "num_heads", "kdim", "vdim", "batch_first", "bias", "add_bias_kv", "add_zero_attn",
-    "dropout", "need_weights", "dtype", "device", "is_causal", "attn_mask", "key_padding_mask",
-    "model_type", "eps", "lr",
+    "batch_first", "bias", "add_bias_kv", "add_zero_attn", "need_weights", "dtype", "is_causal", "attn_mask",
+    "key_padding_mask",
 })
+SETTING_WORDS = {"embed_dim": "Width E", "num_heads": "Heads", "kdim": "Key width", "vdim": "Value width",
+                 "dropout": "Dropout", "device": "Device", "model_type": "Model type", "eps": "Adam's \u03b5",
+                 "lr": "Learning rate"}
 # abbreviations in column names, spelled out for a reader
 ABBREVIATIONS = {"se": "standard error", "pred": "predicted", "resid": "residual", "const": "constant",
                  "cos": "cosine", "eff": "effective", "dev": "deviation", "err0": "error without b_k",
@@ -34,7 +37,10 @@ ABBREVIATIONS = {"se": "standard error", "pred": "predicted", "resid": "residual
                  "fro": "Frobenius norm", "sqrt": "\u221a", "Wk": "W_k", "din": "d_in", "sdpa": "SDPA",
                  "Sdpa": "SDPA", "kv": "key-value", "lr": "learning rate"}
 # the words a verdict value is shown as (the data keep the identifiers the design names)
-VALUE_WORDS = {"not_redundant": "not redundant"}
+# (the attention code paths of the precision sweeps are named in words, as the paper names them)
+PATH_WORDS = {"explicit": "explicit attention", "sdpa_math": "SDPA math path", "sdpa_flash": "flash kernel",
+              "sdpa_efficient": "memory-efficient kernel"}
+VALUE_WORDS = {"not_redundant": "not redundant", **PATH_WORDS}
 _SUPERSCRIPT = str.maketrans("0123456789-", "\u2070\u00b9\u00b2\u00b3\u2074\u2075\u2076\u2077\u2078\u2079\u207b")
 # TeX in a cell ("$b_q$ tied to $b_k$") is left whole for MathJax: a break inside it would stop typesetting
 _INLINE_MATH = re.compile(r"\$[^$]+\$")
@@ -114,6 +120,8 @@ def header_text(name) -> str:
     name = str(name)
     if name in KEYWORDS:
         return name
+    if name in SETTING_WORDS:
+        return SETTING_WORDS[name]
     words = re.sub(r"(?<![A-Za-z])b_([kqvo])(?![A-Za-z])", r"b@\1", name).replace("_", " ").replace("b@", "b_")
     words = " ".join(words.split())
     words = re.sub(r"\bnum\b|^n\b", "number of", words)
@@ -239,9 +247,9 @@ def table_html(frame, *, csv: str | None = None, max_rows: int = MAX_ROWS, capti
             f"{len(columns)} of {all_columns} columns" if narrowed else "") if part)
         every = "every row and column" if trimmed and narrowed else ("every row" if trimmed else "every column")
         note = (f'<p class="kb-trimmed">{shown_part[:1].upper() + shown_part[1:]}; {every} is in '
-                f'<a href="../data/{e(csv)}.csv">data/{e(csv)}.csv</a>.</p>')
+                f'<a href="../data/{e(csv)}.csv">the CSV file</a>.</p>')
     elif csv:
-        note = f'<p class="kb-trimmed">As CSV: <a href="../data/{e(csv)}.csv">data/{e(csv)}.csv</a>.</p>'
+        note = f'<p class="kb-trimmed"><a href="../data/{e(csv)}.csv">This table as a CSV file</a>.</p>'
     cap = f"<caption>{e(caption)}</caption>" if caption else ""
     wide = " kb-wide" if len(columns) > WIDE_COLUMNS else ""
     return (f'<div class="kb-table"><table class="kb-tidy{wide}">{cap}<thead><tr>{head}</tr></thead>'
