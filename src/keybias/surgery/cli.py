@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import fcntl
 import importlib
 import importlib.util
 import json
@@ -137,8 +138,6 @@ def run_lock(out_dir: Path):
     """Held for the whole run: an exclusive flock on a lock file beside OUT_DIR. The kernel frees
     it when the process dies, however it dies (a zombie holds no files), so a dead run never
     blocks a rerun and a live one always does, whatever its process id has become."""
-    import fcntl
-
     path = lock_path(out_dir)
     while True:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
