@@ -286,7 +286,7 @@ register(Finding(
     statement=(r"A small vision transformer (\TrainNParams{} parameters, \TrainSteps{} steps) trained with and "
                r"without $\bk$ reaches the same test "
                r"accuracy with Adam (\TrainAccKeptAdam{} with $\bk$, \TrainAccRemovedAdam{} without) and with SGD, "
-               r"which learns little in that time (\TrainAccKeptSgd{} and \TrainAccRemovedSgd{}), and the two runs "
+               r"which learns more slowly and is still far behind Adam (\TrainAccKeptSgd{} and \TrainAccRemovedSgd{}), and the two runs "
                r"differ by about as much (\TrainDivergenceRatio{} times) as a run differs from its own copy "
                r"perturbed at the rounding level."),
     section="sec:training", figure="training_curves", notebook="04_training", basis="test",
