@@ -1004,3 +1004,18 @@ def test_rounding_bound_states_the_probability_of_its_own_terms(built):
     m = re.search(r"which for n = \d+ is about 1 − (\d+) × 10−(\d+)", printed)
     assert m, "the probability of the rounding bound is not printed"
     assert float(m.group(1)) * 10.0 ** -int(m.group(2)) == pytest.approx(failure, rel=0.1)
+
+
+def test_provenance_names_the_artifact_once_and_in_scientific_terms(built):
+    """The artifact's version appears once in the printed paper (the provenance paragraph) and in the
+    PDF metadata; nowhere does the paper speak of its own build."""
+    text = " ".join(built["text"](1).split())
+    commit = _macros()["ProvCommit"].split()[0]
+    assert text.count(commit) == 1, f"the artifact's version is printed {text.count(commit)} times"
+    lowered = text.lower()
+    found = [w for w in ("this build", "make all", "make verify", "make upstream", "macros", "paper parameters",
+                         "the committed one", "rendered notebook") if w in lowered]
+    assert not found, f"build talk in the paper: {found}"
+    info = subprocess.run(["pdfinfo", str(built["dir"] / "main.pdf")], capture_output=True, text=True).stdout
+    subject = next(line for line in info.splitlines() if line.startswith("Subject:"))
+    assert "commit" not in subject.lower(), subject
