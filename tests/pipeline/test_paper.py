@@ -969,3 +969,53 @@ def test_invariance_map_caption_names_the_silent_controls():
     assert "every bfloat16 control and some float16 ones" in caption
     assert by_dtype.loc["bfloat16", "sum"] == by_dtype.loc["bfloat16", "count"], "not every bfloat16 control is silent"
     assert 0 < by_dtype.loc["float16", "sum"] < by_dtype.loc["float16", "count"], "float16: not 'some'"
+
+
+def test_checklist_table_speaks_the_measured_tables_words():
+    """Table 2 (the checklist) and Table 3 (its measured effects) name each case alike and give it
+    the same verdict, so a reader can go from one to the other row by row."""
+    text = _uncommented(SECTIONS / "conditions.tex")
+    body = text.split(r"\label{tab:corollaries}", 1)[1].split(r"\midrule", 1)[1].split(r"\bottomrule", 1)[0]
+
+    def name(cell: str) -> str:
+        cell = re.sub(r"~?\\cite[tp]?\{[^}]*\}", "", cell)
+        for short, long in ((r"\bk", "b_k"), (r"\bq", "b_q"), (r"\bv", "b_v")):
+            cell = cell.replace(short, long)
+        return " ".join(cell.replace(" ", "").split())
+
+    checklist = {name(r.split("&")[0]): r.split("&")[-1].strip()
+                 for r in body.split("\\\\") if r.strip()}
+    measured = {name(r[0]): r[-1] for r in _table_rows("conditions.tex")}
+    assert set(checklist) == set(measured), sorted(set(checklist) ^ set(measured))
+    differ = {k: (checklist[k], measured[k]) for k in checklist if checklist[k] != measured[k]}
+    assert not differ, f"verdicts differ between Table 2 and Table 3: {differ}"
+
+
+def test_rounding_bound_states_the_probability_of_its_own_terms(built):
+    """The probabilistic bound for n terms holds with probability 1 - 2n exp(-lambda^2/2); the text
+    computes that from the macros of n and lambda, and the printed value is the computed one."""
+    macros = _macros()
+    n, lam = _number(macros["PrecSeqLen"]), _number(macros["PrecLambda"])
+    failure = 2 * n * math.exp(-lam * lam / 2)
+    text = " ".join(_uncommented(SECTIONS / "precision.tex").split())
+    window = text[text.index(r"\lambda=\PrecLambda"):][:300]
+    assert r"\PrecFailureProbability" not in window, "the bound's probability is not the cosine test's"
+    printed = " ".join(built["text"](1, built["mainend"]).split())
+    m = re.search(r"which for n = \d+ is about 1 − (\d+) × 10−(\d+)", printed)
+    assert m, "the probability of the rounding bound is not printed"
+    assert float(m.group(1)) * 10.0 ** -int(m.group(2)) == pytest.approx(failure, rel=0.1)
+
+
+def test_provenance_names_the_artifact_once_and_in_scientific_terms(built):
+    """The artifact's version appears once in the printed paper (the provenance paragraph) and in the
+    PDF metadata; nowhere does the paper speak of its own build."""
+    text = " ".join(built["text"](1).split())
+    commit = _macros()["ProvCommit"].split()[0]
+    assert text.count(commit) == 1, f"the artifact's version is printed {text.count(commit)} times"
+    lowered = text.lower()
+    found = [w for w in ("this build", "make all", "make verify", "make upstream", "macros", "paper parameters",
+                         "the committed one", "rendered notebook") if w in lowered]
+    assert not found, f"build talk in the paper: {found}"
+    info = subprocess.run(["pdfinfo", str(built["dir"] / "main.pdf")], capture_output=True, text=True).stdout
+    subject = next(line for line in info.splitlines() if line.startswith("Subject:"))
+    assert "commit" not in subject.lower(), subject

@@ -250,7 +250,7 @@ register(Finding(
                r"\PrecGradNoiseScaleMax{} of the bound $\lambda\sqrt{n}\,u\|g_{\bq}\|$ that rounding of its row "
                r"sums allows, and its direction is indistinguishable from "
                r"isotropic noise "
-               r"(mean pairwise cosine \PrecBkCosMax{}, where a systematic direction would give 1)."),
+               r"(mean pairwise cosine at most \PrecBkCosMax{} in magnitude, where a systematic direction would give 1)."),
     section="sec:noise", figure="precision_gradient", notebook="03_precision", basis="test",
     decided_by=("precision-bk-gradient-within-tolerance", "precision-bk-gradient-noise-scale",
                 "precision-bk-gradient-scales-with-u", "precision-bk-gradient-no-direction"),
@@ -286,7 +286,7 @@ register(Finding(
     statement=(r"A small vision transformer (\TrainNParams{} parameters, \TrainSteps{} steps) trained with and "
                r"without $\bk$ reaches the same test "
                r"accuracy with Adam (\TrainAccKeptAdam{} with $\bk$, \TrainAccRemovedAdam{} without) and with SGD, "
-               r"which learns little in that time (\TrainAccKeptSgd{} and \TrainAccRemovedSgd{}), and the two runs "
+               r"which learns more slowly and is still far behind Adam (\TrainAccKeptSgd{} and \TrainAccRemovedSgd{}), and the two runs "
                r"differ by about as much (\TrainDivergenceRatio{} times) as a run differs from its own copy "
                r"perturbed at the rounding level."),
     section="sec:training", figure="training_curves", notebook="04_training", basis="test",
@@ -301,7 +301,8 @@ register(Finding(
 register(Finding(
     id="adam-drift-regimes",
     title="Adam turns the noise into drift, by regime",
-    statement=(r"Adam divides the noise gradient of $\bk$ by its own scale: where $\varepsilon$ lies far below "
+    statement=(r"Adam divides the noise gradient of $\bk$ by its own scale. In the long language-model runs "
+               r"of Section~\ref{sec:longrun}, where $\varepsilon$ lies far below "
                r"the noise its steps are full-size (step rate \LongFullRunRateFloatEpsTwelveMin{}--"
                r"\LongFullRunRateFloatEpsTwelveMax{} per run in float32 at $\varepsilon=10^{-12}$, "
                r"\LongFullRunRateBfloatEpsEightMin{}--\LongFullRunRateBfloatEpsEightMax{} under bfloat16 autocast "
@@ -354,7 +355,7 @@ register(Finding(
     title=r"Stripping $\bk$ from trained models is exact",
     statement=(r"In the trained MiniLM encoder $\bk$ is at most \PretBkOverBqMax{} of $\bq$, and removing it "
                r"changes its unit-norm float64 sentence embeddings by at most $\PretBothDiffFloatSixtyFour{}$, within rounding; of "
-               r"\PretFamilies{} models (tiny Hugging Face families and MiniLM) the tool "
+               r"\PretFamilies{} models (PyTorch's own attention modules, tiny Hugging Face models and MiniLM) the tool "
                r"handles \PretFamiliesHandled{} and refuses the \PretFamiliesRefused{} whose attention the "
                r"criterion excludes."),
     section="sec:pretrained", figure="pretrained_bias_norms", notebook="05_pretrained", basis="test",
@@ -377,8 +378,8 @@ register(Finding(
     title=r"$\bk$ in the checkpoints that ship with packages",
     statement=(r"In the two MiniLM sentence embedders that ship with packages $\bk$ is at most "
                r"\CkptMiniLMSixBkOverBqMax{} of $\bq$, but in multilingual-e5-small it is "
-               r"\CkptEFiveBkOverBqMedian{} times $\bq$ at the median layer; there alone, as measured and not "
-               r"tested, subtracting $\bk$ before per-token int4 absmax key quantization multiplies the "
+               r"\CkptEFiveBkOverBqMedian{} times $\bq$ at the median layer (in the four-bit export we could read); there alone "
+               r"subtracting $\bk$ before per-token int4 absmax key quantization multiplies the "
                r"attention-output error by \CkptQuantFourEFiveRatioMedian{}, near a positive "
                r"control's \CkptQuantFourControlRatioMedian{}."),
     section="sec:pretrained", figure="checkpoint_bias_and_quantization", notebook="10_checkpoints", basis="measurement",

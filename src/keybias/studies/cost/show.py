@@ -96,9 +96,12 @@ def time_saving_figure(model: pd.DataFrame, ratios: pd.DataFrame, *, device: str
                 r = rows.loc[key]
                 yj = len(keys) - 1 - j + (1 - k) * 0.22
                 ax2.plot([100 * r.saving_ci_low, 100 * r.saving_ci_high], [yj, yj], color=style.OKABE_ITO[k + 1], lw=2.5,
-                         label=phase if j == 0 else None)
+                         label={"step": "optimizer step"}.get(phase, phase) if j == 0 else None)
                 ax2.plot(100 * r.measured_saving, yj, "o", color=style.OKABE_ITO[k + 1], ms=3)
         ax2.axvline(0, color="k", lw=0.8)
+        # the phases sit 0.22 above and below each row: without room the outer ones touch the frame
+        ax2.set_ylim(-0.6, len(keys) - 0.4)
+        ax2.margins(x=0.08)
         ax2.set_yticks(np.arange(len(keys))[::-1], [f"{b} {a}, {s} tokens" for b, a, s, _ in keys])
         ax2.set_xlabel("saving (% of the phase)")
         ax2.set_title("training step, by phase", loc="left")
