@@ -23,11 +23,27 @@ def pytest_configure(config):
     )
 
 
+# What this session's own collection saw of the `claim_mutation` markers, and which test modules it
+# collected: a full `make test` collects every module anyway, so the register of mutation tests is
+# read from it instead of from a second collection in another interpreter (about 10 s each time).
+_COLLECTED = {"modules": set(), "mutations": {}}
+
+
+def pytest_collectreport(report):
+    if report.nodeid.endswith(".py"):
+        _COLLECTED["modules"].add(report.nodeid)
+
+
+# tryfirst: the register must see every collected item, before -m, -k or --deselect drop some
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     integration = ROOT / "tests" / "integration"
     for item in items:
         if integration in Path(item.path).parents:
             item.add_marker(pytest.mark.integration)
+        for mark in item.iter_markers("claim_mutation"):
+            for cid in mark.args:
+                _COLLECTED["mutations"].setdefault(cid, set()).add(item.nodeid)
 
 
 @pytest.fixture
@@ -72,3 +88,32 @@ def smoke_results(tmp_path_factory):
     code = pipeline.main(["--profile", "smoke", "--device", "cpu", "--results", str(results), "notebooks"])
     assert code == 0, "the smoke run of the notebooks failed (see the log above)"
     return results
+
+
+def _session_collected_every_module(config) -> bool:
+    """Whether this session collected every test module under tests/ (then its markers are the
+    whole register); --last-failed skips modules while still reporting them collected."""
+    if config.getoption("lf", False) or any("::" in str(arg) for arg in config.args):
+        return False
+    root = config.rootpath
+    collected = {(root / nodeid).resolve() for nodeid in _COLLECTED["modules"]}
+    on_disk = {p.resolve() for pattern in ("test_*.py", "*_test.py") for p in (ROOT / "tests").rglob(pattern)}
+    return bool(on_disk) and on_disk <= collected
+
+
+@pytest.fixture(scope="session")
+def mutation_register(request) -> dict[str, list[str]]:
+    """{claim id: [node ids]} of every test under tests/ marked `claim_mutation`: what
+    `keybias.pipeline.claims.collect_mutations` returns. Read from this session's collection when that
+    covered every test module (a whole `make test`), else by one collection in a fresh interpreter
+    (collecting twice in one interpreter would import the test modules twice)."""
+    if _session_collected_every_module(request.config):
+        return {cid: sorted(nodes) for cid, nodes in sorted(_COLLECTED["mutations"].items())}
+    import subprocess
+
+    code = ("import json, sys; from pathlib import Path; from keybias.pipeline import claims as C; "
+            "print(json.dumps(C.collect_mutations(Path(sys.argv[1]))))")
+    done = subprocess.run([sys.executable, "-c", code, str(ROOT)], cwd=ROOT, capture_output=True, text=True,
+                          check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
