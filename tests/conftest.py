@@ -46,6 +46,39 @@ def pytest_collection_modifyitems(config, items):
                 _COLLECTED["mutations"].setdefault(cid, set()).add(item.nodeid)
 
 
+# Work that test modules hand to a process of its own while the session runs the other tests:
+# name -> (the process, the file it writes). See tests/studies/test_nan_policy.py.
+BACKGROUND: dict = {}
+NAN_POLICY = ROOT / "tests" / "studies" / "test_nan_policy.py"
+
+
+def pytest_collection_finish(session):
+    mine = [item for item in session.items if Path(item.path) == NAN_POLICY]
+    if not mine or len(mine) == len(session.items) or session.config.option.collectonly:
+        return  # alone it would only wait for its own process
+    import subprocess
+    import tempfile
+
+    out = Path(tempfile.mkdtemp(prefix="keybias-nan-policy-")) / "outcomes.json"
+    wanted = out.with_name("selected.json")  # only the cases this session runs
+    wanted.write_text(json.dumps(sorted({f"{item.originalname}[{item.callspec.id}]" for item in mine
+                                         if hasattr(item, "callspec")})))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    proc = subprocess.Popen([sys.executable, str(NAN_POLICY), str(out), str(wanted)], cwd=ROOT, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    BACKGROUND["nan_policy"] = (proc, out)
+
+
+def pytest_sessionfinish(session):
+    for proc, out in BACKGROUND.values():
+        if proc.poll() is None:  # an interrupted session: its outcomes are of no use
+            proc.kill()
+        proc.wait()
+        for path in (out, out.with_suffix(".partial"), out.with_name("selected.json")):
+            path.unlink(missing_ok=True)
+        out.parent.rmdir()
+
+
 @pytest.fixture
 def record_mutation(request):
     """`record_mutation(*claims)`: assert that each judged claim of a mutation fails, and log how
