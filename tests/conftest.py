@@ -52,28 +52,51 @@ BACKGROUND: dict = {}
 NAN_POLICY = ROOT / "tests" / "studies" / "test_nan_policy.py"
 
 
+def _child_env() -> dict:
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
+            "JUPYTER_PATH": str(Path(sys.prefix) / "share" / "jupyter")}
+
+
 def pytest_collection_finish(session):
-    mine = [item for item in session.items if Path(item.path) == NAN_POLICY]
-    if not mine or len(mine) == len(session.items) or session.config.option.collectonly:
-        return  # alone it would only wait for its own process
+    if session.config.option.collectonly:
+        return
     import subprocess
     import tempfile
+
+    if any("smoke_results" in getattr(item, "fixturenames", ()) for item in session.items):
+        # the smoke run of the notebooks (kernels of their own, a minute and more) starts now and runs
+        # beside the tests before the first that needs it
+        folder = Path(tempfile.mkdtemp(prefix="keybias-smoke-"))
+        log = (folder / "run.log").open("w")
+        proc = subprocess.Popen([sys.executable, "-m", "keybias.pipeline.steps", "--profile", "smoke", "--device",
+                                 "cpu", "--results", str(folder / "results"), "notebooks"],
+                                cwd=ROOT, env=_child_env(), stdout=log, stderr=subprocess.STDOUT)
+        log.close()
+        BACKGROUND["smoke"] = (proc, folder)
+    mine = [item for item in session.items if Path(item.path) == NAN_POLICY]
+    if not mine or len(mine) == len(session.items):
+        return  # alone it would only wait for its own process
 
     out = Path(tempfile.mkdtemp(prefix="keybias-nan-policy-")) / "outcomes.json"
     wanted = out.with_name("selected.json")  # only the cases this session runs
     wanted.write_text(json.dumps(sorted({f"{item.originalname}[{item.callspec.id}]" for item in mine
                                          if hasattr(item, "callspec")})))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-    proc = subprocess.Popen([sys.executable, str(NAN_POLICY), str(out), str(wanted)], cwd=ROOT, env=env,
+    proc = subprocess.Popen([sys.executable, str(NAN_POLICY), str(out), str(wanted)], cwd=ROOT, env=_child_env(),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     BACKGROUND["nan_policy"] = (proc, out)
 
 
 def pytest_sessionfinish(session):
-    for proc, out in BACKGROUND.values():
-        if proc.poll() is None:  # an interrupted session: its outcomes are of no use
+    import shutil
+
+    for name, (proc, out) in BACKGROUND.items():
+        if proc.poll() is None:  # an interrupted session: what it makes is of no use
             proc.kill()
-        proc.wait()
+        ok = proc.wait() == 0
+        if name == "smoke":
+            if ok:  # a failed run's folder stays, for its log
+                shutil.rmtree(out, ignore_errors=True)
+            continue
         for path in (out, out.with_suffix(".partial"), out.with_name("selected.json")):
             path.unlink(missing_ok=True)
         out.parent.rmdir()
@@ -113,11 +136,18 @@ def record_mutation(request):
 
 @pytest.fixture(scope="session")
 def smoke_results(tmp_path_factory):
-    """Every notebook run once with the smoke profile into a scratch results folder."""
+    """Every notebook run once with the smoke profile into a scratch results folder (started at the
+    end of collection, see pytest_collection_finish; here when the session did not start it)."""
     from keybias.pipeline import steps as pipeline
 
-    results = tmp_path_factory.mktemp("smoke") / "results"
     os.environ["JUPYTER_PATH"] = str(Path(sys.prefix) / "share" / "jupyter")
+    if "smoke" in BACKGROUND:
+        proc, folder = BACKGROUND["smoke"]
+        code = proc.wait()
+        log = (folder / "run.log").read_text()
+        assert code == 0, f"the smoke run of the notebooks failed (exit {code}; log {folder / 'run.log'}):\n{log[-4000:]}"
+        return folder / "results"
+    results = tmp_path_factory.mktemp("smoke") / "results"
     code = pipeline.main(["--profile", "smoke", "--device", "cpu", "--results", str(results), "notebooks"])
     assert code == 0, "the smoke run of the notebooks failed (see the log above)"
     return results
