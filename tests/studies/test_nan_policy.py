@@ -67,11 +67,16 @@ def _numeric(series: pd.Series) -> bool:
 # ----------------------------------------------------------------------------- small inputs
 def _small_invariance(df: pd.DataFrame, mags: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     """One configuration per kind of row (family, case, option, variant, dtype, status and verdicts),
-    with every power-control row: a valid sweep a fraction of the size."""
+    and of the power-control rows one per group of the power table (dtype and size) that saw a break
+    and one that saw none: a valid sweep a fraction of the size. (Every power-control row made each
+    of the many runs of the judge here cost seconds; the table keeps one row per group all the same.)"""
+    from keybias.studies.invariance.judge import SIZE_COLUMNS
+
     kinds = ["family", "case", "option", "variant", "dtype", "status", "verdict", "verdict_float64", "expected",
              "grad_verdict", "drop_verdict"]
-    power = df["min_detectable_eps"].notna() | df["power_tolerance_rel"].notna()
-    keep = df[power | ~df.duplicated(kinds)]
+    power = df["min_detectable_eps"].notna() | df["power_tolerance_rel"].notna() | df["power_probe_states"].notna()
+    group = df.assign(undetected=df["min_detectable_eps"].isna())[["dtype", *SIZE_COLUMNS, "undetected"]]
+    keep = df[(power & ~group.duplicated()) | ~df.duplicated(kinds)]
     return keep.reset_index(drop=True), mags[mags["config_id"].isin(keep["config_id"])].reset_index(drop=True)
 
 
@@ -180,6 +185,104 @@ def _id(case) -> str:
     return "-".join(case)
 
 
+def _missing(case) -> dict[str, pd.DataFrame] | str:
+    """The inputs of `case` with its column dropped, or why the case does not apply."""
+    name, arg, column = case
+    tables = dict(inputs(name))
+    if column not in tables[arg].columns:
+        return f"{column} is not in the small input"
+    tables[arg] = tables[arg].drop(columns=[column])
+    return tables
+
+
+def _nans(case) -> dict[int, dict[str, pd.DataFrame]] | str:
+    """{row: the inputs of `case` with its column NaN in that row} for the rows of the column's
+    largest and smallest finite value, or why the case does not apply."""
+    name, arg, column = case
+    frame = inputs(name)[arg]
+    if column not in frame.columns or not _numeric(frame[column]):
+        return f"{column} is not a numeric column of the small input"
+    values = pd.to_numeric(frame[column], errors="coerce").astype(float)
+    finite = values[np.isfinite(values)]
+    if finite.empty:
+        return f"{column} holds no finite entry to replace"
+    out = {}
+    for row in dict.fromkeys([finite.idxmax(), finite.idxmin()]):
+        tables = dict(inputs(name))
+        doctored = tables[arg].copy()
+        doctored[column] = doctored[column].astype(float if not pd.api.types.is_bool_dtype(doctored[column])
+                                                   else object)
+        doctored.loc[row, column] = np.nan
+        tables[arg] = doctored
+        out[int(row)] = tables
+    return out
+
+
+def _key(*parts) -> str:
+    return "|".join(map(str, parts))
+
+
+TESTS = {"missing": "test_a_missing_column_stops_the_judge", "nan": "test_a_nan_never_passes_silently"}
+
+
+def all_outcomes(selected: set[str] | None = None) -> dict[str, str]:
+    """The outcome of every case of both tests ("missing|<case>", "nan|<case>|<row>"), or of those
+    `selected` names ("<test>[<case id>]"); an error that is not the judge's refusal is kept as
+    "error: ..." for the test to fail with."""
+    import traceback
+
+    out = {}
+    for case in CASES:
+        for kind, make in (("missing", _missing), ("nan", _nans)):
+            if selected is not None and f"{TESTS[kind]}[{_id(case)}]" not in selected:
+                continue
+            made = make(case)
+            if isinstance(made, str):
+                continue
+            for row, tables in ([(None, made)] if kind == "missing" else made.items()):
+                key = _key(kind, *case) if row is None else _key(kind, *case, row)
+                try:
+                    out[key] = _outcome(case[0], tables)
+                except Exception:  # reported by the test that owns the case
+                    out[key] = "error: " + traceback.format_exc(limit=8)
+    return out
+
+
+# The judges' runs here cost minutes. In a session that runs other tests too, conftest starts this
+# file as a script at the end of collection, in a process of its own, to compute every outcome while
+# the other tests run (make test has two cores and runs one test at a time); a test then reads its
+# case's outcome from there. Each outcome is computed by the same code on the same inputs as inline.
+@cache
+def _background() -> dict[str, str]:
+    import conftest
+
+    job = conftest.BACKGROUND.get("nan_policy")
+    if job is None:
+        return {}
+    import subprocess
+
+    proc, path = job
+    try:
+        code = proc.wait(timeout=1800)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        code = None
+    if code != 0 or not path.exists():
+        return {}  # then every outcome is computed here, as without the background process
+    import json
+
+    return json.loads(path.read_text())
+
+
+def outcome_of(kind: str, case, row, tables) -> str:
+    key = _key(kind, *case) if row is None else _key(kind, *case, row)
+    found = _background().get(key)
+    if found is None:
+        return _outcome(case[0], tables)
+    assert not found.startswith("error: "), found
+    return found
+
+
 def test_every_entry_point_runs_on_its_small_input():
     for name in J.calls():
         assert baseline(name) is not None
@@ -188,11 +291,10 @@ def test_every_entry_point_runs_on_its_small_input():
 @pytest.mark.parametrize("case", CASES, ids=_id)
 def test_a_missing_column_stops_the_judge(case):
     name, arg, column = case
-    tables = dict(inputs(name))
-    if column not in tables[arg].columns:
-        pytest.skip(f"{column} is not in the small input")
-    tables[arg] = tables[arg].drop(columns=[column])
-    outcome = _outcome(name, tables)
+    tables = _missing(case)
+    if isinstance(tables, str):
+        pytest.skip(tables)
+    outcome = outcome_of("missing", case, None, tables)
     assert outcome in ("raised", "same"), (
         f"{name} without {arg}.{column} returned other results instead of raising: a guard that fails open")
 
@@ -200,21 +302,22 @@ def test_a_missing_column_stops_the_judge(case):
 @pytest.mark.parametrize("case", [c for c in CASES], ids=_id)
 def test_a_nan_never_passes_silently(case):
     name, arg, column = case
-    frame = inputs(name)[arg]
-    if column not in frame.columns or not _numeric(frame[column]):
-        pytest.skip(f"{column} is not a numeric column of the small input")
-    values = pd.to_numeric(frame[column], errors="coerce").astype(float)
-    finite = values[np.isfinite(values)]
-    if finite.empty:
-        pytest.skip(f"{column} holds no finite entry to replace")
-    for row in dict.fromkeys([finite.idxmax(), finite.idxmin()]):
-        tables = dict(inputs(name))
-        doctored = tables[arg].copy()
-        doctored[column] = doctored[column].astype(float if not pd.api.types.is_bool_dtype(doctored[column])
-                                                   else object)
-        doctored.loc[row, column] = np.nan
-        tables[arg] = doctored
-        outcome = _outcome(name, tables)
+    doctored = _nans(case)
+    if isinstance(doctored, str):
+        pytest.skip(doctored)
+    for row, tables in doctored.items():
+        outcome = outcome_of("nan", case, row, tables)
         assert outcome != "silent", (
             f"{name} with {arg}.{column} NaN in row {row} returned other results without raising or "
             "recording the exclusion")
+
+
+if __name__ == "__main__":
+    # python tests/studies/test_nan_policy.py OUT.json [SELECTED.json]: the outcomes (conftest starts this)
+    import json
+
+    target = Path(sys.argv[1])
+    selected = set(json.loads(Path(sys.argv[2]).read_text())) if len(sys.argv) > 2 else None
+    scratch = target.with_suffix(".partial")
+    scratch.write_text(json.dumps(all_outcomes(selected)))
+    scratch.replace(target)  # complete or absent: a killed run leaves no half-written file
