@@ -386,53 +386,6 @@ def _unit_copy(unit: nn.Module, calls: list, buffers: Float64Buffers | None = No
     return base
 
 
-class _ProjectionMemo:
-    """While active, the weight products of the copy's projections (nn.Linear, Conv1D) are
-    computed once per input and reused: the probes change bias slots only, so on the same input
-    W x is the same in every probe, and the input projections (the bulk of a unit's work) see
-    the same hidden states in all of them. Each call still adds the bias as it is now, so every
-    probe computes W x + b with its own b; a projection whose input, weight or weight version
-    differs from the remembered one computes afresh (its cache is replaced). Every run, the
-    unchanged one included, goes through the same W x + b, so the probes compare like with like."""
-
-    def __init__(self, unit: nn.Module):
-        self.patched: list[nn.Module] = []
-        for m in unit.modules():
-            kind = self._kind(m)
-            if kind and "forward" not in m.__dict__ and not parametrize.is_parametrized(m, "weight"):
-                m.forward = self._forward(m, kind)
-                self.patched.append(m)
-
-    @staticmethod
-    def _kind(m: nn.Module) -> str:
-        if type(m).forward is nn.Linear.forward:
-            return "linear"
-        cls = type(m)
-        if cls.__name__ == "Conv1D" and cls.__module__ == "transformers.pytorch_utils" and hasattr(m, "nf"):
-            return "conv1d"
-        return ""
-
-    @staticmethod
-    def _forward(m: nn.Module, kind: str):
-        memo: dict[str, Any] = {}
-
-        def forward(x: torch.Tensor) -> torch.Tensor:
-            w = m.weight
-            hit = (memo and memo["w"] is w and memo["version"] == w._version and x.dtype == memo["x"].dtype
-                   and x.shape == memo["x"].shape and torch.equal(x, memo["x"]))
-            if not hit:
-                wx = x @ w.T if kind == "linear" else (x.reshape(-1, x.shape[-1]) @ w).view(*x.shape[:-1], m.nf)
-                memo.update(w=w, version=w._version, x=x.detach().clone(), wx=wx.detach())
-            b = m.bias
-            return memo["wx"] if b is None else memo["wx"] + b
-        return forward
-
-    def close(self) -> None:
-        for m in self.patched:
-            del m.forward
-        self.patched = []
-
-
 def _fresh_copies(site: Site, base: nn.Module, change: Callable[[nn.Module], int], strip: bool):
     """(fresh, change): fresh() returns `base` with its bias slots as they were, for the next
     probe. The probes edit bias slots only, so those are saved once and written back, instead of
@@ -524,7 +477,6 @@ def _probe_site(site: Site, model: nn.Module, calls: list, change: Callable[[nn.
     calls = [_calls.to_float64(c) for c in calls]
     result = {"certified": False, "change": math.inf, "tolerance": 0.0, "reason": ""}
     entry = reuse.pop(site.name, None) if reuse is not None else None
-    memo = None
     try:
         if not strip and _reusable(entry, site, unit, calls):
             base, probes, merged, before = entry["base"], entry["probes"], entry["merged"], entry["after"]
@@ -537,7 +489,6 @@ def _probe_site(site: Site, model: nn.Module, calls: list, change: Callable[[nn.
         fresh, change = _fresh_copies(site, base, change, strip)
         slot = site.key if strip else site.value
         scale = 1.0 + float(slot_values(base, slot).abs().max())  # before any probe edits the slot
-        memo = _ProjectionMemo(base)
         if before is None:
             merged, before = _merged_probes(base, probes, captured, _model_dtype(unit))
         result["batched"] = merged is not None
@@ -559,9 +510,6 @@ def _probe_site(site: Site, model: nn.Module, calls: list, change: Callable[[nn.
     except Exception as exc:  # noqa: BLE001  (a module that cannot be probed is refused, with why)
         result["reason"] = f"could not be certified on its captured calls: {type(exc).__name__}: {exc}"
         return result
-    finally:
-        if memo is not None:
-            memo.close()
     if not (delta <= limit and moved <= limit):
         what = "b_k" if strip else "b_v (folded into b_o)"
         result["reason"] = (f"the model's real calls show the output depends on {what}: a change of "
