@@ -175,6 +175,15 @@ def _itemsize(info: dict) -> int:
     return torch.empty(0, dtype=dtype).element_size() if dtype is not None else 1
 
 
+def _non_finite(unit: nn.Module, stored_names: dict[str, str]) -> list[tuple[str, str]]:
+    """(stored name, "NaN" or "infinite values") of each floating tensor of the unit that is not finite."""
+    out = []
+    for k, t in unit.state_dict().items():
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            out.append((stored_names.get(k, k), "NaN" if bool(torch.isnan(t).any()) else "infinite values"))
+    return out
+
+
 def _certify_unit(model: nn.Module, unit_path: str, index: int, sites: list, loaded: dict[str, torch.Tensor],
                   stored_names: dict[str, str], operations: list[str], allow_dropout: bool, reports: dict,
                   replacements: dict[str, torch.Tensor], buffers: Float64Buffers) -> None:
@@ -189,6 +198,18 @@ def _certify_unit(model: nn.Module, unit_path: str, index: int, sites: list, loa
         raise CliError(f"{unit_path} has tensors that the checkpoint does not store ({_names(absent)}); the "
                        "sharded mode cannot rebuild them; nothing written")
     site = next(s for s in sites if s.unit_path == unit_path)
+    bad = _non_finite(unit, stored_names)
+    if bad:
+        # Left as it is (the other tensors of the checkpoint are copied unread, so the module's
+        # NaN is no reason to refuse the rest); said plainly, since its probes would only report
+        # an output that nothing moves, which reads as if the module had no effect.
+        reason = (f"not certified: its weights hold {bad[0][1]} (tensor {bad[0][0]}{_more([b for b, _ in bad[1:]], 0)}),"
+                  " so no change to it can be checked; its biases were left as they are")
+        for op in operations:
+            reports[op]["not_handled"] += [{"module": s.name, "type": s.module_type or s.family, "reason": reason}
+                                           for s in sites if s.unit_path == unit_path]
+        unit.to("meta")
+        return
     dtype = next((t.dtype for t in loaded.values() if t.is_floating_point()), torch.float32)
     inputs = _unit_inputs(unit, site, dtype, seed=index)
     before = {k: t.clone() for k, t in unit.state_dict().items() if t.ndim <= 1}

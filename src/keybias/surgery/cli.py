@@ -208,6 +208,8 @@ def check_input(in_dir: Path, out_dir: Path) -> tuple[str, dict[str, dict]]:
         raise CliError(f"output {out_dir} lies inside the input {in_dir}; choose a directory outside it")
     fmt = _format(in_dir)
     safetensors = sorted(in_dir.glob("*.safetensors"))
+    if fmt == "open_clip" and safetensors:
+        safetensors = [open_clip_weights(in_dir)[0]]
     if not safetensors:
         pickles = sorted(p.name for p in in_dir.iterdir() if p.suffix in PICKLE_SUFFIXES)
         if pickles:
@@ -215,6 +217,28 @@ def check_input(in_dir: Path, out_dir: Path) -> tuple[str, dict[str, dict]]:
                            "safetensors only, because unpickling runs arbitrary code. Convert them first.")
         raise CliError(f"{in_dir} has no *.safetensors weights")
     return fmt, {path.name: _check_safetensors(path) for path in safetensors}
+
+
+# open_clip 3.3.0's choice among a folder's checkpoints (open_clip.factory._find_checkpoint_in_dir):
+# these names in this order, else the first by name with safetensors files first. Laion's Hub
+# folders also hold transformers' model.safetensors, whose tensor names open_clip never reads.
+OPEN_CLIP_PREFERRED = ("open_clip_model.safetensors", "open_clip_pytorch_model.safetensors",
+                       "open_clip_pytorch_model.bin", "open_clip_pytorch_model.pth",
+                       "model.safetensors", "pytorch_model.bin", "pytorch_model.pth", "model.pth")
+
+
+def open_clip_weights(in_dir: Path) -> tuple[Path, list[str]]:
+    """The checkpoint file open_clip itself loads from the folder, and the names of the other
+    checkpoint files, which it (and so this tool) leaves unread. A pickle as open_clip's choice
+    is an error: this tool reads safetensors only."""
+    found = sorted(p for p in in_dir.iterdir() if p.is_file() and p.suffix in (".safetensors", ".bin", ".pth"))
+    found.sort(key=lambda p: p.suffix != ".safetensors")
+    preferred = sorted((p for p in found if p.name in OPEN_CLIP_PREFERRED), key=lambda p: OPEN_CLIP_PREFERRED.index(p.name))
+    chosen = (preferred or found)[0]
+    if chosen.suffix != ".safetensors":
+        raise CliError(f"open_clip would load {chosen.name} from {in_dir}, a pickle checkpoint; this tool loads "
+                       "safetensors only, because unpickling runs arbitrary code. Convert it first.")
+    return chosen, [p.name for p in found if p != chosen]
 
 
 def _read_json(path: Path) -> Any:
@@ -418,7 +442,8 @@ def _load_library_folder(fmt: str, in_dir: Path):
                            f"{clip(exc)}") from exc
         label = "open_clip CLIP"
     state: dict = {}
-    for path in sorted(in_dir.glob("*.safetensors")):
+    files = [open_clip_weights(in_dir)[0]] if fmt == "open_clip" else sorted(in_dir.glob("*.safetensors"))
+    for path in files:
         state.update(load_file(str(path)))
     expected = model.state_dict()
     info = {"missing_keys": set(expected) - set(state), "unexpected_keys": set(state) - set(expected),
@@ -531,6 +556,7 @@ def _convert(in_dir: Path, out_dir: Path, fmt: str, sharded: bool, tables: dict[
         transformers.utils.logging.disable_progress_bar()
         return convert_sharded(in_dir, out_dir, fold_value=fold_value, allow_dropout=allow_dropout, log=log)
 
+    ignored: list[str] = []
     if fmt == "hf":
         import transformers
 
@@ -541,6 +567,11 @@ def _convert(in_dir: Path, out_dir: Path, fmt: str, sharded: bool, tables: dict[
     else:
         model, label = load_library_folder(fmt, in_dir)
         cls = None
+        if fmt == "open_clip":
+            chosen, ignored = open_clip_weights(in_dir)
+            if ignored:
+                log(f"read {chosen.name}, the file open_clip loads from this folder; ignored {', '.join(ignored)} "
+                    "(not read, and not in the output)")
     if dtype is not None:
         model = model.to(getattr(torch, dtype))
     else:
@@ -608,7 +639,8 @@ def _convert(in_dir: Path, out_dir: Path, fmt: str, sharded: bool, tables: dict[
             save_file({k: v.detach().contiguous() for k, v in model.state_dict().items()}, str(tmp / name),
                       metadata={"format": "pt"})
         summary = {"input": str(in_dir), "operations": [r["operation"] for r in reports],
-                   "whole_model_check": check, "reports": reports}
+                   "whole_model_check": check, "reports": reports,
+                   **({"ignored_files": ignored} if ignored else {})}
         (tmp / "keybias_surgery.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
         verify_written(tmp, model.state_dict())
         _commit(tmp, out_dir, log)

@@ -313,3 +313,23 @@ def test_long_messages_of_other_libraries_are_cut_visibly_and_can_be_shown_whole
     assert cli.clip("short reason") == "short reason"
     monkeypatch.setenv(cli.FULL_MESSAGES, "1")
     assert cli.clip(text) == " ".join(text.split())
+
+
+def test_sharded_nan_module_is_left_and_the_reason_names_the_nan_tensor(tmp_path, capsys):
+    model = _opt()
+    bad = "model.decoder.layers.1.self_attn.k_proj.weight"
+    with torch.no_grad():
+        model.get_parameter(bad)[0, 0] = float("nan")
+    src = _save(model, tmp_path / "in")
+    assert cli.main([str(src), str(tmp_path / "out")]) == 0
+    text = capsys.readouterr().out
+    line = next(x for x in text.splitlines() if "not handled" in x and "layers.1.self_attn" in x)
+    assert f"its weights hold NaN (tensor {bad})" in line, line
+    assert "exercised nothing" not in text
+    summary = json.loads((tmp_path / "out" / "keybias_surgery.json").read_text())
+    strip = summary["reports"][0]
+    assert "model.decoder.layers.0.self_attn" in strip["modules_changed"]
+    assert not any("layers.1." in m for m in strip["modules_changed"])
+    written, stored = _tensors(tmp_path / "out"), _tensors(src)
+    key = "model.decoder.layers.1.self_attn.k_proj.bias"
+    assert torch.equal(written[key], stored[key])  # its key bias left as it is

@@ -204,3 +204,45 @@ def test_cli_takes_open_clip_format(tmp_path):
     written = load_file(str(out / "open_clip_model.safetensors"))
     bias = written["transformer.resblocks.0.attn.in_proj_bias"]
     assert torch.count_nonzero(bias[64:]) == 0 and torch.count_nonzero(bias[:64]) > 0
+
+
+def test_open_clip_folder_with_transformers_weights_reads_only_open_clip_file(tmp_path, capsys):
+    """Laion's Hub folders hold open_clip's file and transformers' model.safetensors side by side."""
+    import json
+
+    pytest.importorskip("open_clip")
+    from open_clip import model as oc_model
+    from safetensors.torch import load_file, save_file
+
+    from keybias.surgery import cli
+
+    cfg = {"embed_dim": 32, "vision_cfg": {"image_size": 32, "patch_size": 8, "width": 64, "layers": 1,
+                                           "head_width": 32},
+           "text_cfg": {"context_length": 8, "vocab_size": 100, "width": 64, "heads": 2, "layers": 1}}
+    torch.manual_seed(0)
+    model = oc_model.CLIP(**cfg)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("in_proj_bias"):
+                p.normal_()
+    src, out = tmp_path / "in", tmp_path / "out"
+    src.mkdir()
+    (src / "open_clip_config.json").write_text(json.dumps({"model_cfg": cfg}))
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(src / "open_clip_model.safetensors"))
+    # transformers' names for the same model: tensors open_clip would call unexpected
+    save_file({"text_model.embeddings.token_embedding.weight": torch.zeros(100, 64)}, str(src / "model.safetensors"))
+    assert cli.main([str(src), str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "read open_clip_model.safetensors" in text and "ignored model.safetensors" in text
+    assert sorted(p.name for p in out.glob("*.safetensors")) == ["open_clip_model.safetensors"]
+    assert json.loads((out / "keybias_surgery.json").read_text())["ignored_files"] == ["model.safetensors"]
+    bias = load_file(str(out / "open_clip_model.safetensors"))["transformer.resblocks.0.attn.in_proj_bias"]
+    assert torch.count_nonzero(bias[64:128]) == 0 and torch.count_nonzero(bias[:64]) > 0
+
+    # open_clip's own choice where its file is a pickle: refused, in one line, nothing written
+    (src / "open_clip_model.safetensors").rename(src / "kept.safetensors.bak")
+    torch.save({}, src / "open_clip_pytorch_model.bin")
+    assert cli.main([str(src), str(tmp_path / "out2")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "open_clip_pytorch_model.bin" in err and "pickle" in err
+    assert not (tmp_path / "out2").exists()
