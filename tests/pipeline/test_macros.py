@@ -16,8 +16,10 @@ LATEX_CAPITALISED = {
     "Delta", "Gamma", "Lambda", "Omega", "Phi", "Pi", "Psi", "Sigma", "Theta", "Upsilon", "Xi",
     "Pr", "Re", "Im", "Rightarrow", "Leftarrow", "Leftrightarrow", "Longrightarrow", "Vert",
     "DeclareRobustCommand", "DeclareMathOperator", "DeclareGraphicsExtensions",
+    "AtBeginEnvironment", "ExplSyntaxOn", "ExplSyntaxOff", "NewDocumentCommand",
 }
-PAPER_DEFINES = re.compile(r"\\(?:newcommand|renewcommand|providecommand|DeclareRobustCommand|DeclareMathOperator)"
+PAPER_DEFINES = re.compile(r"\\(?:newcommand|renewcommand|providecommand|DeclareRobustCommand|DeclareMathOperator"
+                           r"|NewDocumentCommand|edef|def)"
                            r"\*?\{?\\([A-Za-z]+)")
 
 

@@ -136,6 +136,8 @@ PLANTS = {
     "finding invariance-map: measured configurations + 1": ("headline", _headline("InvMeasured", lambda v: int(v) + 1)),
     "finding invariance-map: one more float32 contradiction": ("headline", _headline(
         "InvContradictionsFloatThirtyTwo", lambda v: int(v) + 1)),
+    "half-precision joint verdicts: ten fewer redundant": ("half_verdicts", _headline(
+        "InvJointRedundantHalf", lambda v: int(v) - 10)),
     "finding training-unchanged: test accuracy - 0.03": ("headline", _headline(
         "TrainAccKeptAdam", lambda v: round(v - 0.03, 3))),
     "finding pretrained-strip-exact: one family more handled": ("headline", _headline(
