@@ -610,3 +610,37 @@ def test_what_we_found_counts_its_claims_in_sentences():
     mixed = findings_html([test, {"id": "p", "kind": "proof", "holds": True}, {"id": "q", "kind": "proof", "holds": True}])
     assert "1 test and 2 proof checks" in mixed and "every one holds" in mixed
     assert "macros" not in findings_html([])
+
+
+# PyTorch's own keyword arguments, which a reader looks up by that name; b_k-style symbols are math
+PYTORCH_KEYWORDS = {"need_weights", "batch_first", "attn_mask", "is_causal", "key_padding_mask", "add_bias_kv",
+                    "add_zero_attn", "average_attn_weights"}
+
+
+def test_header_parameter_table_labels_each_parameter_in_words_and_keeps_its_code_name_small():
+    from keybias.pipeline.render_page import header_html
+    from keybias.studies.params import NOTEBOOK_SPECS, spec_for
+
+    for notebook in NOTEBOOK_SPECS:
+        parameters = {name: "1" for name in spec_for(notebook)}
+        page = header_html(name=notebook, title="T", section="", profile="paper", device="cpu", commit="",
+                           dirty=False, modules=[], repo="", parameters=parameters, previous=None,
+                           following=None)
+        table = BeautifulSoup(page, "html.parser").find("table", class_="kb-params")
+        if table is None:
+            continue
+        for row in table.find_all("tr"):
+            head = row.find("th")
+            name = head.find("code", class_="kb-param-name")
+            assert name is not None, f"{notebook}: a parameter row has no code name"
+            name.extract()
+            label = head.get_text(" ", strip=True)
+            code_names = [word for word in re.findall(r"\b[A-Za-z]\w*_\w+\b", label)
+                          if not re.fullmatch(r"[A-Za-z]_[A-Za-z]", word) and word not in PYTORCH_KEYWORDS]
+            assert label and not code_names, (
+                f"{notebook}: the parameter label {label!r} is a code name, not words")
+    page = header_html(name="07_conditions", title="T", section="", profile="paper", device="cpu", commit="",
+                       dirty=False, modules=[], repo="", parameters={"seeds": "[0, 1]", "dtype": "'float64'"},
+                       previous=None, following=None)
+    cells = [td.get_text() for td in BeautifulSoup(page, "html.parser").find_all("td")]
+    assert cells == ["0, 1", "float64"]

@@ -351,6 +351,33 @@ def notebook_title(nb: dict, name: str) -> str:
 DEVICE_WORDS = {"cpu": "a CPU", "cuda": "a GPU", "mps": "an Apple GPU"}
 
 
+def parameter_label(notebook: str, name: str) -> str:
+    """What a parameter is, in words: the help text its study declares for it, else its name
+    with spaces (a reader of the page does not pass it to papermill, so `adam_eps` tells little)."""
+    from keybias.studies.params import ParameterError, spec_for
+
+    try:
+        text = spec_for(notebook).get(name).help
+    except (ParameterError, ImportError, AttributeError):
+        text = ""
+    # the label is the help text's lead; its bracketed or after-semicolon detail is for the CLI
+    text = re.split(r" \(|;", (text or name.replace("_", " ")).strip())[0]
+    return text[:1].upper() + text[1:]
+
+
+def parameter_value(source: str) -> str:
+    """A parameter's value as a person writes it: lists as "0, 1", strings without quotes."""
+    try:
+        value = ast.literal_eval(source)
+    except (ValueError, SyntaxError):
+        return source
+    if isinstance(value, (list, tuple)):
+        return ", ".join(parameter_value(repr(v)) for v in value)
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
 def header_html(*, name, title, section, profile, device, commit, dirty, modules, repo, parameters,
                  previous, following, titles: dict[str, str] | None = None) -> str:
     e = html.escape
@@ -369,7 +396,9 @@ def header_html(*, name, title, section, profile, device, commit, dirty, modules
     shown = {k: v for k, v in parameters.items() if k not in HIDDEN_PARAMETERS}
     params_html = ""
     if shown:
-        rows = "".join(f"<tr><th><code>{e(k)}</code></th><td><code>{e(v)}</code></td></tr>" for k, v in shown.items())
+        # the code name stays, small, for whoever reruns the notebook with papermill -p
+        rows = "".join(f'<tr><th scope="row">{e(parameter_label(name, k))} <code class="kb-param-name">{e(k)}</code></th>'
+                       f"<td>{e(parameter_value(v))}</td></tr>" for k, v in shown.items())
         what = "The parameter" if len(shown) == 1 else f"The {len(shown)} parameters"
         params_html = (f"<details><summary>{what} it ran with</summary>"
                        f'<table class="kb-params">{rows}</table></details>')

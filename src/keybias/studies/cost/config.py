@@ -46,7 +46,7 @@ PARAMETERS = {
                                help="stop once the control's interval half-width is this small (0: never early)"),
     "warmup": Param(int, minimum=1, help="warm-up steps per implementation"),
     "min_rep_seconds": Param(float, minimum=0.0, help="each repetition loops a step until this long"),
-    "threads": Param(int, positive=True, help="torch.set_num_threads value (pinned, recorded)"),
+    "threads": Param(int, positive=True, help="CPU threads (set with torch.set_num_threads, pinned and recorded)"),
     "clock": Param(str, choices=tuple(CLOCKS), help="process CPU time (robust to a shared machine) or wall time"),
     "optimizer": Param(str, choices=("adam", "sgd_momentum"), help="optimizer of the training step"),
     "n_boot": Param(int, minimum=200, help="bootstrap resamples per interval"),

@@ -73,22 +73,22 @@ REALISTIC_OPTIONS = ("plain", "kdim_vdim", "add_bias_kv", "add_zero_attn", "add_
 DROPOUT_P = 0.1
 PARAMETERS = {
     "families": Param(str, many=True, choices=FAMILIES, help="which parts of the map to run"),
-    "embed_dims": Param(int, many=True, positive=True, help="embed_dim values of the MHA grid"),
+    "embed_dims": Param(int, many=True, positive=True, help="model widths E of the MHA grid"),
     "num_heads": Param(
         int, many=True, positive=True,
-        help="num_heads values of the MHA grid (those dividing embed_dim; num_heads=embed_dim is always added)",
+        help="head counts of the MHA grid (those dividing E; one head per channel is always added)",
     ),
     "seq_len": Param(int, positive=True, help="query = key length of the option grid"),
     "batch_size": Param(int, positive=True, help="batch of the option grid"),
     "options": Param(str, many=True, choices=OPTIONS, help="constructor options of nn.MultiheadAttention"),
-    "modes": Param(str, many=True, choices=MODES, help="train / eval / no_grad with the fast path on or off"),
-    "masks": Param(str, many=True, choices=MASKS, help="attn_mask / is_causal / key_padding_mask kinds"),
-    "need_weights": Param(bool, many=True, help="need_weights values"),
-    "batch_first": Param(bool, many=True, help="batch_first values (cycled over the grid)"),
+    "modes": Param(str, many=True, choices=MODES, help="train, eval or no-grad mode, with the fast path on or off"),
+    "masks": Param(str, many=True, choices=MASKS, help="kinds of mask (attn_mask, is_causal, key_padding_mask)"),
+    "need_weights": Param(bool, many=True, help="values of need_weights"),
+    "batch_first": Param(bool, many=True, help="values of batch_first (cycled over the grid)"),
     "dtypes": Param(str, many=True, choices=DTYPES, help="dtypes"),
     "sizes": Param(
         str, many=True,
-        help="size sweep entries 'embed_dim:num_heads:tgt_len:src_len:batch' (plain MHA)",
+        help="size sweep of plain MHA (entries 'embed_dim:num_heads:tgt_len:src_len:batch')",
     ),
     "size_dtypes": Param(str, many=True, choices=DTYPES, help="dtypes of the size sweep"),
     "variants": Param(str, many=True, choices=V.VARIANTS, help="reference variants (keybias.studies.fixtures.variants)"),
@@ -98,8 +98,8 @@ PARAMETERS = {
     ),
     "realistic": Param(
         str, many=True,
-        help="realistic-size subset entries 'embed_dim:num_heads:tgt_len:src_len:batch:option', "
-             f"option one of {list(REALISTIC_OPTIONS)}",
+        help="realistic-size subset (entries 'embed_dim:num_heads:tgt_len:src_len:batch:option', "
+             f"option one of {list(REALISTIC_OPTIONS)})",
     ),
     "realistic_dtypes": Param(str, many=True, choices=DTYPES, help="dtypes of the realistic-size subset"),
     "calibration_cases": Param(int, positive=True,

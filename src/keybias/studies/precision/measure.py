@@ -66,14 +66,14 @@ PARAMETERS: dict[str, Param] = {
     "dtypes": Param(str, many=True, choices=DTYPES, help="working precisions"),
     "paths": Param(str, many=True, choices=PATHS, help="attention code paths"),
     "head_dim": Param(int, minimum=2, maximum=512, help="d, dimension per head"),
-    "num_heads": Param(int, positive=True, maximum=16),
+    "num_heads": Param(int, positive=True, maximum=16, help="query heads"),
     "seq_len": Param(int, minimum=2, maximum=1024, help="n, keys (= queries) per sequence"),
     "batch": Param(int, positive=True, maximum=256, help="sequences per measurement"),
     "ratio_log10_min": Param(float, minimum=-8, maximum=4, help="smallest log10 |b_k|/|k|"),
     "ratio_log10_max": Param(float, minimum=-8, maximum=4, help="largest log10 |b_k|/|k|"),
     "ratio_points": Param(int, minimum=3, maximum=200, help="magnitudes on the log grid"),
     "grad_batches": Param(int, minimum=3, maximum=512, help="independent batches for gradients"),
-    "seed": Param(int, minimum=0),
+    "seed": Param(int, minimum=0, help="seed of the weights and inputs"),
     "calibration_seed": Param(int, minimum=0, help="seed of the held-out run that calibrates the crossing prediction"),
 }
 
