@@ -40,7 +40,58 @@ ABBREVIATIONS = {"se": "standard error", "pred": "predicted", "resid": "residual
 # (the attention code paths of the precision sweeps are named in words, as the paper names them)
 PATH_WORDS = {"explicit": "explicit attention", "sdpa_math": "SDPA math path", "sdpa_flash": "flash kernel",
               "sdpa_efficient": "memory-efficient kernel"}
-VALUE_WORDS = {"not_redundant": "not redundant", **PATH_WORDS}
+# an invariance case (invariance.judge.category) in words, for the figure's rows, the verdict table
+# and the claims that name it
+CASE_WORDS = {
+    "MHA plain": "MHA, plain",
+    "MHA shapes": "MHA, shapes",
+    "MHA sizes": "MHA, sizes",
+    "MHA dropout": "MHA, attention dropout",
+    "MHA kdim_vdim": "MHA, own key and value widths",
+    "MHA bias_false": "MHA without biases",
+    "MHA fully masked row": "MHA, fully masked row",
+    "MHA add_bias_kv": "MHA, appended key slot",
+    "MHA add_zero_attn": "MHA, zero slot",
+    "MHA add_bias_kv_zero_attn": "MHA, appended and zero slots",
+    "MHA single key plain": "MHA, one key",
+    "MHA single key add_zero_attn": "MHA, one key and a zero slot",
+    "realistic plain": "large MHA, plain",
+    "realistic kdim_vdim": "large MHA, own widths",
+    "realistic add_bias_kv": "large MHA, appended slot",
+    "realistic add_zero_attn": "large MHA, zero slot",
+    "realistic add_bias_kv_zero_attn": "large MHA, both slots",
+    "SDPA MATH": "SDPA, math backend",
+    "SDPA FLASH_ATTENTION": "SDPA, flash backend",
+    "SDPA EFFICIENT_ATTENTION": "SDPA, memory-efficient backend",
+    "SDPA CUDNN_ATTENTION": "SDPA, cuDNN backend",
+    "encoder_layer": "Transformer encoder layer",
+    "decoder_layer_self": "Transformer decoder, self-attention",
+    "decoder_layer_cross": "Transformer decoder, cross-attention",
+    "transformer": "nn.Transformer",
+    "variant softmax": "written out, softmax",
+    "variant alibi": "ALiBi",
+    "variant rope": "rotary embeddings",
+    "variant qk_norm": "QK-norm",
+    "variant cosine": "cosine attention",
+    "variant sigmoid": "sigmoid attention",
+    "variant sink_logit": "learned sink logit",
+    "variant sink_key": "learned sink key",
+    "HF bert": "BERT (Hugging Face)",
+    "HF roberta": "RoBERTa (Hugging Face)",
+    "HF gpt2": "GPT-2 (Hugging Face)",
+    "HF vit": "ViT (Hugging Face)",
+    "HF whisper": "Whisper (Hugging Face)",
+    "HF qwen2": "Qwen2 (Hugging Face)",
+    "device cuda": "CUDA: not measured on the CPU (see the GPU appendix)",
+    "device mps": "MPS: not measured (no MPS device available)",
+}
+VALUE_WORDS = {"not_redundant": "not redundant", **PATH_WORDS, **CASE_WORDS}
+
+
+def case_words(case: str) -> str:
+    """An invariance case ("variant qk_norm", "encoder_layer") as a sentence begins it."""
+    text = CASE_WORDS.get(case, case.replace("_", " "))
+    return text[:1].upper() + text[1:]
 _SUPERSCRIPT = str.maketrans("0123456789-", "\u2070\u00b9\u00b2\u00b3\u2074\u2075\u2076\u2077\u2078\u2079\u207b")
 # TeX in a cell ("$b_q$ tied to $b_k$") is left whole for MathJax: a break inside it would stop typesetting
 _INLINE_MATH = re.compile(r"\$[^$]+\$")

@@ -41,7 +41,7 @@ CASES = [
          "Plain Adam leaves b_k in place to float64 rounding after one step (its gradient is zero).",
          label="Adam"),
     Case("optimizer", "adam-coupled-wd", "adam_step", NOT_REDUNDANT,
-         "Adam with coupled weight_decay moves b_k by about one learning rate per step, because the decay term enters the gradient.",
+         "Adam with coupled weight decay moves b_k by about one learning rate per step, because the decay term enters the gradient.",
          BY_CONSTRUCTION,
          label="Adam with coupled weight decay"),
     Case("tied", "bq-equals-bk", "output", NOT_REDUNDANT,

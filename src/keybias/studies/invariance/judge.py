@@ -40,6 +40,7 @@ from keybias.core import reduce as R
 from keybias.core.claimspec import ClaimSpec, build_claim, register_claim, spec_of
 from keybias.core.recorder import Claim
 from keybias.studies.params import DTYPES
+from keybias.studies.tables import case_words
 
 HIGH_PRECISION = ("float32", "float64")
 # Why the half-precision independence counts are consistency checks, not tests (the origin of their bound).
@@ -514,7 +515,7 @@ def invariance_claims(df: pd.DataFrame, mags: pd.DataFrame, *, min_configs: int,
         n_not = int((rows.expected == VD.NOT_REDUNDANT).sum())
         ids = [f"invariance-independent-{d}" for d in HIGH_PRECISION if d in set(rows.dtype)]
         _mismatch_claim(f"invariance-{slug(cat)}",
-                        f"{cat}: in float64 and float32 the verdicts match the proof's prediction in all {len(rows)} "
+                        f"{case_words(cat)}: in float64 and float32 the verdicts match the proof's prediction in all {len(rows)} "
                         f"valid configurations ({n_red} expected redundant, {n_not} expected not redundant).",
                         rows, rows.verdict == rows.expected, kind="implied", bound_origin=theory,
                         skipped=skipped, claims=claims, implied_by=ids)

@@ -11,58 +11,15 @@ from keybias.core.recorder import latex_escape
 from keybias.studies import style
 from keybias.studies.invariance import judge as J
 from keybias.studies.params import DTYPES
+from keybias.studies.tables import CASE_WORDS
 
-# a configuration category (judge.category) in words, for the figure's rows and the verdict table
-CATEGORY_LABELS = {
-    "MHA plain": "MHA, plain",
-    "MHA shapes": "MHA, shapes",
-    "MHA sizes": "MHA, sizes",
-    "MHA dropout": "MHA, attention dropout",
-    "MHA kdim_vdim": "MHA, own key and value widths",
-    "MHA bias_false": "MHA without biases",
-    "MHA fully masked row": "MHA, fully masked row",
-    "MHA add_bias_kv": "MHA, appended key slot",
-    "MHA add_zero_attn": "MHA, zero slot",
-    "MHA add_bias_kv_zero_attn": "MHA, appended and zero slots",
-    "MHA single key plain": "MHA, one key",
-    "MHA single key add_zero_attn": "MHA, one key and a zero slot",
-    "realistic plain": "large MHA, plain",
-    "realistic kdim_vdim": "large MHA, own widths",
-    "realistic add_bias_kv": "large MHA, appended slot",
-    "realistic add_zero_attn": "large MHA, zero slot",
-    "realistic add_bias_kv_zero_attn": "large MHA, both slots",
-    "SDPA MATH": "SDPA, math backend",
-    "SDPA FLASH_ATTENTION": "SDPA, flash backend",
-    "SDPA EFFICIENT_ATTENTION": "SDPA, memory-efficient backend",
-    "SDPA CUDNN_ATTENTION": "SDPA, cuDNN backend",
-    "encoder_layer": "Transformer encoder layer",
-    "decoder_layer_self": "Transformer decoder, self-attention",
-    "decoder_layer_cross": "Transformer decoder, cross-attention",
-    "transformer": "nn.Transformer",
-    "variant softmax": "written out, softmax",
-    "variant alibi": "ALiBi",
-    "variant rope": "rotary embeddings",
-    "variant qk_norm": "QK-norm",
-    "variant cosine": "cosine attention",
-    "variant sigmoid": "sigmoid attention",
-    "variant sink_logit": "learned sink logit",
-    "variant sink_key": "learned sink key",
-    "HF bert": "BERT (Hugging Face)",
-    "HF roberta": "RoBERTa (Hugging Face)",
-    "HF gpt2": "GPT-2 (Hugging Face)",
-    "HF vit": "ViT (Hugging Face)",
-    "HF whisper": "Whisper (Hugging Face)",
-    "HF qwen2": "Qwen2 (Hugging Face)",
-    "device cuda": "CUDA: not measured on the CPU (see the GPU appendix)",
-    "device mps": "MPS: not measured (no MPS device available)",
-}
 # the verdict table's joint column, abbreviated as its count headers are so that it fits the page
 _VERDICT_ABBREVIATIONS = {"redundant": "red.", "not_redundant": "not red.", "invalid": "inval."}
 
 
 def category_label(category: str) -> str:
     """A configuration category in words (underscores never reach the reader)."""
-    return CATEGORY_LABELS.get(category, category.replace("_", " "))
+    return CASE_WORDS.get(category, category.replace("_", " "))
 
 
 _LOG_FLOOR = -20.0  # a zero change (0/0 included) sits at the left edge of the axis
@@ -78,7 +35,7 @@ def plot_map(df: pd.DataFrame, mags: pd.DataFrame):
     style.apply()
     m = J.measured(df)[["config_id", "category", "dtype"]]
     j = mags.merge(m, on="config_id")
-    order = list(CATEGORY_LABELS)
+    order = list(CASE_WORDS)
     cats = sorted(j["category"].unique(), key=lambda c: (order.index(c) if c in order else len(order), c))
     levels = sorted(j.magnitude.unique())
     dts = [d for d in DTYPES if d in set(j.dtype)]
@@ -139,7 +96,7 @@ def verdict_latex(table: pd.DataFrame) -> str:
         # the device rows hold no CPU verdict; the caption says once where the GPU's verdicts are
         table = table[~table["category"].astype(str).str.startswith("device ")]
     if "category" in table:  # the figure's order: MHA, layers, SDPA, variants, Hugging Face models
-        order = list(CATEGORY_LABELS)
+        order = list(CASE_WORDS)
         rank = table["category"].map(lambda c: order.index(c) if c in order else len(order))
         table = table.assign(_rank=rank).sort_values(["_rank", "category"], kind="stable").drop(columns="_rank")
         table["category"] = table["category"].map(category_label)

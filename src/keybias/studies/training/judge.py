@@ -436,7 +436,7 @@ def verdict_table_latex(table: pd.DataFrame) -> str:
 def verdict_results(verdicts: pd.DataFrame) -> tuple[list[Claim], dict[str, object]]:
     """Claims and macros of the end-of-training verdicts (`run_bias_study`'s second output).
 
-    - train-drifted-bk-never-changes-function: number of not_redundant verdicts <= 0;
+    - train-drifted-bk-never-changes-function: number of not-redundant verdicts <= 0;
     - train-drift-verdict-has-power (only if the profile has Adam-family runs; a consistency check:
       the drifted b_k is large enough that the positive control shows): min over those runs of the
       number of redundant (powered) layers >= 1."""
@@ -461,7 +461,7 @@ def verdict_results(verdicts: pd.DataFrame) -> tuple[list[Claim], dict[str, obje
     claims: list[Claim] = [build_claim(
         id="train-drifted-bk-never-changes-function",
         statement=("No trained key bias, under any optimizer, eps or dtype, changes an attention output beyond "
-                   "rounding (number of not_redundant verdicts)."),
+                   "rounding (number of not-redundant verdicts)."),
         value=n_not, bound=0, comparison="<=", kind="test",
         bound_origin="verdict.output_tolerance from the measured score and value maxima",
         min_detectable=detectable)]
