@@ -87,6 +87,22 @@ CASE_WORDS = {
 }
 VALUE_WORDS = {"not_redundant": "not redundant", **PATH_WORDS, **CASE_WORDS}
 
+# the invariance sweep's identifiers in words, per column: one identifier means different things in
+# different columns ("sdpa" is a family and a code path), so these are not in VALUE_WORDS.
+# The CSV files keep the identifiers
+COLUMN_WORDS = {
+    "status": {"measured": "measured", "rejected": "rejected by PyTorch", "absent_device": "device absent",
+               "no_key_bias": "no key bias"},
+    "family": {"mha": "MHA", "sizes": "MHA sizes", "realistic": "large MHA", "layers": "Transformer layers",
+               "sdpa": "SDPA", "variants": "reference variants", "hf": "Hugging Face"},
+    "code_path": {"mha_fast_path": "MHA fast path", "slow_path_sdpa": "MHA through SDPA",
+                  "slow_path_sdpa(layer)": "layer's MHA through SDPA",
+                  "slow_path_explicit_softmax": "MHA, softmax written out", "explicit_softmax": "softmax written out",
+                  "sdpa": "SDPA called directly"},
+    "sdpa_backend_used": {"MATH": "math", "FLASH_ATTENTION": "flash", "EFFICIENT_ATTENTION": "memory-efficient",
+                          "CUDNN_ATTENTION": "cuDNN", "native": "the fast path's own kernel", "none": "no SDPA"},
+}
+
 
 def case_words(case: str) -> str:
     """An invariance case ("variant qk_norm", "encoder_layer") as a sentence begins it."""
