@@ -38,7 +38,8 @@ from pathlib import Path
 
 from keybias.core.provenance import GENERATED, collect, cpu_flags, cpu_model, git
 from keybias.core.recorder import atomic_write_text
-from keybias.pipeline.arxiv import check_compiles, make_arxiv
+from keybias.pipeline.arxiv import ArxivError, check_compiles, make_arxiv
+from keybias.pipeline.bundle import BundleError, make_bundle, sha256_file
 from keybias.pipeline.console import _show, log, sha256_bytes, status_line
 from keybias.pipeline.kernel import (
     KERNEL,
@@ -473,8 +474,6 @@ def main(argv: list[str] | None = None) -> int:
         if args.only and args.command not in ("notebooks", "check"):
             raise BuildError("--only goes with `notebooks`; `all` and `paper` need every notebook")
         if args.command == "bundle":
-            from keybias.pipeline.bundle import make_bundle, sha256_file
-
             out = make_bundle(ROOT)
             log(f"wrote {_show(out)} ({out.stat().st_size / 1e6:.1f} MB, sha256 {sha256_file(out)})")
             return 0
@@ -524,9 +523,6 @@ def main(argv: list[str] | None = None) -> int:
         log(f"error: {exc}")
         return 2
     except Exception as exc:
-        from keybias.pipeline.arxiv import ArxivError
-        from keybias.pipeline.bundle import BundleError
-
         if not isinstance(exc, ArxivError | BundleError):
             raise
         log(f"error: {exc}")

@@ -21,8 +21,11 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
+
+from keybias.core.recorder import atomic_write_text
 
 # Emulated machines: what each library would pick on a CPU of that class. This machine has
 # AVX-512 and AMX; the AVX2 "machine" caps ATen, MKL and oneDNN at AVX2, as a laptop or an
@@ -171,10 +174,6 @@ def main(argv: list[str] | None = None) -> int:
             print(f"    errors: {s['errors']}")
     print(f"1 thread vs {args.threads}: differ in {result['differ_between_1_and_declared_threads']}")
     if args.out:
-        from pathlib import Path
-
-        from keybias.core.recorder import atomic_write_text
-
         atomic_write_text(Path(args.out), json.dumps(result, indent=2) + "\n")
     return 0
 

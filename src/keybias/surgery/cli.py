@@ -65,6 +65,7 @@ from typing import Any
 
 from keybias import surgery
 from keybias.surgery import _calls
+from keybias.surgery._sites import discover
 
 DTYPES = ("float32", "float64", "bfloat16", "float16")
 INDEX = "model.safetensors.index.json"
@@ -585,8 +586,6 @@ def _convert(in_dir: Path, out_dir: Path, fmt: str, sharded: bool, tables: dict[
                        "token ids, pixel values, audio features or waveforms; this one takes "
                        f"{getattr(model, 'main_input_name', 'something else')!r}")
     if fold_value and not allow_dropout:
-        from keybias.surgery._sites import discover
-
         dropping = [s for s in discover(model)[0] if s.value is not None and s.dropout > 0 and not s.refuse_fold]
         if dropping:
             raise _dropout_refusal([s.name for s in dropping], dropping[0].dropout)

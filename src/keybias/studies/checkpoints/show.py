@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import matplotlib.pyplot as plt
 import pandas as pd
+
+from keybias.studies import style
 
 # a checkpoint's registry name says where it ships (a package); a reader needs what the model is
 CHECKPOINT_LABELS = {
@@ -20,10 +23,6 @@ def checkpoint_label(name: str) -> str:
 
 def ratio_figure(norms: pd.DataFrame, quant: pd.DataFrame):
     """Left: ||b_k||/||k|| per layer and checkpoint (log scale). Right: err_strip / err_keep per layer."""
-    import matplotlib.pyplot as plt
-
-    from keybias.studies import style
-
     style.apply()
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(style.FULL_WIDTH, 2.4))
     markers = ("o", "s", "^", "D")

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import math
 
+import matplotlib.pyplot as plt
 import pandas as pd
 
 from keybias.core.recorder import format_number
+from keybias.studies import style
 from keybias.studies.conditions.cases import CASE_BY_KEY, NOT_REDUNDANT, REDUNDANT
 
 # what each measured quantity is, in the table's words
@@ -36,10 +38,6 @@ def effect_figure(summary_frame: pd.DataFrame):
     """Worst effect per case on a log axis, coloured by prediction, with each case's bound. The Adam
     rows count learning rates, the others are relative changes, so each unit gets its own panel."""
     # deferred with `style`, which loads matplotlib: measuring and judging need no plotting library
-    import matplotlib.pyplot as plt
-
-    from keybias.studies import style
-
     style.apply()
     frame = summary_frame.reset_index(drop=True)
     is_step = frame["quantity"] == "adam_step"
@@ -76,10 +74,6 @@ def quirk_figure(quirk: pd.DataFrame):
     """Per option of nn.MultiheadAttention (causal mask): how far need_weights=True moves the output
     from need_weights=False, and how far each call lies from the documented computation. Returns
     (figure, caption); the caption's numbers are the ones drawn."""
-    import matplotlib.pyplot as plt
-
-    from keybias.studies import style
-
     style.apply()
     frame = quirk.reset_index(drop=True)
     floor = 1e-18  # an exact zero is drawn at the floor, not dropped

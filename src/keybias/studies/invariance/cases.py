@@ -13,6 +13,7 @@ A case is a dict of closures over one configuration (see `case`):
 from __future__ import annotations
 
 import contextlib
+import difflib
 import math
 
 import torch
@@ -23,6 +24,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from keybias import verdict as VD
 from keybias.studies.fixtures import variants as V
 from keybias.studies.fixtures.hf_attention import EXPECTED as HF_EXPECTED
+from keybias.studies.fixtures.hf_attention import hf_case
 from keybias.studies.invariance import judge as J
 from keybias.studies.params import DTYPES
 
@@ -429,8 +431,6 @@ def case(cfg: dict) -> dict:
     if fam == "variants":
         return _variant_case(cfg)
     if fam == "hf":
-        from keybias.studies.fixtures.hf_attention import hf_case
-
         return hf_case(cfg)
     raise ValueError(f"family {fam!r} has no case")
 
@@ -534,8 +534,6 @@ def base_config(**kw) -> dict:
     }
     unknown = sorted(set(kw) - set(cfg))
     if unknown:
-        import difflib
-
         hints = {k: difflib.get_close_matches(k, list(cfg), n=1) for k in unknown}
         said = ", ".join(f"{k!r}" + (f" (did you mean {h[0]!r}?)" if h else "") for k, h in hints.items())
         raise ValueError(f"unknown configuration key(s) {said}; the axes are {sorted(cfg)}")

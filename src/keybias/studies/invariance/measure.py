@@ -38,6 +38,7 @@ import torch
 from keybias import verdict as VD
 from keybias.studies.config import StudyConfig
 from keybias.studies.fixtures import variants as V
+from keybias.studies.fixtures.hf_attention import EXPECTED as HF_EXPECTED
 from keybias.studies.fixtures.hf_attention import MODELS as HF_MODELS
 from keybias.studies.invariance import cases as C
 from keybias.studies.invariance.schema import TABLES
@@ -552,9 +553,7 @@ def expected_verdict(row: dict) -> tuple[str, str]:
         exact, why = V.DROP_IS_EXACT[var]
         return (VD.REDUNDANT if exact else VD.NOT_REDUNDANT), why
     if fam == "hf":
-        from keybias.studies.fixtures.hf_attention import EXPECTED
-
-        return EXPECTED[var]
+        return HF_EXPECTED[var]
     if (row.get("add_zero_attn") or row.get("add_bias_kv")) and row.get("mask") == "is_causal" and not row.get("need_weights"):
         return VD.REDUNDANT, ("is_causal=True, need_weights=False: MHA hands is_causal to SDPA instead of the padded "
                               "attn_mask, and SDPA's causal mask hides the appended slots, so every visible slot shifts")

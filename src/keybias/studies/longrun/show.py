@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import math
 
+import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from keybias.studies import style
+from keybias.core.recorder import format_number
+from keybias.studies import style, tables
+from keybias.studies.longrun import judge_full
 
 
 def _eps_label(eps: float) -> str:
@@ -19,8 +22,6 @@ def plot_drift(grid: pd.DataFrame, comparison: pd.DataFrame, probes_long: pd.Dat
     """Left: the grid's drift (mean over seeds and layers) per dtype and eps. Right: the long run, per
     layer measured drift (solid) and the grid's prediction from notebook 04's law (dashed), over the
     measured steps only, with each layer's typical key norm ||k|| at the probes (dotted)."""
-    import matplotlib.pyplot as plt
-
     style.apply()
     fig, axes = plt.subplots(1, 2, figsize=(style.FULL_WIDTH, 2.6))
     ax = axes[0]
@@ -49,8 +50,6 @@ def plot_drift(grid: pd.DataFrame, comparison: pd.DataFrame, probes_long: pd.Dat
 def plot_output_error(probes: pd.DataFrame):
     """The attention-output change b_k causes in the long run (per layer, RMS per entry) against
     notebook 03's first-order rounding law, at every probe."""
-    import matplotlib.pyplot as plt
-
     style.apply()
     fig, ax = plt.subplots(figsize=(style.FULL_WIDTH, 2.4))
     g = probes[probes["step"] > 0]
@@ -68,8 +67,6 @@ def plot_output_error(probes: pd.DataFrame):
 
 
 def _fmt(value) -> str:
-    from keybias.core.recorder import format_number
-
     if value is None or (isinstance(value, float) and not math.isfinite(value)):
         return r"$\infty$" if value == math.inf else "--"
     return "$" + format_number(float(value), 2) + "$"
@@ -105,8 +102,6 @@ def plot_full_drift(traj: pd.DataFrame, intervals: pd.DataFrame):
     """Per size (panel) and regime: the median over runs and layers of ||b_k(t) - b_k(0)|| and its range, with
     reference slopes 1/2 (walk) and 1 (constant velocity) through the end of the float32 eps 1e-12 runs.
     Returns (figure, caption); the caption's numbers are the exponent intervals the panels show."""
-    import matplotlib.pyplot as plt
-
     style.apply()
     order = {"small": 0, "medium": 1}
     sizes = sorted(dict.fromkeys(traj["size"]), key=lambda s: order.get(s, 9))
@@ -163,8 +158,6 @@ def plot_explanation(traj: pd.DataFrame, units: pd.DataFrame):
     (the candidate explanation predicts slope 1 once ||b_k|| ~ ||k||). Right: the drift velocity
     measured over the last decade against the velocity Adam makes of the measured gradient bias.
     Returns (figure, caption)."""
-    import matplotlib.pyplot as plt
-
     style.apply()
     fig, axes = plt.subplots(1, 2, figsize=(style.FULL_WIDTH, 2.5))
     ax = axes[0]
@@ -212,8 +205,6 @@ def explanation_caption(units: pd.DataFrame) -> str:
 
 
 def _num(x, digits=2) -> str:
-    from keybias.core.recorder import format_number
-
     return "$" + format_number(float(x), digits) + "$" if math.isfinite(float(x)) else "--"
 
 
@@ -238,8 +229,6 @@ def full_table_latex(units: pd.DataFrame) -> str:
 
 def exponent_list_markdown(units: pd.DataFrame, spans: pd.DataFrame) -> str:
     """The exponent per size and regime (mean, interval across seeds, each seed's value) as a list."""
-    from keybias.studies.longrun import judge_full
-
     lines = []
     for _, r in spans[spans["column"] == "exponent"].iterrows():
         sel = judge_full._select(units, dtype=r["dtype"], eps=r["eps"], size=r["size"])
@@ -289,9 +278,7 @@ OUTPUT_ERROR_ALT = ("Log-log scatter, one marker per probe and layer: the measur
 
 
 def _n(value, digits: int = 3) -> str:
-    from keybias.studies.tables import format_number
-
-    return format_number(float(value), digits)
+    return tables.format_number(float(value), digits)
 
 
 def _times(ratio: float) -> str:
@@ -304,8 +291,6 @@ def _times(ratio: float) -> str:
 def exponent_frame(units: pd.DataFrame, spans: pd.DataFrame) -> pd.DataFrame:
     """The growth exponent per size and regime as a reader's table: mean over seeds, its 95% interval
     across seeds, and each seed's value."""
-    from keybias.studies.longrun import judge_full
-
     rows = []
     for _, r in spans[spans["column"] == "exponent"].iterrows():
         sel = judge_full._select(units, dtype=r["dtype"], eps=r["eps"], size=r["size"])

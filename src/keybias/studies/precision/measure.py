@@ -582,8 +582,6 @@ def gradient_summary(grads: pd.DataFrame) -> pd.DataFrame:
 def other_devices(device: str, present: dict[str, bool] | None = None) -> pd.DataFrame:
     """Rows "not run" for the devices this run did not use, with the reason (never simulated)."""
     if present is None:
-        from keybias.studies.params import devices_present
-
         present = devices_present()
     rows = []
     for dev in DEVICES:

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import math
 
+import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
 from keybias.core.recorder import latex_escape
+from keybias.studies import style
 from keybias.studies.precision.judge import CROSSING_FACTOR
 from keybias.studies.precision.measure import PATHS
+from keybias.studies.style import OKABE_ITO
 
 PATH_LABELS = {
     "explicit": "written out",
@@ -27,8 +30,6 @@ def path_label(path: str) -> str:
 
 def _path_colors() -> dict[str, str]:
     """One Okabe-Ito colour per code path, the same in every panel and figure."""
-    from keybias.studies.style import OKABE_ITO
-
     return {path: OKABE_ITO[i] for i, path in enumerate(PATHS)}
 
 
@@ -38,10 +39,6 @@ def plot_error_vs_bias(errors: pd.DataFrame, law: pd.DataFrame, dtypes):
     rounding model (thin black). The verdict tolerances are not drawn: they doubled the lines of every
     panel. Returns the figure, made at the paper's full width with the
     keybias style (call `keybias.studies.style.apply()` first)."""
-    import matplotlib.pyplot as plt
-
-    from keybias.studies import style
-
     colors = _path_colors()
     ok = errors[errors["status"].eq("ok")]
     rows = math.ceil(len(dtypes) / 2)
@@ -77,10 +74,6 @@ def plot_accuracy(errors: pd.DataFrame, crossing: pd.DataFrame, dtypes, factor: 
     """One panel per dtype below float64: error against float64 with b_k over the error
     without it, per path, at each magnitude, with the level `factor` (dashed) and the
     measured crossings (dotted). Returns the figure (None if only float64 ran)."""
-    import matplotlib.pyplot as plt
-
-    from keybias.studies import style
-
     colors = _path_colors()
     ok = errors[errors["status"].eq("ok")]
     low = [d for d in dtypes if d != "float64"]
@@ -109,10 +102,6 @@ def plot_gradient(gsum: pd.DataFrame):
     pairwise cosine across batches of the b_k gradients (filled) and of the b_q gradients
     (open), one point per path, with the band that isotropic noise reaches (grey). Returns the
     figure."""
-    import matplotlib.pyplot as plt
-
-    from keybias.studies import style
-
     colors = _path_colors()
     okg = gsum[gsum["status"].eq("ok")]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(style.FULL_WIDTH, 2.35))

@@ -271,8 +271,6 @@ def one_architecture(model_type: str, seed: int = 0) -> dict[str, Any]:
     row["output_change"] = _calls.change(y0, y1)
     row["output_bound"] = BOUND * float(y0.abs().max())
     if naive is not None:
-        import copy
-
         moves = []
         for shift in (False, True):
             probe = copy.deepcopy(model)

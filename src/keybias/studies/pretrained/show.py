@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
+import matplotlib.pyplot as plt
 import pandas as pd
 
 from keybias.core.recorder import latex_escape
+from keybias.studies import style
 
 
 def bias_norms_figure(norms: pd.DataFrame):
     """Norms of b_q, b_k, b_v by layer (log scale), at half the paper's width."""
-    import matplotlib.pyplot as plt
-
-    from keybias.studies import style
-
     style.apply()
     fig, ax = plt.subplots(figsize=(style.HALF_WIDTH, 2.3))
     for (col, label), colour, marker in zip(
