@@ -301,8 +301,8 @@ register(Finding(
 register(Finding(
     id="adam-drift-regimes",
     title="Adam turns the noise into drift, by regime",
-    statement=(r"Adam divides the noise gradient of $\bk$ by its own scale. In the long language-model runs "
-               r"of Section~\ref{sec:longrun}, where $\varepsilon$ lies far below "
+    statement=(r"Adam divides the noise gradient of $\bk$ by its own scale. In the long runs of a byte-level "
+               r"language model, where $\varepsilon$ lies far below "
                r"the noise its steps are full-size (step rate \LongFullRunRateFloatEpsTwelveMin{}--"
                r"\LongFullRunRateFloatEpsTwelveMax{} per run in float32 at $\varepsilon=10^{-12}$, "
                r"\LongFullRunRateBfloatEpsEightMin{}--\LongFullRunRateBfloatEpsEightMax{} under bfloat16 autocast "
