@@ -22,6 +22,7 @@ from bs4 import BeautifulSoup, NavigableString
 
 from keybias.core.provenance import commit_info
 from keybias.pipeline.render_clean import PACKAGE_DIR, cell_source, code_cells, parse_code
+from keybias.studies.params import ParameterError, spec_for
 from keybias.studies.tables import tidy_table_html
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -354,7 +355,6 @@ DEVICE_WORDS = {"cpu": "a CPU", "cuda": "a GPU", "mps": "an Apple GPU"}
 def parameter_label(notebook: str, name: str) -> str:
     """What a parameter is, in words: the help text its study declares for it, else its name
     with spaces (a reader of the page does not pass it to papermill, so `adam_eps` tells little)."""
-    from keybias.studies.params import ParameterError, spec_for
 
     try:
         text = spec_for(notebook).get(name).help
