@@ -10,6 +10,7 @@ import pytest
 from bs4 import BeautifulSoup
 
 from keybias.pipeline import render
+from keybias.studies.tables import KEYWORDS
 
 ROOT = Path(__file__).resolve().parents[2]
 MB = 1_000_000
@@ -612,9 +613,8 @@ def test_what_we_found_counts_its_claims_in_sentences():
     assert "macros" not in findings_html([])
 
 
-# PyTorch's own keyword arguments, which a reader looks up by that name; b_k-style symbols are math
-PYTORCH_KEYWORDS = {"need_weights", "batch_first", "attn_mask", "is_causal", "key_padding_mask", "add_bias_kv",
-                    "add_zero_attn", "average_attn_weights"}
+# PyTorch's own keyword arguments, which a reader looks up by that name (declared once, in tables)
+PYTORCH_KEYWORDS = KEYWORDS
 
 
 def test_header_parameter_table_labels_each_parameter_in_words_and_keeps_its_code_name_small():

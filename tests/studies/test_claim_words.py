@@ -8,11 +8,10 @@ import pytest
 from keybias.studies.conditions.cases import CASES
 from keybias.studies.fixtures import variants as V
 from keybias.studies.invariance import measure
-from keybias.studies.tables import case_words
+from keybias.studies.tables import KEYWORDS, case_words
 
-# PyTorch's keyword arguments, which a reader looks up by that name
-PYTORCH_KEYWORDS = {"need_weights", "batch_first", "attn_mask", "is_causal", "key_padding_mask", "add_bias_kv",
-                    "add_zero_attn", "average_attn_weights"}
+# PyTorch's own keyword arguments, which a reader looks up by that name (declared once, in tables)
+PYTORCH_KEYWORDS = KEYWORDS
 
 
 def code_names(text: str) -> list[str]:

@@ -22,7 +22,7 @@ WIDE_COLUMNS = 4  # a table with more columns reads as one card per row on a pho
 # (the options whose effect the studies measure); sizes and training settings read as words
 KEYWORDS = frozenset({
     "batch_first", "bias", "add_bias_kv", "add_zero_attn", "need_weights", "dtype", "is_causal", "attn_mask",
-    "key_padding_mask",
+    "key_padding_mask", "average_attn_weights",
 })
 SETTING_WORDS = {"embed_dim": "Width E", "num_heads": "Heads", "kdim": "Key width", "vdim": "Value width",
                  "dropout": "Dropout", "device": "Device", "model_type": "Model type", "eps": "Adam's \u03b5",
