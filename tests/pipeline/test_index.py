@@ -254,7 +254,7 @@ def test_failed_predictions_are_told_on_the_entry_page():
     assert 'id="retired"' in text and text.startswith("<section") and "Two predictions made before the data" in text
     assert "Measured: 0.0833, against the bound 0.05." in text and 'href="notebooks/08_longrun.html"' in text
     one = idx.retired_html(failed[:1])
-    assert "One prediction made before the data came out wrong" in one and "it was withdrawn as a claim" in one
+    assert "One prediction made before the data came out wrong" in one and "It was withdrawn as a finding" in one
     assert idx.retired_html([{**failed[0], "holds": True}]) == ""
 
 

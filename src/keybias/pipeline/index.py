@@ -448,9 +448,8 @@ def retired_html(predictions: list[dict]) -> str:
     count = NUMBER_WORDS[len(failed)] if len(failed) < len(NUMBER_WORDS) else str(len(failed))
     one = len(failed) == 1
     head = (f"{count.capitalize()} prediction{'' if one else 's'} made before the data came out wrong. "
-            f"A claim that fails stops the build, so {'it was' if one else 'they were'} withdrawn as "
-            f"{'a claim' if one else 'claims'}; every build still tests {'it' if one else 'them'} as first "
-            "stated and reports the result here.")
+            f"{'It was' if one else 'They were'} withdrawn as {'a finding' if one else 'findings'}, and "
+            f"{'it is' if one else 'they are'} still tested as first stated, with the result reported here.")
     items = "".join(
         f'<li>{prediction_sentence(p)} <a href="notebooks/{_esc(p["notebook"])}.html">'
         f'{_esc(_notebook_title(p.get("results"), p["notebook"]) if p.get("results") else "Its notebook")}</a>.</li>'
@@ -651,8 +650,8 @@ def render_index(results: Path, steps: list[dict], claims: list[dict], provenanc
         gpu_note = (f'<p class="gpu-note">On a GPU, {len(off_gpu)} of its checks '
                     f'{"fails" if len(off_gpu) == 1 else "fail"}: <a href="#gpu-fails">what does not carry over</a>.</p>'
                     if off_gpu else "")
-        text = [f'<div><h3>{statement_html(f.get("title", f["id"]))}{verdict}</h3>',
-                f'<p class="statement">{statement_html(f.get("statement") or "")}</p>', gpu_note,
+        # the finding's sentence is said once, in "What we found"; its card adds the evidence
+        text = [f'<div><h3>{statement_html(f.get("title", f["id"]))}{verdict}</h3>', gpu_note,
                 f'<p class="links">{" &middot; ".join(links)}</p></div>']
         figure = ""
         if has_figure:

@@ -79,6 +79,34 @@ _INT = re.compile(r"^[-+]?\d+$")
 # symbols with subscripts in plain prose (b_k, q_i, g_b_q): the nested form first
 _NESTED_SUB = re.compile(r"(?<![\w\\])([A-Za-z])_([A-Za-z])_([A-Za-z0-9]{1,3})(?![\w])")
 _SUB = re.compile(r"(?<![\w\\])([A-Za-z])_([A-Za-z0-9]{1,3})(?![\w])")
+# ASCII math in plain prose, as a reader writes it: ||b_k|| as a norm, eps as epsilon, 1e-12 as a
+# power of ten, >= and <= as signs (the text is already escaped, so > is &gt;)
+_NORM = re.compile(r"\|\|([^|<>]{1,24}?)\|\|")
+_EPS = re.compile(r"(?<![\w\\])eps(?![\w])")
+_SCI = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?)e([-+]?)0*(\d+)(?![\w.])")
+_SIGNS = (("&gt;=", "\u2265"), ("&lt;=", "\u2264"), ("!=", "\u2260"))
+_DOT = re.compile(r"(?<![\w.])([qk](?:_i)?)\.(b_[kqv])(?![\w])")  # q.b_k, a dot product
+_ASCII_MATH = re.compile("|".join(r.pattern for r in (_NORM, _EPS, _SCI, _DOT)) + "|>=|<=|!=")
+_SUPER = str.maketrans("0123456789-", "\u2070\u00b9\u00b2\u00b3\u2074\u2075\u2076\u2077\u2078\u2079\u207b")
+
+
+def _power_of_ten(m: re.Match) -> str:
+    power = ("-" if m.group(2) == "-" else "") + m.group(3)
+    ten = "10" + power.translate(_SUPER)
+    return ten if m.group(1) in ("1", "1.0") else f"{m.group(1)}\u00d7{ten}"
+
+
+def math_html(escaped: str) -> str:
+    """Escaped prose with its ASCII math (eps = 1e-12, ||b_k||, r >= 0.5) in a reader's signs."""
+    escaped = _NORM.sub("\u2016\\1\u2016", escaped)
+    escaped = _EPS.sub("\u03b5", escaped)
+    escaped = _DOT.sub("\\1\u00b7\\2", escaped)
+    escaped = _SCI.sub(_power_of_ten, escaped)
+    for ascii_sign, sign in _SIGNS:
+        escaped = escaped.replace(ascii_sign, sign)
+    return escaped
+
+
 # TeX a page typesets itself, left as it is
 _TEX = re.compile(r"\$\$.*?\$\$|\$[^$\n]+\$|\\\(.*?\\\)|\\\[.*?\\\]", re.DOTALL)
 # a file or module name (data/precision_law.csv, keybias.studies.x_y), left as it is written
@@ -102,6 +130,7 @@ def paper_pages(root: Path = ROOT) -> dict[str, dict]:
 
 def subscript_html(escaped: str) -> str:
     """Escaped prose with b_k, q_i and g_b_q as a reader writes them (italic, subscripted)."""
+    escaped = math_html(escaped)
     escaped = escaped.replace("‖_typ", "‖<sub>typ</sub>")  # the typical key norm, ‖k‖_typ
     escaped = _NESTED_SUB.sub(r"<i>\1</i><sub><i>\2</i><sub>\3</sub></sub>", escaped)
     return _SUB.sub(r"<i>\1</i><sub>\2</sub>", escaped)
@@ -117,7 +146,7 @@ def subscript_prose(soup) -> int:
     with b_k written as b with subscript k; the number of text nodes changed."""
 
     changed = 0
-    for node in list(soup.find_all(string=_SUB)):
+    for node in list(soup.find_all(string=lambda t: bool(t and (_SUB.search(t) or _ASCII_MATH.search(t))))):
         if type(node) is not NavigableString or any(
                 p.name in _NOT_PROSE or "kb-equation" in (p.get("class") or []) for p in node.parents):
             continue

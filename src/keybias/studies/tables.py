@@ -101,6 +101,11 @@ COLUMN_WORDS = {
                   "sdpa": "SDPA called directly"},
     "sdpa_backend_used": {"MATH": "math", "FLASH_ATTENTION": "flash", "EFFICIENT_ATTENTION": "memory-efficient",
                           "CUDNN_ATTENTION": "cuDNN", "native": "the fast path's own kernel", "none": "no SDPA"},
+    "masked_row_output": {"nan": "NaN", "out_proj_bias": "the output projection's bias",
+                          "appended_slots": "the appended key slots alone", "other": "something else"},
+    # the joint verdict (b_k with the appended key slot) of a category: one or more verdicts
+    "joint": {"redundant": "redundant", "not_redundant": "not redundant", "invalid": "no power",
+              "--": "\u2014"},
 }
 
 

@@ -248,10 +248,10 @@ def rate_list_markdown(spans: pd.DataFrame) -> str:
 
 
 def build_run_markdown(build: dict, full: dict, *, seed: int, steps: int, bound: float) -> str:
-    """This build's own long run against the recorded grid, in words."""
+    """The long run made on this page against the recorded grid, in words."""
     same = ("the same way as" if (build["LongExponent"] > bound) == (full["LongFullExponentMedianSmall"] > bound)
             else "differently from")
-    return (f"This build's run (seed {seed}, {steps:,} steps) grows with exponent {build['LongExponent']:.2f} "
+    return (f"The long run made here (seed {seed}, {steps:,} steps) grows with exponent {build['LongExponent']:.2f} "
             f"(within-run interval {build['LongExponentLow']:.2f} to {build['LongExponentHigh']:.2f}): "
             f"{build['LongDriftVerdict']}, pointing {same} the recorded grid. The walk law predicts a drift of "
             f"{build['LongDriftPredictedEnd']:.3g} at the end; the run drifted {build['LongDriftMeasuredEnd']:.3g} "
@@ -268,8 +268,8 @@ FULL_DRIFT_ALT = ("Log-log panels, one per model size: the drift of the key bias
 EXPLANATION_ALT = ("Left: log-log scatter of the RMS of the key bias's gradient against the key bias's norm along "
                    "the small model's float32 runs, beside a slope-1 line. Right: measured drift velocity against "
                    "the velocity predicted from the gradient's bias, one marker per run, beside the diagonal.")
-BUILD_DRIFT_ALT = ("Left: log-log lines of the key bias's drift against the step in this build's short grid, one "
-                   "per dtype and eps. Right: this build's long run, per layer: measured drift (solid), the walk "
+BUILD_DRIFT_ALT = ("Left: log-log lines of the key bias's drift against the step in the short grid run here, one "
+                   "per dtype and eps. Right: the long run made here, per layer: measured drift (solid), the walk "
                    "law's prediction (dashed) and the typical key norm (dotted), with a vertical line at the grid's "
                    "length.")
 OUTPUT_ERROR_ALT = ("Log-log scatter, one marker per probe and layer: the measured RMS change of the attention "
@@ -347,7 +347,7 @@ def build_drift_caption(comparison: pd.DataFrame) -> str:
     if len(ratio):
         far = (f" Beyond the grid's {grid_steps:,} steps (vertical line) the measured drift is between "
                f"{_n(ratio.min(), 2)} and {_n(ratio.max(), 2)} times the prediction.")
-    return ("Left: drift of b_k in this build's short grid, per dtype and eps, mean over seeds and layers. Right: "
+    return ("Left: drift of b_k in the short grid run here, per dtype and eps, mean over seeds and layers. Right: "
             "the long run's drift (solid), the walk law's prediction from the short grid (dashed) and the typical "
             f"key norm ||k|| (dotted). At step {end_step:,} the drift is {_n(measured)}, {_times(measured / predicted)} "
             f"the predicted {_n(predicted)}." + far)
@@ -360,7 +360,7 @@ def output_error_caption(probes: pd.DataFrame) -> str:
     last = g[g["step"] == g["step"].max()]
     measured, predicted = float(last["output_change_rms"].max()), float(last["predicted_change_rms"].max())
     bk_over_k = float((last["norm_b_k"] / last["key_norm"]).max())
-    return ("The attention-output change that b_k causes in this build's long run, one marker per probe and layer, "
+    return ("The attention-output change that b_k causes in the long run made here, one marker per probe and layer, "
             f"against notebook 03's rounding law: across the probes the measured change is {_n(ratio.min(), 2)} to "
             f"{_n(ratio.max(), 2)} times the predicted one. At the last probe (step {int(last['step'].max()):,}) it is "
             f"{_n(measured, 2)} against a predicted {_n(predicted, 2)}, with ||b_k|| / ||k|| = {_n(bk_over_k)}.")
