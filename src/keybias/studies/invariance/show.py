@@ -25,23 +25,49 @@ def category_label(category: str) -> str:
 _LOG_FLOOR = -20.0  # a zero change (0/0 included) sits at the left edge of the axis
 _AXIS_LIMIT = 7.8
 
+# The map's rows: the checklist's prediction, and for a predicted break the assumption it breaks.
+# Forty categories on one axis could not be read at print size; these eight can.
+MAP_GROUPS = {
+    ("redundant", "mha"): "MHA, redundant", ("redundant", "sizes"): "MHA, redundant",
+    ("redundant", "realistic"): "MHA, redundant", ("redundant", "layers"): "Transformer layers",
+    ("redundant", "sdpa"): "SDPA and variants", ("redundant", "variants"): "SDPA and variants",
+    ("redundant", "hf"): "Hugging Face models",
+    ("not_redundant", "A1"): "appended key or slot (A1)", ("not_redundant", "A2"): "normalised scores (A2)",
+    ("not_redundant", "A3"): "rotary embeddings (A3)", ("not_redundant", "A4"): "sigmoid weights (A4)",
+    ("invalid", ""): "one key: no test",
+}
+
+
+def map_group(expected: str, family: str, assumption: str) -> str:
+    """The row of the invariance map a configuration is drawn in (see MAP_GROUPS)."""
+    if expected == "redundant":
+        return MAP_GROUPS.get((expected, family), "other, redundant")
+    if expected == "not_redundant":
+        code = assumption[1:3] if assumption.startswith("(A") else ""
+        return MAP_GROUPS.get((expected, code), f"breaks {code or 'other'}")
+    return MAP_GROUPS[("invalid", "")]
+
 
 def plot_map(df: pd.DataFrame, mags: pd.DataFrame):
     """The invariance map, one panel per magnitude: for every measured configuration the b_k
     change and the b_q/b_v control divided by the tolerance *of the same magnitude* (log10; the
-    verdict's line is 0), coloured by dtype. Nothing from one magnitude meets another's tolerance."""
+    verdict's line is 0), one row per prediction group (`map_group`), dtypes side by side within a
+    row. Nothing from one magnitude meets another's tolerance."""
     import matplotlib.pyplot as plt
 
     style.apply()
-    m = J.measured(df)[["config_id", "category", "dtype"]]
-    j = mags.merge(m, on="config_id")
-    order = list(CASE_WORDS)
-    cats = sorted(j["category"].unique(), key=lambda c: (order.index(c) if c in order else len(order), c))
+    m = J.measured(df)[["config_id", "expected", "family", "assumption", "dtype"]]
+    m = m.assign(group=[map_group(str(e), str(f), str(a)) for e, f, a in
+                        zip(m["expected"], m["family"], m["assumption"].fillna(""), strict=True)])
+    j = mags.merge(m[["config_id", "group", "dtype"]], on="config_id")
+    order = list(dict.fromkeys(MAP_GROUPS.values()))
+    groups = sorted(j["group"].unique(), key=lambda g: (order.index(g) if g in order else len(order), g))
     levels = sorted(j.magnitude.unique())
     dts = [d for d in DTYPES if d in set(j.dtype)]
     colour = dict(zip(DTYPES, (style.OKABE_ITO[0], style.OKABE_ITO[1], style.OKABE_ITO[2], style.OKABE_ITO[3]),
                       strict=True))
-    height = max(2.2, 0.15 * len(cats) + 1.2)
+    offset = {dt: (i - (len(dts) - 1) / 2) * 0.8 / max(len(dts), 1) for i, dt in enumerate(dts)}
+    height = max(2.4, 0.32 * len(groups) + 1.3)
     fig, axes = plt.subplots(1, len(levels), figsize=(style.FULL_WIDTH, height), sharey=True, squeeze=False)
 
     def lg(num, den):
@@ -52,24 +78,25 @@ def plot_map(df: pd.DataFrame, mags: pd.DataFrame):
     rng = np.random.default_rng(0)
     for ax, mag in zip(axes[0], levels, strict=True):
         sub = j[j.magnitude == mag]
-        y = sub["category"].map({c: i for i, c in enumerate(cats)}).to_numpy()
-        jitter = (rng.random(len(sub)) - 0.5) * 0.5
+        y = sub["group"].map({g: i for i, g in enumerate(groups)}).to_numpy().astype(float)
+        y = y + sub["dtype"].map(offset).to_numpy() + (rng.random(len(sub)) - 0.5) * 0.12
         for dt in dts:
             sel = (sub.dtype == dt).to_numpy()
-            ax.scatter(lg(sub.bk_abs, sub.tolerance_abs)[sel], (y + jitter)[sel], s=5, marker="o",
+            ax.scatter(lg(sub.bk_abs, sub.tolerance_abs)[sel], y[sel], s=6, marker="o",
                        color=colour[dt], alpha=0.7, lw=0, label=f"$b_k$, {dt}")
             # controls in grey, whatever the dtype: right of the threshold they show power, not a break
-            ax.scatter(lg(sub.control_abs, sub.tolerance_abs)[sel], (y + jitter)[sel], s=7, marker="^",
-                       facecolors="none", edgecolors="0.6", lw=0.5, alpha=0.6,
+            ax.scatter(lg(sub.control_abs, sub.tolerance_abs)[sel], y[sel], s=8, marker="^",
+                       facecolors="none", edgecolors="0.55", lw=0.5, alpha=0.6,
                        label="$b_q$, $b_v$ control")
         ax.axvline(0.0, color="black", lw=0.8)
+        for i in range(1, len(groups)):
+            ax.axhline(i - 0.5, color="0.85", lw=0.5)
         ax.set_title(rf"$\|b_k\| = {mag:g}\,\|k\|_{{\mathrm{{typ}}}}$")
         ax.set_xlim(-8, 8)  # zero or unbounded ratios are drawn at the edges
         ax.grid(axis="x", alpha=0.3)
     axes[0][len(levels) // 2].set_xlabel(r"log$_{10}$(change / tolerance); left of the line: no change")
-    axes[0][0].set_yticks(range(len(cats)), [category_label(c) for c in cats])
-    axes[0][0].tick_params(axis="y", labelsize=style.MIN_FONT_PT)
-    axes[0][0].set_ylim(len(cats) - 0.5, -0.5)
+    axes[0][0].set_yticks(range(len(groups)), groups)
+    axes[0][0].set_ylim(len(groups) - 0.5, -0.5)
     handles, labels = axes[0][0].get_legend_handles_labels()
     uniq = dict(zip(labels, handles, strict=True))
     uniq = {k: uniq[k] for k in sorted(uniq, key=lambda k: "control" in k)}  # dtypes first, the control last
@@ -121,7 +148,7 @@ def power_latex(power: pd.DataFrame) -> str:
     t = power.assign(min_detectable_eps=power.min_detectable_eps.map(_eps))
     head = {"embed_dim": "$E$", "num_heads": "heads", "tgt_len": "queries", "src_len": "keys",
             "batch": "batch", "rows": "rows", "min_detectable_eps": r"smallest $\delta$ seen",
-            "undetected": "none seen", "blind_states": "blind states"}
+            "undetected": "no break seen", "blind_states": "perturbed states blind"}
     cols = list(t.columns)
     lines = [r"\begin{tabular}{l" + "r" * (len(cols) - 1) + "}", r"\toprule",
              " & ".join(head.get(c, latex_escape(c)) for c in cols) + r" \\", r"\midrule"]
@@ -129,6 +156,24 @@ def power_latex(power: pd.DataFrame) -> str:
         lines.append(" & ".join(str(r[c]) if c == "min_detectable_eps" else latex_escape(r[c]) for c in cols) + r" \\")
     lines += [r"\bottomrule", r"\end{tabular}"]
     return "\n".join(lines) + "\n"
+
+
+def power_by_dtype(power: pd.DataFrame) -> pd.DataFrame:
+    """`judge.power_table` summarised per dtype for a page: how many sizes and configurations,
+    the worst smallest detected break over the sizes (NaN where some size detected none), and the
+    totals of configurations and perturbed states in which no break was seen."""
+    cols = ["dtype", "sizes", "rows", "min_detectable_eps", "undetected", "blind_states"]
+    if not len(power):
+        return pd.DataFrame(columns=cols)
+    worst = J.min_detectable_by_dtype(power)
+    out = [{"dtype": dt, "sizes": len(g), "rows": int(g["rows"].sum()), "min_detectable_eps": worst[dt],
+            "undetected": int(g["undetected"].sum()), "blind_states": int(g["blind_states"].sum())}
+           for dt, g in power.groupby("dtype", sort=False)]
+    return pd.DataFrame(out, columns=cols)
+
+
+POWER_HEADERS = {"sizes": "sizes", "rows": "configurations", "min_detectable_eps": "smallest \u03b5 seen (worst size)",
+                 "undetected": "configurations with no break seen", "blind_states": "perturbed states blind"}
 
 
 def independent_latex(counts: pd.DataFrame) -> str:
