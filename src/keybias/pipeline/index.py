@@ -24,6 +24,7 @@ import yaml
 from keybias.core.recorder import atomic_write_text
 from keybias.pipeline.findings_out import findings_records, read_macros
 from keybias.pipeline.render_page import (
+    _SUPER,
     KIND_MEANING,
     KIND_ORDER,
     KIND_WORDS,
@@ -282,7 +283,6 @@ def claims_by_finding(findings: list[dict], claims: list[dict]) -> tuple[dict[st
     return grouped, rest
 
 
-_SUPER = str.maketrans("0123456789-", "\u2070\u00b9\u00b2\u00b3\u2074\u2075\u2076\u2077\u2078\u2079\u207b")
 
 
 def statement_html(text: str) -> str:
