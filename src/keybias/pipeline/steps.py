@@ -403,7 +403,7 @@ def refuse_dirty_tree(root: Path, profile: str) -> None:
     excludes = [f":(exclude){p}" for p in GENERATED]
     changed = git(root, "status", "--porcelain", "--untracked-files=no", "--", ".", *excludes).splitlines()
     if changed:
-        shown = ", ".join(line[3:] for line in changed[:5]) + (" ..." if len(changed) > 5 else "")
+        shown = ", ".join(line.split(maxsplit=1)[-1] for line in changed[:5]) + (" ..." if len(changed) > 5 else "")
         raise BuildError(
             f"the {profile} profile builds the committed results, so it needs a clean tree, and "
             f"{len(changed)} tracked file(s) have uncommitted changes ({shown}): commit them first, "
