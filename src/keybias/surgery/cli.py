@@ -182,9 +182,14 @@ def clean_stale(out_dir: Path, log=print) -> None:
 
 
 def check_input(in_dir: Path, out_dir: Path) -> tuple[str, dict[str, dict]]:
-    """Every way the arguments can be wrong, checked before any model is loaded; the output's
-    parent first, so that no work is done for a result that could not be written. Returns the
-    folder's format and the header table of each of its safetensors files (by file name)."""
+    """Every way the arguments can be wrong, checked before any model is loaded: the input
+    first, as the argument a user mistypes most, then the output's parent, so that no work is done
+    for a result that could not be written. Returns the folder's format and the header table of
+    each of its safetensors files (by file name)."""
+    if not in_dir.exists():
+        raise CliError(f"input directory {in_dir} does not exist")
+    if not in_dir.is_dir():
+        raise CliError(f"input {in_dir} is not a directory")
     parent = out_dir.absolute().parent
     if not parent.is_dir():
         raise CliError(f"the parent of the output, {parent}, does not exist")
@@ -201,10 +206,6 @@ def check_input(in_dir: Path, out_dir: Path) -> tuple[str, dict[str, dict]]:
         raise CliError(f"output {out_dir} is {state} (to {target}); choose a new directory")
     if out_dir.exists():
         raise CliError(f"output '{out_dir}' already exists; choose a new directory")
-    if not in_dir.exists():
-        raise CliError(f"input directory {in_dir} does not exist")
-    if not in_dir.is_dir():
-        raise CliError(f"input {in_dir} is not a directory")
     if out_dir.absolute().resolve().is_relative_to(in_dir.resolve()):
         raise CliError(f"output {out_dir} lies inside the input {in_dir}; choose a directory outside it")
     fmt = _format(in_dir)
@@ -750,6 +751,7 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"error: {message} (keybias-surgery --help lists the arguments)\n")
 
 
+EXIT_INTERRUPTED = 130  # the shell's 128 + SIGINT, so a script can tell a Ctrl-C from a bad input
 INTERRUPTED = threading.Event()
 COMMITTED = threading.Event()  # this run's output is in place: from here on the run has succeeded
 _PROCESS = threading.Event()  # main() runs as the process itself (argv from the command line)
@@ -776,7 +778,7 @@ def main(argv: list[str] | None = None) -> int:
         if COMMITTED.is_set():
             return 0
         print("error: interrupted; nothing written", file=sys.stderr)
-        return 2
+        return EXIT_INTERRUPTED
     finally:
         signal.signal(signal.SIGINT, signal.SIG_IGN if COMMITTED.is_set() and _PROCESS.is_set() else previous)
 
@@ -789,7 +791,7 @@ def _main(argv: list[str] | None) -> int:
                "whole, and scanned for NaN only in the attention modules the tool would change (such a module is "
                "left as it is and reported as not handled), since its other tensors are copied unread. "
                "Exit status: 0 once OUT_DIR is written (a Ctrl-C after that changes nothing); 2 for a bad input, "
-               "a refusal, a failed check or a Ctrl-C before that, with nothing written.")
+               "a refusal or a failed check, and 130 for a Ctrl-C before OUT_DIR is written, with nothing written.")
     parser.add_argument("in_dir", type=Path,
                         help="a Hugging Face model folder (config.json with model_type), timm's Hugging Face folder "
                              "(config.json with architecture) or open_clip's (open_clip_config.json), with "
@@ -812,11 +814,11 @@ def _main(argv: list[str] | None) -> int:
         if COMMITTED.is_set():
             return 0  # interrupted after this run's output was complete: the run succeeded
         print("error: interrupted; nothing written", file=sys.stderr)
-        return 2
+        return EXIT_INTERRUPTED
     except Exception as exc:  # noqa: BLE001  (one line for the user, the bug's place kept visible)
         if INTERRUPTED.is_set():
             print("error: interrupted; nothing written", file=sys.stderr)
-            return 2
+            return EXIT_INTERRUPTED
         where = traceback.extract_tb(exc.__traceback__)[-1]
         print(f"error: {clip(exc) or type(exc).__name__}; nothing written "
               f"[internal {type(exc).__name__} at {Path(where.filename).name}:{where.lineno}; please report it]",

@@ -222,7 +222,7 @@ def test_an_interrupt_a_library_swallowed_still_writes_nothing(tmp_path, capsys,
         return real(*args)
 
     monkeypatch.setattr(cli, "verify_written", swallowed)
-    assert cli.main([str(src), str(out)]) == 2
+    assert cli.main([str(src), str(out)]) == cli.EXIT_INTERRUPTED
     assert "interrupted; nothing written" in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in"]
 

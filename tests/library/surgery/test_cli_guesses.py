@@ -95,13 +95,13 @@ def test_interrupt_after_the_output_is_complete_exits_0(tmp_path, monkeypatch, c
     assert (out / "keybias_surgery.json").is_file()
 
 
-def test_interrupt_before_the_output_is_complete_exits_2_and_leaves_nothing(tmp_path, monkeypatch, capsys):
+def test_interrupt_before_the_output_is_complete_exits_130_and_leaves_nothing(tmp_path, monkeypatch, capsys):
     src, out = _tiny(tmp_path / "in"), tmp_path / "out"
 
     def stop(*_args):
         raise KeyboardInterrupt
     monkeypatch.setattr(cli, "verify_written", stop)
-    assert cli.main([str(src), str(out)]) == 2
+    assert cli.main([str(src), str(out)]) == cli.EXIT_INTERRUPTED
     assert "interrupted; nothing written" in capsys.readouterr().err
     assert sorted(os.listdir(tmp_path)) == ["in"]
 
@@ -116,7 +116,7 @@ def test_interrupt_beside_an_earlier_complete_output_is_not_a_success(tmp_path, 
     def stop(*_args, **_kwargs):
         raise KeyboardInterrupt
     monkeypatch.setattr(cli, "check_input", stop)
-    assert cli.main([str(src), str(out)]) == 2
+    assert cli.main([str(src), str(out)]) == cli.EXIT_INTERRUPTED
     assert "interrupted; nothing written" in capsys.readouterr().err
     assert sorted(os.listdir(out)) == before
 
@@ -193,11 +193,11 @@ def test_a_process_interrupted_after_its_output_is_complete_exits_0(tmp_path):
     assert (out / "keybias_surgery.json").is_file()
 
 
-def test_a_process_interrupted_before_its_output_is_in_place_exits_2_and_leaves_nothing(tmp_path):
+def test_a_process_interrupted_before_its_output_is_in_place_exits_130_and_leaves_nothing(tmp_path):
     # the control of the test above: the same Ctrl-C one step earlier is not ignored
     src, out = _tiny(tmp_path / "in"), tmp_path / "out"
     code, err = _interrupted_process(_BEFORE_COMMIT, "verified", src, out)
-    assert code == 2 and "interrupted; nothing written" in err, err
+    assert code == cli.EXIT_INTERRUPTED and "interrupted; nothing written" in err, err
     assert sorted(os.listdir(tmp_path)) == ["in"]
 
 
@@ -243,10 +243,22 @@ def test_quiet_libraries_silences_their_warnings_and_gives_them_back(caplog):
         assert [r.getMessage() for r in caplog.records] == ["timm's warning"] and len(seen) == 1
 
 
-def test_an_interrupt_while_the_arguments_are_parsed_exits_2(tmp_path, monkeypatch, capsys):
+def test_an_interrupt_while_the_arguments_are_parsed_exits_130(tmp_path, monkeypatch, capsys):
     def stop(*_args, **_kwargs):
         raise KeyboardInterrupt
     monkeypatch.setattr(cli._Parser, "parse_args", stop)
-    assert cli.main([str(tmp_path / "in"), str(tmp_path / "out")]) == 2
+    assert cli.main([str(tmp_path / "in"), str(tmp_path / "out")]) == cli.EXIT_INTERRUPTED
     assert capsys.readouterr().err.strip() == "error: interrupted; nothing written"
     assert os.listdir(tmp_path) == []
+
+
+def test_a_missing_input_is_named_before_an_output_that_exists(tmp_path, capsys):
+    """Both arguments are wrong: the error names the input, the one a user mistyped, not the output."""
+    out = tmp_path / "out"
+    out.mkdir()
+    assert cli.main([str(tmp_path / "no-such-model"), str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: input directory") and "does not exist" in err, err
+    # the control: with the input present, the same output is refused as existing
+    assert cli.main([str(_tiny(tmp_path / "in")), str(out)]) == 2
+    assert "already exists" in capsys.readouterr().err

@@ -253,7 +253,7 @@ def test_a_shard_interrupted_mid_write_leaves_nothing_and_a_rerun_finishes(tmp_p
             raise KeyboardInterrupt
         return real(source, target, wanted, deliver, stop, take)
     monkeypatch.setattr(_shards, "stream_shard", interrupted)
-    assert cli.main([str(src), str(out), "--fold-value"]) == 2
+    assert cli.main([str(src), str(out), "--fold-value"]) == cli.EXIT_INTERRUPTED
     assert "interrupted; nothing written" in _one_line(capsys)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in"]
     monkeypatch.setattr(_shards, "stream_shard", real)

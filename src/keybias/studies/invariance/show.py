@@ -25,15 +25,16 @@ def category_label(category: str) -> str:
 _LOG_FLOOR = -20.0  # a zero change (0/0 included) sits at the left edge of the axis
 _AXIS_LIMIT = 7.8
 
-# The map's rows: the checklist's prediction, and for a predicted break the assumption it breaks.
+# The map's rows: the checklist's prediction, and for a predicted break the question of the
+# checklist (Section 3) it fails; the cases' assumptions A1 to A4 are questions 1, 2, 2 and 3.
 # Forty categories on one axis could not be read at print size; these eight can.
 MAP_GROUPS = {
     ("redundant", "mha"): "MHA, redundant", ("redundant", "sizes"): "MHA, redundant",
     ("redundant", "realistic"): "MHA, redundant", ("redundant", "layers"): "Transformer layers",
     ("redundant", "sdpa"): "SDPA and variants", ("redundant", "variants"): "SDPA and variants",
     ("redundant", "hf"): "Hugging Face models",
-    ("not_redundant", "A1"): "appended key or slot (A1)", ("not_redundant", "A2"): "normalised scores (A2)",
-    ("not_redundant", "A3"): "rotary embeddings (A3)", ("not_redundant", "A4"): "sigmoid weights (A4)",
+    ("not_redundant", "A1"): "appended key or slot (Q1)", ("not_redundant", "A2"): "normalised keys (Q2)",
+    ("not_redundant", "A3"): "rotary embeddings (Q2)", ("not_redundant", "A4"): "sigmoid weights (Q3)",
     ("invalid", ""): "one key: no test",
 }
 
@@ -64,8 +65,10 @@ def plot_map(df: pd.DataFrame, mags: pd.DataFrame):
     groups = sorted(j["group"].unique(), key=lambda g: (order.index(g) if g in order else len(order), g))
     levels = sorted(j.magnitude.unique())
     dts = [d for d in DTYPES if d in set(j.dtype)]
-    colour = dict(zip(DTYPES, (style.OKABE_ITO[0], style.OKABE_ITO[1], style.OKABE_ITO[2], style.OKABE_ITO[3]),
+    # colour and shape both tell the dtypes apart, so that orange and vermillion never have to
+    colour = dict(zip(DTYPES, (style.OKABE_ITO[0], style.OKABE_ITO[1], style.OKABE_ITO[2], style.OKABE_ITO[4]),
                       strict=True))
+    shape = dict(zip(DTYPES, ("o", "s", "D", "v"), strict=True))
     offset = {dt: (i - (len(dts) - 1) / 2) * 0.8 / max(len(dts), 1) for i, dt in enumerate(dts)}
     height = max(2.4, 0.32 * len(groups) + 1.3)
     fig, axes = plt.subplots(1, len(levels), figsize=(style.FULL_WIDTH, height), sharey=True, squeeze=False)
@@ -82,7 +85,7 @@ def plot_map(df: pd.DataFrame, mags: pd.DataFrame):
         y = y + sub["dtype"].map(offset).to_numpy() + (rng.random(len(sub)) - 0.5) * 0.12
         for dt in dts:
             sel = (sub.dtype == dt).to_numpy()
-            ax.scatter(lg(sub.bk_abs, sub.tolerance_abs)[sel], y[sel], s=6, marker="o",
+            ax.scatter(lg(sub.bk_abs, sub.tolerance_abs)[sel], y[sel], s=10, marker=shape[dt],
                        color=colour[dt], alpha=0.7, lw=0, label=f"$b_k$, {dt}")
             # controls in grey, whatever the dtype: right of the threshold they show power, not a break
             ax.scatter(lg(sub.control_abs, sub.tolerance_abs)[sel], y[sel], s=8, marker="^",
