@@ -644,3 +644,22 @@ def test_header_parameter_table_labels_each_parameter_in_words_and_keeps_its_cod
                        previous=None, following=None)
     cells = [td.get_text() for td in BeautifulSoup(page, "html.parser").find_all("td")]
     assert cells == ["0, 1", "float64"]
+
+
+@pytest.mark.parametrize("ascii_math, reader", [
+    ("eps = 1e-12", "\u03b5 = 10\u207b\u00b9\u00b2"),
+    ("||b_k|| >= 0.5", "\u2016<i>b</i><sub>k</sub>\u2016 \u2265 0.5"),
+    ("q.(kj + bk)/sqrt(d)", "q\u00b7(kj + <i>b</i><sub>k</sub>)/\u221ad"),
+    ("lambda sqrt(n) u", "\u03bb \u221an u"),
+    ("|grad bk|", "|\u2207<i>b</i><sub>k</sub>|"),
+    ("(sigma / (s + eps))^2", "(\u03c3 / (s + \u03b5))\u00b2"),
+    ("sum_j p_j", "\u03a3<sub>j</sub> <i>p</i><sub>j</sub>"),
+    ("sigma_t", "<i>\u03c3</i><sub>t</sub>"),
+    # names a reader types or opens stay as written: a column, a file, a word that contains one
+    ("bk_norm in data/bk.csv", "bk_norm in data/bk.csv"),
+    ("the sigmoid and a mutation", "the sigmoid and a mutation"),
+])
+def test_prose_writes_ascii_math_in_a_readers_signs(ascii_math, reader):
+    from keybias.pipeline.render_page import prose_html
+
+    assert prose_html(ascii_math) == reader

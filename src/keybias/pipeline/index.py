@@ -611,13 +611,13 @@ def render_index(results: Path, steps: list[dict], claims: list[dict], provenanc
         # "every claim holds" is the CPU's verdict: said so, next to what the GPU's data say
         found_lead = ((found_lead[:-len("</p>")].replace("Every claim holds.", "Every claim holds on the CPU.")
                        + " " + gpu_lead + "</p>") if found_lead else f'<p class="lead">{gpu_lead}</p>')
-    out.append('<section id="found" aria-labelledby="found-h"><h2 id="found-h">What we found</h2>' + found_lead
-               + '<ol class="found">')
+    # the findings come first, so the first screen says what was found; how the checks came out follows
+    out.append('<section id="found" aria-labelledby="found-h"><h2 id="found-h">What we found</h2><ol class="found">')
     for f in findings:
         statement = f.get("statement") or ""
         out.append(f'<li><strong><a href="#finding-{_esc(f["id"])}">{statement_html(f.get("title", f["id"]))}</a></strong>'
                    f"{statement_html(statement)}</li>")
-    out.append("</ol></section>")
+    out.append("</ol>" + found_lead + "</section>")
     if retired:
         out.append(retired)
     if gpu:
@@ -637,7 +637,7 @@ def render_index(results: Path, steps: list[dict], claims: list[dict], provenanc
                          f'title="The figure in its notebook">Figure</a>')
         if judge is not None:
             links.append(f'<a href="notebooks/{_esc(name)}.html#claim-{_esc(judge["id"])}" '
-                         f'title="The notebook cell that judges this finding">Judging cell</a>')
+                         f'title="The notebook cell whose checks could refute this finding">Where it is tested</a>')
         else:
             links.append(f'<a href="notebooks/{_esc(name)}.html">Its notebook</a>')
         links.append(_paper_link(f.get("section"), pages))

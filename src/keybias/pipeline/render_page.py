@@ -78,7 +78,7 @@ COMPARISON_SIGNS = {"<=": "\u2264", ">=": "\u2265", "==": "=", "<": "<", ">": ">
 _INT = re.compile(r"^[-+]?\d+$")
 # symbols with subscripts in plain prose (b_k, q_i, g_b_q): the nested form first
 _NESTED_SUB = re.compile(r"(?<![\w\\])([A-Za-z])_([A-Za-z])_([A-Za-z0-9]{1,3})(?![\w])")
-_SUB = re.compile(r"(?<![\w\\])([A-Za-z])_([A-Za-z0-9]{1,3})(?![\w])")
+_SUB = re.compile(r"(?<![\w\\])([A-Za-z\u03b1-\u03c9])_([A-Za-z0-9]{1,3})(?![\w])")  # sigma_t once it is σ_t
 # ASCII math in plain prose, as a reader writes it: ||b_k|| as a norm, eps as epsilon, 1e-12 as a
 # power of ten, >= and <= as signs (the text is already escaped, so > is &gt;)
 _NORM = re.compile(r"\|\|([^|<>]{1,24}?)\|\|")
@@ -86,7 +86,15 @@ _EPS = re.compile(r"(?<![\w\\])eps(?![\w])")
 _SCI = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?)e([-+]?)0*(\d+)(?![\w.])")
 _SIGNS = (("&gt;=", "\u2265"), ("&lt;=", "\u2264"), ("!=", "\u2260"))
 _DOT = re.compile(r"(?<![\w.])([qk](?:_i)?)\.(b_[kqv])(?![\w])")  # q.b_k, a dot product
-_ASCII_MATH = re.compile("|".join(r.pattern for r in (_NORM, _EPS, _SCI, _DOT)) + "|>=|<=|!=")
+_GREEK = {"sigma": "\u03c3", "mu": "\u03bc", "lambda": "\u03bb", "alpha": "\u03b1", "tau": "\u03c4",
+          "rho": "\u03c1", "kappa": "\u03ba", "eta": "\u03b7"}
+_GREEK_WORD = re.compile(r"(?<![\w\\])(" + "|".join(_GREEK) + r")(?![A-Za-z0-9(])")
+_SQRT = re.compile(r"(?<![\w\\])sqrt\(([\w.]{1,8})\)")  # sqrt(d) as √d; a longer radicand stays
+_SUM = re.compile(r"(?<![\w\\])sum_([a-z])(?![\w])")  # sum_j as Σ_j
+_BARE_BIAS = re.compile(r"(?<![\w\\/.-])b([kqv])(?![\w./-])")  # bk, as a claim's text writes b_k
+_GRAD = re.compile(r"(?<![\w\\])grad (?=b_[kqv]|b[kqv]\b)")
+_ASCII_MATH = re.compile("|".join(r.pattern for r in (_NORM, _EPS, _SCI, _DOT, _GREEK_WORD, _SQRT, _SUM,
+                                                      _BARE_BIAS)) + "|>=|<=|!=")
 _SUPER = str.maketrans("0123456789-", "\u2070\u00b9\u00b2\u00b3\u2074\u2075\u2076\u2077\u2078\u2079\u207b")
 
 
@@ -97,10 +105,18 @@ def _power_of_ten(m: re.Match) -> str:
 
 
 def math_html(escaped: str) -> str:
-    """Escaped prose with its ASCII math (eps = 1e-12, ||b_k||, r >= 0.5) in a reader's signs."""
+    """Escaped prose with its ASCII math (eps = 1e-12, ||b_k||, r >= 0.5, sigma, sqrt(d), sum_j,
+    grad bk) in a reader's signs."""
+    escaped = _BARE_BIAS.sub(r"b_\1", escaped)
+    escaped = _GRAD.sub("\u2207", escaped)
     escaped = _NORM.sub("\u2016\\1\u2016", escaped)
     escaped = _EPS.sub("\u03b5", escaped)
+    escaped = _GREEK_WORD.sub(lambda m: _GREEK[m.group(1)], escaped)
+    escaped = _SQRT.sub("\u221a\\1", escaped)
+    escaped = _SUM.sub("\u03a3<sub>\\1</sub>", escaped)
     escaped = _DOT.sub("\\1\u00b7\\2", escaped)
+    escaped = re.sub(r"(?<![\w.])q\.\(", "q\u00b7(", escaped)  # q.(k_j + b_k), a dot product
+    escaped = re.sub(r"(?<=[\w)])\^\{?(-?\d+)\}?", lambda m: m.group(1).translate(_SUPER), escaped)
     escaped = _SCI.sub(_power_of_ten, escaped)
     for ascii_sign, sign in _SIGNS:
         escaped = escaped.replace(ascii_sign, sign)

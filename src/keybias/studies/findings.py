@@ -269,7 +269,8 @@ register(Finding(
                r"in proportion to $\|\bk\|/\ktyp$: the log--log slopes fitted over each dtype's four code paths are "
                r"\PrecSlopeFloatSixtyFour{}, \PrecSlopeFloatThirtyTwo{}, \PrecSlopeFloatSixteen{} and "
                r"\PrecSlopeBfloatSixteen{}$\pm$\PrecSlopeSeBfloatSixteen{} in "
-               r"float64, float32, float16 and bfloat16, close to the first-order model's 1; no shipped checkpoint "
+               r"float64, float32, float16 and bfloat16, close to the first-order model's exponent 1, though the "
+               r"model's constant is \PrecModelConstMin{} to \PrecModelConstMax{} per path rather than 1; no shipped checkpoint "
                r"we measured reaches the size where the error doubles."),
     section="sec:noise", figure="precision_error_vs_bias", notebook="03_precision", basis="test",
     decided_by=("precision-output-change-within-tolerance", "precision-law-slope-one",
@@ -285,8 +286,8 @@ register(Finding(
     title=r"In one small model, training without $\bk$ is the same training",
     statement=(r"A small vision transformer (\TrainNParams{} parameters, \TrainSteps{} steps) trained with and "
                r"without $\bk$ reaches the same test "
-               r"accuracy with Adam (\TrainAccKeptAdam{} with $\bk$, \TrainAccRemovedAdam{} without) and with SGD, "
-               r"which learns more slowly and is still far behind Adam (\TrainAccKeptSgd{} and \TrainAccRemovedSgd{}), and the two runs "
+               r"accuracy with Adam (\TrainAccKeptAdam{} with $\bk$, \TrainAccRemovedAdam{} without) and with the slower "
+               r"SGD (\TrainAccKeptSgd{} and \TrainAccRemovedSgd{}), and the two runs "
                r"differ by about as much (\TrainDivergenceRatio{} times) as a run differs from its own copy "
                r"perturbed at the rounding level."),
     section="sec:training", figure="training_curves", notebook="04_training", basis="test",
@@ -303,10 +304,11 @@ register(Finding(
     title="Adam turns the noise into drift, by regime",
     statement=(r"Adam divides the noise gradient of $\bk$ by its own scale. In the long runs of a byte-level "
                r"language model, where $\varepsilon$ lies far below "
-               r"the noise its steps are full-size (step rate \LongFullRunRateFloatEpsTwelveMin{}--"
+               r"the noise its steps are full-size (step rate, the squared ratio of a step to a full one, "
+               r"\LongFullRunRateFloatEpsTwelveMin{}--"
                r"\LongFullRunRateFloatEpsTwelveMax{} per run in float32 at $\varepsilon=10^{-12}$, "
                r"\LongFullRunRateBfloatEpsEightMin{}--\LongFullRunRateBfloatEpsEightMax{} under bfloat16 autocast "
-               r"at the default $10^{-8}$); in float32 at the default they are SGD-like "
+               r"at the default $10^{-8}$); in float32 at the default they are scaled down by $\varepsilon$ "
                r"(\LongFullRunRateFloatEpsEightMin{}--\LongFullRunRateFloatEpsEightMax{}) and the drift is at most "
                r"\LongFullDampingMax{} of the small-$\varepsilon$ drift at the same seed and size; under SGD in "
                r"float32 $\bk$ only random-walks."),

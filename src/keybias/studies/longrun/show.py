@@ -324,8 +324,9 @@ def failed_prediction_text(prediction: dict) -> str:
 def regimes_text(claims) -> str:
     """Section 4's finding from the values of its claims (keyed by claim id)."""
     v = {c.id: float(c.value) for c in claims}
-    return (f"With eps = 1e-12 in float32 every run's step rate is at least {_n(v['adam-full-steps-float32-small-eps'])}"
-            f", and with the default eps in bfloat16 at least {_n(v['adam-full-steps-bfloat16-default-eps'])}: "
+    return (f"With eps = 1e-12 in float32 the step rate of every layer in every run is at least "
+            f"{_n(v['adam-full-steps-float32-small-eps'])}, and with the default eps in bfloat16 at least "
+            f"{_n(v['adam-full-steps-bfloat16-default-eps'])} (the table averages a run's layers): "
             "full-size steps on rounding noise. In float32 at the default eps it is at most "
             f"{_n(v['adam-sgd-steps-float32-default-eps'])}, steps of at most "
             f"{_n(math.sqrt(v['adam-sgd-steps-float32-default-eps']), 2)} of full size, and at the end the drift is at "
