@@ -46,6 +46,14 @@ def pytest_collection_modifyitems(config, items):
                 _COLLECTED["mutations"].setdefault(cid, set()).add(item.nodeid)
 
 
+# The tests that read the smoke run go last, so that the other tests run while the notebooks do
+# instead of waiting for them (the smoke run starts at the end of collection, in a process of its own).
+# A stable sort: within each part, the order of collection.
+@pytest.hookimpl(trylast=True, specname="pytest_collection_modifyitems")
+def pytest_smoke_readers_last(config, items):
+    items.sort(key=lambda item: "smoke_results" in getattr(item, "fixturenames", ()))
+
+
 # Work that test modules hand to a process of its own while the session runs the other tests:
 # name -> (the process, the file it writes). See tests/studies/test_nan_policy.py.
 BACKGROUND: dict = {}
