@@ -22,9 +22,9 @@ import pandas as pd
 import yaml
 
 from keybias.core.recorder import atomic_write_text
+from keybias.core.text import SUPERSCRIPT
 from keybias.pipeline.findings_out import findings_records, read_macros
 from keybias.pipeline.render_page import (
-    _SUPER,
     KIND_MEANING,
     KIND_ORDER,
     KIND_WORDS,
@@ -289,7 +289,7 @@ def statement_html(text: str) -> str:
     """A finding's plain statement as HTML: `10^-12` as a power, `b_k` and `q_i` with subscripts."""
 
     text = _esc(text)
-    text = re.sub(r"\^\{?(-?\d+)\}?", lambda m: m.group(1).translate(_SUPER), text)
+    text = re.sub(r"\^\{?(-?\d+)\}?", lambda m: m.group(1).translate(SUPERSCRIPT), text)
     text = re.sub(r"\^\{?([\w\u0370-\u03ff])\}?", r"<sup>\1</sup>", text)
     return subscript_html(text)
 

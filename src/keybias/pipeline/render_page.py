@@ -21,6 +21,7 @@ import yaml
 from bs4 import BeautifulSoup, NavigableString
 
 from keybias.core.provenance import commit_info
+from keybias.core.text import SUPERSCRIPT
 from keybias.pipeline.render_clean import PACKAGE_DIR, cell_source, code_cells, parse_code
 from keybias.studies.params import ParameterError, spec_for
 from keybias.studies.tables import tidy_table_html
@@ -95,12 +96,11 @@ _BARE_BIAS = re.compile(r"(?<![\w\\/.-])b([kqv])(?![\w./-])")  # bk, as a claim'
 _GRAD = re.compile(r"(?<![\w\\])grad (?=b_[kqv]|b[kqv]\b)")
 _ASCII_MATH = re.compile("|".join(r.pattern for r in (_NORM, _EPS, _SCI, _DOT, _GREEK_WORD, _SQRT, _SUM,
                                                       _BARE_BIAS)) + "|>=|<=|!=")
-_SUPER = str.maketrans("0123456789-", "\u2070\u00b9\u00b2\u00b3\u2074\u2075\u2076\u2077\u2078\u2079\u207b")
 
 
 def _power_of_ten(m: re.Match) -> str:
     power = ("-" if m.group(2) == "-" else "") + m.group(3)
-    ten = "10" + power.translate(_SUPER)
+    ten = "10" + power.translate(SUPERSCRIPT)
     return ten if m.group(1) in ("1", "1.0") else f"{m.group(1)}\u00d7{ten}"
 
 
@@ -116,7 +116,7 @@ def math_html(escaped: str) -> str:
     escaped = _SUM.sub("\u03a3<sub>\\1</sub>", escaped)
     escaped = _DOT.sub("\\1\u00b7\\2", escaped)
     escaped = re.sub(r"(?<![\w.])q\.\(", "q\u00b7(", escaped)  # q.(k_j + b_k), a dot product
-    escaped = re.sub(r"(?<=[\w)])\^\{?(-?\d+)\}?", lambda m: m.group(1).translate(_SUPER), escaped)
+    escaped = re.sub(r"(?<=[\w)])\^\{?(-?\d+)\}?", lambda m: m.group(1).translate(SUPERSCRIPT), escaped)
     escaped = _SCI.sub(_power_of_ten, escaped)
     for ascii_sign, sign in _SIGNS:
         escaped = escaped.replace(ascii_sign, sign)

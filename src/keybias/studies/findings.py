@@ -20,6 +20,7 @@ import re
 from dataclasses import dataclass
 
 from keybias.core.claimspec import list_claims
+from keybias.core.text import SUPERSCRIPT
 from keybias.studies.conditions import cases as condition_cases
 from keybias.studies.symbolic import judge as _symbolic_specs  # noqa: F401  (registers 01's claims)
 
@@ -130,13 +131,12 @@ def _exact(macro: str) -> Headline:
 
 # -- plain text from LaTeX with macros -----------------------------------------------------------
 _MACRO_USE = re.compile(r"\\([A-Za-z]+)\{\}")
-_SUPERSCRIPT = str.maketrans("0123456789-", "⁰¹²³⁴⁵⁶⁷⁸⁹⁻")
 
 
 def latex_number_to_text(text: str) -> str:
     """`1.2\\times10^{-3}` -> `1.2×10⁻³`, `2{,}290` -> `2,290`, `5\\%` -> `5%`."""
-    text = re.sub(r"\\times\s*10\^\{(-?\d+)\}", lambda m: "×10" + m.group(1).translate(_SUPERSCRIPT), text)
-    text = re.sub(r"^10\^\{(-?\d+)\}$", lambda m: "10" + m.group(1).translate(_SUPERSCRIPT), text)
+    text = re.sub(r"\\times\s*10\^\{(-?\d+)\}", lambda m: "×10" + m.group(1).translate(SUPERSCRIPT), text)
+    text = re.sub(r"^10\^\{(-?\d+)\}$", lambda m: "10" + m.group(1).translate(SUPERSCRIPT), text)
     return text.replace("{,}", ",").replace(r"\%", "%")
 
 
@@ -161,7 +161,7 @@ _LATEX_WORDS = {"bk": "b_k", "bq": "b_q", "bv": "b_v", "ktyp": "‖k‖_typ"}
 
 
 def _math_text(math: str) -> str:
-    math = re.sub(r"10\^\{(-?\d+)\}", lambda m: "10" + m.group(1).translate(_SUPERSCRIPT), math)
+    math = re.sub(r"10\^\{(-?\d+)\}", lambda m: "10" + m.group(1).translate(SUPERSCRIPT), math)
     math = re.sub(r"\\(bk|bq|bv|ktyp)\b(\{\})?", lambda m: _LATEX_WORDS[m.group(1)], math)
     for a, b in ((r"\le", "≤"), (r"\ge", "≥"), (r"\times", "×"), (r"\cdot", "·"), (r"\approx", "≈"),
                  (r"\sqrt", "√"), (r"\alpha", "α"), (r"\varepsilon", "ε"), (r"\epsilon", "ε"),

@@ -14,6 +14,8 @@ import re
 
 import pandas as pd
 
+from keybias.core.text import SUPERSCRIPT
+
 MISSING = "\u2014"
 COMPARISONS = {"<=": "\u2264", ">=": "\u2265", "!=": "\u2260", "==": "="}
 MAX_ROWS = 25
@@ -109,11 +111,27 @@ COLUMN_WORDS = {
 }
 
 
+def in_words(frame: pd.DataFrame) -> pd.DataFrame:
+    """A table's identifiers in words: invariance categories as the map labels them, the columns of
+    COLUMN_WORDS (comma lists part by part), and a count "3/4" as "3 of 4" ("0/0", nothing judged,
+    as a dash)."""
+    frame = frame.copy()
+    if "category" in frame:
+        frame["category"] = frame["category"].map(lambda c: CASE_WORDS.get(c, str(c).replace("_", " ")))
+    for column, words in COLUMN_WORDS.items():
+        if column in frame:
+            frame[column] = frame[column].map(lambda v, w=words: ", ".join(
+                w.get(part, part.replace("_", " ")) for part in str(v).split(",")))
+    if "matches_theory" in frame:
+        frame["matches_theory"] = frame["matches_theory"].map(
+            lambda v: MISSING if v == "0/0" else str(v).replace("/", " of "))
+    return frame
+
+
 def case_words(case: str) -> str:
     """An invariance case ("variant qk_norm", "encoder_layer") as a sentence begins it."""
     text = CASE_WORDS.get(case, case.replace("_", " "))
     return text[:1].upper() + text[1:]
-_SUPERSCRIPT = str.maketrans("0123456789-", "\u2070\u00b9\u00b2\u00b3\u2074\u2075\u2076\u2077\u2078\u2079\u207b")
 # TeX in a cell ("$b_q$ tied to $b_k$") is left whole for MathJax: a break inside it would stop typesetting
 _INLINE_MATH = re.compile(r"\$[^$]+\$")
 _NUMBER = re.compile(r"^[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)?(?:\.\d+)?(?:[eE][-+]?\d+)?$")
@@ -156,7 +174,7 @@ def format_number(value, digits: int = 3) -> str:
     elif number != 0 and not 1e-3 <= abs(number) < 1e6:
         mantissa, exponent = f"{number:.{digits - 1}e}".split("e")
         mantissa = mantissa.rstrip("0").rstrip(".") if "." in mantissa else mantissa
-        text = f"{mantissa}\u00d710{str(int(exponent)).translate(_SUPERSCRIPT)}"
+        text = f"{mantissa}\u00d710{str(int(exponent)).translate(SUPERSCRIPT)}"
     else:
         places = max(0, digits - 1 - math.floor(math.log10(abs(number)))) if number else 0
         text = f"{number:,.{places}f}"
