@@ -349,9 +349,9 @@ def _claim_item(c: dict, finding: dict | None, group_title: str) -> str:
     return (f'<li id="claim-{_esc(c["id"])}" data-kind="{_esc(c.get("kind") or "")}" '
             f'data-holds="{"yes" if holds else "no"}" data-text="{_esc(words)}">'
             f'<span>{statement_html(c.get("statement", ""))} <a href="notebooks/{_esc(c.get("notebook", ""))}.html#claim-'
-            f'{_esc(c["id"])}">where it is judged</a></span>'
+            f'{_esc(c["id"])}">where it is judged</a></span> '  # spaces: the row reads as words when copied
             f'<span class="check">{_claim_numbers(c, sign)}'
-            + (' <span class="holds">holds</span>' if holds else ' <span class="fails">FAILS</span>') + "</span>"
+            + (' <span class="holds">holds</span>' if holds else ' <span class="fails">FAILS</span>') + "</span> "
             f'<span class="kind" title="{_esc(KIND_MEANING.get(c.get("kind") or "", ""))}">'
             f'{_esc(kind_name(c.get("kind")))}</span></li>')
 
