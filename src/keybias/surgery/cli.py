@@ -190,7 +190,11 @@ def check_input(in_dir: Path, out_dir: Path) -> tuple[str, dict[str, dict]]:
         raise CliError(f"input directory {in_dir} does not exist")
     if not in_dir.is_dir():
         raise CliError(f"input {in_dir} is not a directory")
+    if out_dir.absolute().resolve() == in_dir.absolute().resolve():
+        raise CliError(f"output {out_dir} is the input directory; choose a new directory for the output")
     parent = out_dir.absolute().parent
+    if parent.exists() and not parent.is_dir():
+        raise CliError(f"the parent of the output, {parent}, is not a directory")
     if not parent.is_dir():
         raise CliError(f"the parent of the output, {parent}, does not exist")
     probe = parent / f".{out_dir.name}{TEMP_TAG}probe-{os.getpid()}"
@@ -764,6 +768,18 @@ def _on_interrupt(signum, frame):
     raise KeyboardInterrupt
 
 
+def _caused_by_interrupt(exc: BaseException) -> bool:
+    """Whether a KeyboardInterrupt lies under `exc`: a library that loads a module lazily turns a
+    Ctrl-C into its own import error, and one that sets its own SIGINT handler bypasses ours."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, KeyboardInterrupt):
+            return True
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
 def main(argv: list[str] | None = None) -> int:
     INTERRUPTED.clear()
     COMMITTED.clear()
@@ -816,7 +832,7 @@ def _main(argv: list[str] | None) -> int:
         print("error: interrupted; nothing written", file=sys.stderr)
         return EXIT_INTERRUPTED
     except Exception as exc:  # noqa: BLE001  (one line for the user, the bug's place kept visible)
-        if INTERRUPTED.is_set():
+        if INTERRUPTED.is_set() or _caused_by_interrupt(exc):
             print("error: interrupted; nothing written", file=sys.stderr)
             return EXIT_INTERRUPTED
         where = traceback.extract_tb(exc.__traceback__)[-1]

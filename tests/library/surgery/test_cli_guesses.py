@@ -262,3 +262,38 @@ def test_a_missing_input_is_named_before_an_output_that_exists(tmp_path, capsys)
     # the control: with the input present, the same output is refused as existing
     assert cli.main([str(_tiny(tmp_path / "in")), str(out)]) == 2
     assert "already exists" in capsys.readouterr().err
+
+
+def test_a_ctrl_c_that_a_library_wraps_in_its_own_error_is_an_interrupt(tmp_path, monkeypatch, capsys):
+    """transformers' lazy import turns a KeyboardInterrupt into a ModuleNotFoundError, and a library
+    may replace the SIGINT handler: the run is still interrupted (130), not an internal error."""
+    src, out = _tiny(tmp_path / "in"), tmp_path / "out"
+
+    def wrapped(*_args):
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt as exc:
+            raise ModuleNotFoundError("Could not import module 'BertModel'") from exc
+
+    monkeypatch.setattr(cli, "verify_written", wrapped)
+    assert cli.main([str(src), str(out)]) == cli.EXIT_INTERRUPTED
+    err = capsys.readouterr().err.strip()
+    assert err == "error: interrupted; nothing written" and "internal" not in err
+    assert sorted(os.listdir(tmp_path)) == ["in"]
+    # the control: the same error with no interrupt under it is the tool's fault, exit 2
+    monkeypatch.setattr(cli, "verify_written", lambda *_a: (_ for _ in ()).throw(ModuleNotFoundError("x")))
+    assert cli.main([str(src), str(out)]) == 2 and "internal ModuleNotFoundError" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("case", ["output is the input", "parent is a file"])
+def test_an_output_that_cannot_be_one_is_named_for_what_it_is(tmp_path, case, capsys):
+    src = _tiny(tmp_path / "in")
+    if case == "output is the input":
+        out, said = src, "is the input directory"
+    else:
+        (tmp_path / "a-file").write_text("")
+        out, said = tmp_path / "a-file" / "out", "is not a directory"
+    assert cli.main([str(src), str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and said in err, err
+    assert sorted(os.listdir(tmp_path)) == sorted(["in", *(["a-file"] if case == "parent is a file" else [])])
