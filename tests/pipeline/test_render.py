@@ -648,6 +648,7 @@ def test_header_parameter_table_labels_each_parameter_in_words_and_keeps_its_cod
 
 @pytest.mark.parametrize("ascii_math, reader", [
     ("eps = 1e-12", "\u03b5 = 10\u207b\u00b9\u00b2"),
+    ("drift with eps = 1e-12. The", "drift with \u03b5 = 10\u207b\u00b9\u00b2. The"),
     ("||b_k|| >= 0.5", "\u2016<i>b</i><sub>k</sub>\u2016 \u2265 0.5"),
     ("q.(kj + bk)/sqrt(d)", "q\u00b7(kj + <i>b</i><sub>k</sub>)/\u221ad"),
     ("lambda sqrt(n) u", "\u03bb \u221an u"),

@@ -84,7 +84,7 @@ _SUB = re.compile(r"(?<![\w\\])([A-Za-z\u03b1-\u03c9])_([A-Za-z0-9]{1,3})(?![\w]
 # power of ten, >= and <= as signs (the text is already escaped, so > is &gt;)
 _NORM = re.compile(r"\|\|([^|<>]{1,24}?)\|\|")
 _EPS = re.compile(r"(?<![\w\\])eps(?![\w])")
-_SCI = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?)e([-+]?)0*(\d+)(?![\w.])")
+_SCI = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?)e([-+]?)0*(\d+)(?![\w]|\.\d)")  # 1e-12 ends a sentence too
 _SIGNS = (("&gt;=", "\u2265"), ("&lt;=", "\u2264"), ("!=", "\u2260"))
 _DOT = re.compile(r"(?<![\w.])([qk](?:_i)?)\.(b_[kqv])(?![\w])")  # q.b_k, a dot product
 _GREEK = {"sigma": "\u03c3", "mu": "\u03bc", "lambda": "\u03bb", "alpha": "\u03b1", "tau": "\u03c4",

@@ -247,8 +247,8 @@ register(Finding(
     id="gradient-is-rounding-noise",
     title=r"The gradient of $\bk$ is dominated by rounding noise",
     statement=(r"Its size is at most "
-               r"\PrecGradNoiseScaleMax{} of the bound $\lambda\sqrt{n}\,u\|g_{\bq}\|$ that rounding of its row "
-               r"sums allows, and its direction is indistinguishable from "
+               r"\PrecGradNoiseScaleMax{} of what rounding the $n$-term sums of its rows can leave, at the scale of "
+               r"$\bq$'s gradient, and on the CPU its direction is indistinguishable from "
                r"isotropic noise "
                r"(mean pairwise cosine at most \PrecBkCosMax{} in magnitude, where a systematic direction would give 1)."),
     section="sec:noise", figure="precision_gradient", notebook="03_precision", basis="test",
@@ -329,7 +329,7 @@ register(Finding(
 register(Finding(
     id="long-run-drift",
     title="The drift over a long run, and what drives it",
-    statement=(r"Over \LongFullRuns{} long runs (\LongFullSeeds{} seeds, two sizes), the small model's "
+    statement=(r"Over \LongFullRuns{} long runs (\LongFullSeeds{} seeds, two sizes, three Adam settings), the small model's "
                r"$\|\bk\|$ grows like $t^{\alpha}$ with median $\alpha=\LongFullExponentMedianSmall{}$ at "
                r"$\varepsilon=10^{-12}$, faster than a random walk's $1/2$, though three seeds cannot exclude one; "
                r"$\bk$ ends along the mean query (median cosine \LongFullQueryCos{}, \LongFullQueryCosSqrtN{} "

@@ -330,7 +330,7 @@ def regimes_text(claims) -> str:
             "full-size steps on rounding noise. In float32 at the default eps it is at most "
             f"{_n(v['adam-sgd-steps-float32-default-eps'])}, steps of at most "
             f"{_n(math.sqrt(v['adam-sgd-steps-float32-default-eps']), 2)} of full size, and at the end the drift is at "
-            f"most {_n(v['adam-default-eps-damps-drift'], 2)} of the same seed's drift with eps = 1e-12. The same "
+            f"most {_n(v['adam-default-eps-damps-drift'])} of the same seed's drift with eps = 1e-12. The same "
             f"ratio for bfloat16, whose steps are full-size again, is at least "
             f"{_n(v['adam-drift-ratio-control-bfloat16'], 2)}: the comparison sees a regime of full steps.")
 
