@@ -664,3 +664,18 @@ def test_prose_writes_ascii_math_in_a_readers_signs(ascii_math, reader):
     from keybias.pipeline.render_page import prose_html
 
     assert prose_html(ascii_math) == reader
+
+
+def test_a_notebook_page_opens_with_what_its_section_finds():
+    from keybias.pipeline.render_page import header_html
+
+    findings = [{"notebook": "02_x", "title": "b_k is redundant", "statement": "No verdict contradicts it."},
+                {"notebook": "03_y", "title": "Another section's", "statement": "Not on this page."}]
+    kw = dict(name="02_x", title="The map", section="Where", profile="paper", device="cpu", commit="abc",
+              dirty=False, modules=[], repo=None, parameters={}, previous=None, following=None)
+    head = header_html(**kw, findings=findings)
+    # right under the title, before the provenance line, and only this section's findings
+    assert head.index("kb-title") < head.index("What this section finds") < head.index("kb-runwith")
+    assert "No verdict contradicts it." in head and "<i>b</i><sub>k</sub>" in head
+    assert "Not on this page." not in head
+    assert "What this section finds" not in header_html(**kw, findings=[])

@@ -212,6 +212,7 @@ def render_notebook_html(
         previous=previous,
         following=following,
         titles=titles,
+        findings=findings,
     )
     return finish_page(page, header=header, name=name, claims=claims, judged=judged, equations=equations,
                         kept=kept, table_csv=table_csv, figures=figures, previous=previous, following=following,

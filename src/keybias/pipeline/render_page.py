@@ -424,8 +424,16 @@ def parameter_value(source: str) -> str:
 
 
 def header_html(*, name, title, section, profile, device, commit, dirty, modules, repo, parameters,
-                 previous, following, titles: dict[str, str] | None = None) -> str:
+                 previous, following, titles: dict[str, str] | None = None,
+                 findings: list[dict] | None = None) -> str:
+    """The page's head: title, what it is, and, before any code or provenance, what this section
+    finds (`findings`: the records of results/findings.json whose notebook is this one)."""
     e = html.escape
+    found = [f for f in (findings or []) if f.get("notebook") == name and f.get("statement")]
+    # the first screen says what the section finds, phone included; the code and settings follow
+    lead = ("" if not found else '<div class="kb-lead"><p><strong>What this section finds.</strong></p><ul>'
+            + "".join(f'<li><strong>{prose_html(f.get("title", ""))}.</strong> {prose_html(f["statement"])}</li>'
+                      for f in found) + "</ul></div>")
     short = (commit or "unknown")[:12]
     if repo and commit and re.fullmatch(r"[0-9a-f]{40}", commit):
         commit_html = f'<a href="{e(repo)}/tree/{e(commit)}"><code>{e(short)}</code></a>'
@@ -455,6 +463,7 @@ def header_html(*, name, title, section, profile, device, commit, dirty, modules
         f'<header class="kb-header">'
         f'{_pager_html(previous, following, "kb-pager-top", titles)}'
         f'<h1 class="kb-title">{e(title)}</h1>'
+        f"{lead}"
         f'<p>{section_html} <a href="{e(name)}.ipynb">The executed notebook</a>.</p>'
         f'<div class="kb-runwith">Computed at commit {commit_html} on {e(where)}'
         + ("" if profile in ("paper", "", None) else
