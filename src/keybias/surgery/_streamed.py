@@ -62,6 +62,7 @@ from keybias.surgery.cli import (
     _names,
     _refuse_mismatch,
     clip,
+    fold_note,
     format_report,
     quiet_libraries,
     refusal_message,
@@ -332,6 +333,8 @@ def convert_sharded(in_dir: Path, out_dir: Path, *, fold_value: bool, allow_drop
             raise CliError(f"architecture {label!r}: no attention module this tool handles. {detail}")
         for op in operations:
             log(format_report(reports[op]))
+        if fold_value:
+            log(fold_note(allow_dropout))
         checks = [c for r in reports.values() for c in r["unit_checks"]]
         check = {"mode": "per module", "modules": len(checks), "holds": all(c["holds"] for c in checks),
                  "dtype": checks[0]["dtype"] if checks else "",

@@ -601,9 +601,7 @@ def _convert(in_dir: Path, out_dir: Path, fmt: str, sharded: bool, tables: dict[
             reports.append(surgery.strip_key_bias(model, storage="zeros"))
             if fold_value:
                 reports.append(surgery.fold_value_bias(model, storage="zeros", allow_dropout=allow_dropout))
-                log("note: a fully masked query row (every key masked) outputs b_o + W_o b_v instead of b_o on "
-                    "PyTorch's SDPA path after the value fold"
-                    + ("; with --allow-dropout the fold is exact in eval mode only" if allow_dropout else "") + ".")
+                log(fold_note(allow_dropout))
     except surgery.SurgeryRefused as exc:
         raise CliError(refusal_message(exc)) from exc
     if not any(r["modules_changed"] for r in reports) and reports[0]["unchanged"] and not reports[0]["not_handled"]:
@@ -730,6 +728,13 @@ def _commit(tmp: Path, out_dir: Path, log) -> None:
         # interpreter's teardown and exit 130 for a complete output: it stays ignored to the end
         if held and not (COMMITTED.is_set() and _PROCESS.is_set()):
             signal.signal(signal.SIGINT, previous)
+
+
+def fold_note(allow_dropout: bool) -> str:
+    """What the value fold does not keep, said after every fold, whole or shard by shard."""
+    return ("note: a fully masked query row (every key masked) outputs b_o + W_o b_v instead of b_o on "
+            "PyTorch's SDPA path after the value fold"
+            + ("; with --allow-dropout the fold is exact in eval mode only" if allow_dropout else "") + ".")
 
 
 def format_report(report: dict[str, Any]) -> str:

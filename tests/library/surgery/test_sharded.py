@@ -223,12 +223,15 @@ def test_attention_dropout_is_folded_only_with_the_flag_in_both_paths(tmp_path, 
     model = _opt(dropout=0.1)
     for sharded in (True, False):
         src = _save(model, tmp_path / f"in-{sharded}", sharded=sharded)
+        capsys.readouterr()  # the progress bar of saving, which is not the tool's
         assert cli.main([str(src), str(tmp_path / f"out-{sharded}"), "--fold-value"]) == 2
         err = _one_line(capsys)
         assert "attention dropout" in err and "--allow-dropout" in err and "config.json attention_dropout=0.1" in err
         assert not (tmp_path / f"out-{sharded}").exists()
         assert cli.main([str(src), str(tmp_path / f"out-{sharded}"), "--fold-value", "--allow-dropout"]) == 0
-        capsys.readouterr()
+        # both paths say what the fold does not keep: a fully masked row, and dropout in training mode
+        said = capsys.readouterr().out
+        assert "fully masked query row" in said and "eval mode only" in said, (sharded, said)
     a, b = _tensors(tmp_path / "out-True"), _tensors(tmp_path / "out-False")
     assert all(torch.equal(a[k], b[k]) for k in a)
 
