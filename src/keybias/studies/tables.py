@@ -111,13 +111,18 @@ COLUMN_WORDS = {
 }
 
 
+def category_label(category: str) -> str:
+    """A configuration category in words (underscores never reach the reader)."""
+    return CASE_WORDS.get(category, str(category).replace("_", " "))
+
+
 def in_words(frame: pd.DataFrame) -> pd.DataFrame:
     """A table's identifiers in words: invariance categories as the map labels them, the columns of
     COLUMN_WORDS (comma lists part by part), and a count "3/4" as "3 of 4" ("0/0", nothing judged,
     as a dash)."""
     frame = frame.copy()
     if "category" in frame:
-        frame["category"] = frame["category"].map(lambda c: CASE_WORDS.get(c, str(c).replace("_", " ")))
+        frame["category"] = frame["category"].map(category_label)
     for column, words in COLUMN_WORDS.items():
         if column in frame:
             frame[column] = frame[column].map(lambda v, w=words: ", ".join(

@@ -11,15 +11,10 @@ from keybias.core.recorder import latex_escape
 from keybias.studies import style
 from keybias.studies.invariance import judge as J
 from keybias.studies.params import DTYPES
-from keybias.studies.tables import CASE_WORDS
+from keybias.studies.tables import CASE_WORDS, category_label
 
 # the verdict table's joint column, abbreviated as its count headers are so that it fits the page
 _VERDICT_ABBREVIATIONS = {"redundant": "red.", "not_redundant": "not red.", "invalid": "inval."}
-
-
-def category_label(category: str) -> str:
-    """A configuration category in words (underscores never reach the reader)."""
-    return CASE_WORDS.get(category, category.replace("_", " "))
 
 
 _LOG_FLOOR = -20.0  # a zero change (0/0 included) sits at the left edge of the axis

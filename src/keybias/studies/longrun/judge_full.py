@@ -417,7 +417,6 @@ def macros(table: pd.DataFrame, spans: pd.DataFrame, run: dict) -> dict[str, obj
     out["LongFullRateFloatEpsTwelveMedian"] = finite_median(rates["FloatEpsTwelve"], "rates")
     out["LongFullRateFloatEpsEightMax"] = finite_max(rates["FloatEpsEight"], "rates")
     out["LongFullRateFloatEpsEightMedian"] = finite_median(rates["FloatEpsEight"], "rates")
-    out["LongFullStepFloatEpsEight"] = math.sqrt(out["LongFullRateFloatEpsEightMedian"])
     out["LongFullRateBfloatEpsEightMin"] = finite_min(rates["BfloatEpsEight"], "rates")
     out["LongFullRateBfloatEpsEightMedian"] = finite_median(rates["BfloatEpsEight"], "rates")
     damp = paired_ratio(table, "drift_end", num=(FLOAT32, DEFAULT_EPS), den=(FLOAT32, SMALL_EPS))
