@@ -8,6 +8,13 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# The tests run torch on one intra-op thread (set before torch is first imported; the processes they
+# start inherit it). Their tensors are small, and the notebook kernels of the smoke run, which keep
+# the paper's two threads (keybias.pipeline.kernel sets their count itself), run beside them: with
+# two threads here as well, four busy threads on a 2-core machine left the smoke run 313 s behind
+# the rest of the suite. A count set by whoever runs the tests is kept.
+for _name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_name, "1")
 
 
 def pytest_configure(config):

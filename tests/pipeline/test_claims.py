@@ -8,6 +8,7 @@ import pandas as pd
 import pytest
 
 from conftest import ROOT
+from keybias.pipeline import claim_contract
 from keybias.pipeline import claims as C
 from keybias.pipeline import steps as pipeline
 
@@ -18,7 +19,7 @@ def synthetic_claims(request, monkeypatch):
     contract (keybias.core.claimspec.spec_errors, tested in tests/core/test_claimspec.py) is left
     out, except in the tests that ask for `real_registry`."""
     if "real_registry" not in request.fixturenames:
-        monkeypatch.setattr(C, "spec_errors", lambda record: [])
+        monkeypatch.setattr(claim_contract, "spec_errors", lambda record: [])
 
 
 @pytest.fixture

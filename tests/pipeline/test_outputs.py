@@ -6,7 +6,9 @@ import shutil
 
 import pytest
 
-from keybias.pipeline import outputs
+from conftest import ROOT
+from keybias.pipeline import macro_classes, outputs
+from keybias.pipeline.findings_out import macro_definitions
 from keybias.pipeline.outputs import TOLERANCES, Tolerance, compare_folders
 from keybias.studies.precision import judge as precision_judge
 
@@ -203,3 +205,66 @@ def test_printed_numbers_get_the_rounding_of_their_printing():
     assert printed_ratio("slope", "0.9704", "0.8704") > 1
     assert printed_ratio("effect32", "0.506", "0.406") > 1
     assert printed_ratio("images", "0", "1") == TOLERANCES["images"].ratio(0, 1)
+
+
+# -- macro declarations: each study's schema.MACROS, expanded and looked up exactly -------------
+
+
+def committed_macros() -> dict[str, list[str]]:
+    """{macros file compared macro by macro: the names the committed results define there}."""
+    out = {}
+    for path in sorted((ROOT / "results" / "macros").glob("*.tex")):
+        rel = f"macros/{path.name}"
+        if outputs.file_class(rel).cls == "macros":
+            out[rel] = list(macro_definitions(path.read_text()))
+    return out
+
+
+def test_every_committed_macro_is_declared_exactly_once():
+    """Each name one template of one declaration produces (two fail when the declarations load,
+    see the doctored case below); none left to a default."""
+    declared = macro_classes.declared_macros()
+    undeclared = [f"{rel}: \\{name}" for rel, names in committed_macros().items() for name in names
+                  if name not in declared.get(rel, {})]
+    assert not undeclared, f"macros the committed results write but no schema.py declares: {undeclared}"
+
+
+def test_every_declared_macro_is_written_by_the_committed_results_or_says_why_not():
+    written = committed_macros()
+    stale = [f"{rel}: \\{name} (template {d.template!r}, {d.owner})"
+             for rel, names in macro_classes.declared_macros().items() for name, d in names.items()
+             if name not in written.get(rel, ()) and not d.conditional]
+    assert not stale, f"declared macros the committed results do not write (stale, or conditional?): {stale}"
+
+
+def test_declared_classes_are_known_and_templates_expand_exactly():
+    classes = {d.cls for names in macro_classes.declared_macros().values() for d in names.values()}
+    assert classes <= set(TOLERANCES) | {outputs.EXACT, outputs.MACHINE}, classes - set(TOLERANCES)
+    assert outputs.macro_class("macros/03_precision.tex", "PrecSlopeFloatSixteen") == "slope"
+    assert macro_classes.expand("PrecSlope{dtype}", macro_classes.AXES) == [
+        "PrecSlopeFloatSixtyFour", "PrecSlopeFloatThirtyTwo", "PrecSlopeFloatSixteen", "PrecSlopeBfloatSixteen"]
+    with pytest.raises(ValueError, match=r"axis 'nosuch'"):
+        macro_classes.expand("PrecSlope{nosuch}", macro_classes.AXES)
+
+
+def test_an_undeclared_macro_raises_naming_it_and_fails_verify(tmp_path):
+    with pytest.raises(macro_classes.UndeclaredMacro, match=r"\\PrecSlopeFloatEight is not declared.*precision"):
+        outputs.macro_class("macros/03_precision.tex", "PrecSlopeFloatEight")
+    with pytest.raises(macro_classes.UndeclaredMacro, match=r"\\PrecSlopeFloatSixteen is not declared"):
+        outputs.macro_class("macros/04_training.tex", "PrecSlopeFloatSixteen")  # declared for another file
+    make_results(tmp_path / "ref")
+    make_results(tmp_path / "new")
+    for side in ("ref", "new"):
+        with (tmp_path / side / "macros" / "03_precision.tex").open("a") as f:
+            f.write("\\newcommand{\\PrecSlopeFloatEight}{1.00}\n")
+    failures = compare_folders(tmp_path / "ref", tmp_path / "new").failures
+    assert any("\\PrecSlopeFloatEight is not declared" in f for f in failures), failures
+
+
+def test_a_name_two_declarations_produce_fails_naming_it():
+    table = {}
+    macro_classes._declare(table, "macros/03_precision.tex", "a", {"PrecSlope{dtype}": "slope"}, macro_classes.AXES)
+    with pytest.raises(ValueError, match=r"\\PrecSlopeFloatSixteen declared twice: by 'PrecSlope\{dtype\}' \(a\) "
+                                         r"and by 'PrecSlopeFloatSixteen' \(b\)"):
+        macro_classes._declare(table, "macros/03_precision.tex", "b", {"PrecSlopeFloatSixteen": "f32"},
+                               macro_classes.AXES)

@@ -1019,3 +1019,35 @@ def test_provenance_names_the_artifact_once_and_in_scientific_terms(built):
     info = subprocess.run(["pdfinfo", str(built["dir"] / "main.pdf")], capture_output=True, text=True).stdout
     subject = next(line for line in info.splitlines() if line.startswith("Subject:"))
     assert "commit" not in subject.lower(), subject
+
+
+def test_whisper_rows_of_the_audit_and_the_tool_say_why_they_differ():
+    """Table 7 calls Whisper's key bias redundant, Table 11 removes none: Whisper ships without one
+    (the audit attaches a random one). Both captions say so, so no reader sees a contradiction."""
+    audit = next(r for r in _cells("invariance_verdicts.tex") if r[0].startswith("Whisper"))
+    tool = next(r for r in _cells("pretrained_families.tex") if r[0] == "Whisper")
+    if _number(audit[1]) > 0 and tool[1] == "unchanged" and _number(tool[2]) == 0:
+        verdicts = _float_with(SECTIONS / "appendix_tables.tex", "tab:invariance-verdicts")
+        families = _float_with(SECTIONS / "appendix_tables.tex", "tab:pretrained-families")
+        assert "Whisper ships without $\\bk$: the audit attaches" in verdicts
+        assert "Whisper's key projection has no bias" in families
+
+
+def test_rows_not_measured_say_why_in_the_caption():
+    """The gradient table's MPS row measures nothing: its caption says why."""
+    rows = _cells("precision_gradient.tex")
+    mps = [r for r in rows if r[0] == "mps"]
+    if mps:
+        assert all(r[3] == "not measured" for r in mps)
+        caption = _float_with(SECTIONS / "appendix_tables.tex", "tab:precision-gradient")
+        assert "The MPS row (Apple's GPU backend) is empty because no such device" in caption
+
+
+def test_checkpoint_figure_names_each_export():
+    """Figure 11's legend names the three-layer MiniLM's file as an ONNX export: the caption says
+    what each checkpoint's format is, and that this export is float32, as its package table records."""
+    packages = _csv("checkpoint_packages.csv").set_index("checkpoint")
+    onnx = packages[packages["format"] == "onnx"]
+    assert (onnx["matrices"] == "float32").all()
+    caption = _float_with(SECTIONS / "appendix_tables.tex", "fig:checkpoint-quantization")
+    assert "float32 ONNX file (not quantized)" in caption and "four-bit export" in caption

@@ -2,6 +2,7 @@
 
 import json
 import shutil
+import subprocess
 
 import nbformat
 import pytest
@@ -229,3 +230,32 @@ def test_kernel_environment_pins_threads_hash_seed_and_instruction_set(monkeypat
     assert not set(kernel.ISA_PINS) & set(kernel.kernel_environment("02_invariance"))
     monkeypatch.setenv("ATEN_CPU_CAPABILITY", "default")
     assert kernel.kernel_environment("02_invariance")["ATEN_CPU_CAPABILITY"] == "default"
+
+
+def test_a_paper_put_back_by_hand_is_rebuilt_and_an_unchanged_one_is_not(tmp_path, monkeypatch):
+    """The paper's stamp covers its inputs and the PDF itself: after `git checkout paper/main.pdf`
+    the inputs still match, and the old PDF must not pass for the new one."""
+    root = tmp_path
+    (root / "paper").mkdir()
+    (root / "paper" / "main.tex").write_text("\\documentclass{article}\\begin{document}x\\end{document}\n")
+    (root / "notebooks").mkdir()
+    (root / "results" / ".build" / "logs").mkdir(parents=True)
+    runs = []
+
+    def fake_latexmk(cmd, cwd, **kw):
+        runs.append(cmd)
+        out = root / "paper" / "build"
+        out.mkdir(exist_ok=True)
+        (out / "main.pdf").write_bytes(b"%PDF built " + str(len(runs)).encode())
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    monkeypatch.setattr(paper.subprocess, "run", fake_latexmk)
+    monkeypatch.setattr(paper.PaperSteps, "reindex", lambda self: None)
+    monkeypatch.setattr(paper.PaperSteps, "_source_date", lambda self: "0")
+    build = pipeline.Build("smoke", "cpu", root / "results", root=root)
+    build.build_paper()
+    build.build_paper()
+    assert len(runs) == 1  # nothing changed: not rebuilt
+    (root / "paper" / "main.pdf").write_bytes(b"%PDF an older one, checked out")
+    build.build_paper()
+    assert len(runs) == 2 and (root / "paper" / "main.pdf").read_bytes() == b"%PDF built 2"

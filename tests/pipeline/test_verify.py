@@ -265,7 +265,8 @@ def unplanted(committed, tmp_path_factory):
 
 def test_every_tolerance_class_has_a_plant():
     used = {cls for table in outputs.DATA_COLUMNS.values() for cls in table.values()} | {"threshold", "headline"}
-    used |= {cls for _, _, cls in outputs.MACRO_CLASSES} | {c for s in outputs.claim_specs() for c in (s.value_class, s.bound_class)}
+    used |= {d.cls for names in outputs.declared_macros().values() for d in names.values()}
+    used |= {c for s in outputs.claim_specs() for c in (s.value_class, s.bound_class)}
     used |= {f.tolerance for _, f in outputs.FILES if f.tolerance}
     planted = {cls for cls, _ in PLANTS.values()}
     assert set(TOLERANCES) <= used, f"declared but unused: {set(TOLERANCES) - used}"

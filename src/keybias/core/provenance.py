@@ -69,11 +69,18 @@ def cpu_flags() -> list[str]:
     return []
 
 
+def _torch():
+    """torch, imported on first use: the pipeline imports this module for git and commit facts
+    without loading torch."""
+    import torch
+
+    return torch
+
+
 def torch_build() -> dict:
     """The installed torch: its full version string (with +cpu or +cuXXX where the wheel has one),
     the CUDA version it was built for (None for a CPU build) and the CPU capability ATen chose."""
-    import torch
-
+    torch = _torch()
     return {
         "version": torch.__version__,
         "cuda": torch.version.cuda,
@@ -82,8 +89,7 @@ def torch_build() -> dict:
 
 
 def devices_present() -> dict[str, bool]:
-    import torch
-
+    torch = _torch()
     mps = getattr(torch.backends, "mps", None)
     return {
         "cpu": True,
@@ -93,8 +99,7 @@ def devices_present() -> dict[str, bool]:
 
 
 def machine() -> dict:
-    import torch
-
+    torch = _torch()
     present = devices_present()
     info = {
         "cpu": cpu_model(),

@@ -3,6 +3,11 @@
 A claim is evidence only if it could have failed. The pipeline hands every gathered claim to
 `contract_errors`; a non-empty answer stops the build before the paper, naming each claim.
 
+The code lives by idea in `keybias.pipeline.claim_contract` (`evaluate`, the manifest,
+`contract_errors`), `keybias.pipeline.claim_mutations` (the mutation register) and
+`keybias.pipeline.claim_headline` (headline counts, readers' sentences, macros, the appendix
+table); this module re-exports them and is their command line.
+
 Conventions every notebook follows (design.md, "Claims"):
 
 * **Kinds.** A judge returns `Claim`s (`keybias.core.recorder.Claim`; dicts with the same
@@ -81,19 +86,11 @@ Conventions every notebook follows (design.md, "Claims"):
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
-import json
-import math
-import os
-import re
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
-from keybias.core.claimspec import list_specs, spec_errors
-from keybias.core.recorder import (
+from keybias.core.claimspec import list_specs, spec_errors  # noqa: F401  (re-exported)
+from keybias.core.recorder import (  # noqa: F401  (re-exported)
     CLAIM_KINDS,
     Claim,
     atomic_write_text,
@@ -114,434 +111,42 @@ from keybias.core.reduce import (  # noqa: F401  (re-exported: judges and tests 
     finite_sum,
     finite_values,
 )
-from keybias.studies import claims as study_claims
-from keybias.studies.params import DTYPE_MACRO
-
-ROOT = Path(__file__).resolve().parents[3]
-MANIFEST_DIR = Path("params") / "claims"
-VERDICT_TABLE = Path("data") / "invariance.csv"
-MEASURED_VERDICTS = ("redundant", "not_redundant")
-# Where a mutation test's `record_mutation` fixture writes one JSON line per judged mutation
-# (tests/conftest.py); `mutations` sets it while it runs the marked tests.
-MUTATION_LOG_ENV = "KEYBIAS_MUTATION_LOG"
-KIND_TITLES = {
-    "test": "Tests: measurements that plausible data could contradict",
-    "proof": "Proof checks: exact symbolic identities, checked by SymPy (not empirical tests)",
-    "control": "Positive controls: the power of the tests they protect, not findings",
-    "consistency": "Consistency checks: bookkeeping cross-checks",
-    "implied": "Implied: these follow from the claims they name and are not counted as evidence",
-}
-
-
-def evaluate(claims: list[Claim | dict]) -> dict[str, dict]:
-    """{claim id: record} for `Claim`s or claim dicts (keywords of `Recorder.claim`), judged
-    exactly as a notebook's Recorder judges them; nothing is written. For tests that feed a judge
-    function mutated data and assert `holds` is False."""
-    records = [Claim.from_any(c).record("00_evaluate", "cpu", "test") for c in claims]
-    ids = [r["id"] for r in records]
-    twice = sorted({i for i in ids if ids.count(i) > 1})
-    if twice:
-        raise ValueError(f"claim(s) {twice} given twice")
-    return {r["id"]: r for r in records}
-
-
-# -- manifest ---------------------------------------------------------------------------------
-def manifest_dir(profile: str, root: Path = ROOT) -> Path:
-    return Path(root) / MANIFEST_DIR / profile
-
-
-def manifest_path(profile: str, notebook: str, root: Path = ROOT) -> Path:
-    return manifest_dir(profile, root) / f"{notebook}.json"
-
-
-def manifest_from_claims(claims: list[dict]) -> dict[str, dict[str, str]]:
-    """{notebook: {claim id: kind}} of a run, sorted for stable diffs."""
-    grouped: dict[str, dict[str, str]] = {}
-    for c in claims:
-        grouped.setdefault(c["notebook"], {})[c["id"]] = c.get("kind") or ""
-    return {nb: dict(sorted(ids.items())) for nb, ids in sorted(grouped.items())}
-
-
-def load_manifest(profile: str, root: Path = ROOT) -> dict[str, dict[str, str]] | None:
-    """{notebook: {claim id: kind}} from `params/claims/<profile>/*.json`; None if there is none.
-
-    One file per notebook, so that branches changing different notebooks never conflict.
-    """
-    files = sorted(manifest_dir(profile, root).glob("*.json"))
-    if not files:
-        return None
-    manifest = {}
-    for path in files:
-        doc = json.loads(path.read_text())
-        if doc.get("profile") != profile or doc.get("notebook") != path.stem:
-            raise ValueError(f"{path}: says profile {doc.get('profile')!r}, notebook {doc.get('notebook')!r}")
-        manifest[path.stem] = doc["claims"]
-    return manifest
-
-
-def manifest_from_specs(profile: str) -> dict[str, dict[str, str]]:
-    """{notebook: {claim id: kind}} that the registry (keybias.core.claimspec) declares for `profile`."""
-    study_claims.load()
-    grouped: dict[str, dict[str, str]] = {}
-    for spec in list_specs():
-        for cid in spec.ids(profile):
-            grouped.setdefault(spec.notebook, {})[cid] = spec.kind
-    return {nb: dict(sorted(ids.items())) for nb, ids in sorted(grouped.items())}
-
-
-def manifest_text(profile: str, notebook: str, entries: dict[str, str]) -> str:
-    doc = {
-        "profile": profile,
-        "notebook": notebook,
-        "about": "claim ids (with kinds) this notebook must produce in this profile; regenerate with "
-                 f"`python -m keybias.pipeline.claims manifest --profile {profile} --results DIR --write`",
-        "claims": dict(sorted(entries.items())),
-    }
-    return json.dumps(doc, indent=2) + "\n"
-
-
-def step_claims(results: Path, profile: str) -> list[dict]:
-    """The claims of every step record under `results/steps` made with `profile`."""
-    claims = []
-    for path in sorted((Path(results) / "steps").glob("*.json")):
-        step = json.loads(path.read_text())
-        if step.get("profile") == profile:
-            claims += step["claims"]
-    return claims
-
-
-# -- the contract -----------------------------------------------------------------------------
-def contract_errors(claims: list[dict], profile: str, root: Path) -> list[str]:
-    """Every way `claims` break the claim contract for `profile`, one message each."""
-    errors: list[str] = []
-    ids = [c["id"] for c in claims]
-    known = set(ids)
-    for cid in sorted({i for i in ids if ids.count(i) > 1}):
-        errors.append(f"claim {cid!r} recorded by more than one notebook")
-    for c in claims:
-        cid, kind = c["id"], c.get("kind")
-        if not kind:
-            errors.append(f"claim {cid!r} has no kind (one of {', '.join(CLAIM_KINDS)})")
-        elif kind not in CLAIM_KINDS:
-            errors.append(f"claim {cid!r} has kind {kind!r}, not one of {', '.join(CLAIM_KINDS)}")
-        implied_by = c.get("implied_by") or []
-        if kind == "implied":
-            if not implied_by:
-                errors.append(f"claim {cid!r} is implied but names no claim in implied_by")
-            for other in implied_by:
-                if other not in known:
-                    errors.append(f"claim {cid!r} is implied by {other!r}, which the run did not produce")
-                elif other == cid:
-                    errors.append(f"claim {cid!r} names itself in implied_by")
-        elif implied_by:
-            errors.append(f"claim {cid!r} has implied_by but kind {kind!r}; only implied claims name others")
-        protects = c.get("protects") or []
-        if kind == "control":
-            if not protects:
-                errors.append(f"claim {cid!r} is a control but names no test claim in protects")
-            for other in protects:
-                if other not in known:
-                    errors.append(f"claim {cid!r} protects {other!r}, which the run did not produce")
-        elif protects:
-            errors.append(f"claim {cid!r} has protects but kind {kind!r}; only controls name the tests they protect")
-        if not str(c.get("bound_origin") or "").strip():
-            errors.append(f"claim {cid!r} does not state its bound's origin (bound_origin)")
-        if kind == "proof" and not str(c.get("identity") or "").strip():
-            errors.append(f"claim {cid!r} is a proof check but does not name the identity it checks (identity)")
-        if kind != "proof" and c.get("identity"):
-            errors.append(f"claim {cid!r} names an identity but has kind {kind!r}; only proof checks name one")
-    study_claims.load()
-    for c in claims:  # every claim is built from its spec (keybias.core.claimspec) and agrees with it
-        errors += spec_errors(c)
-    manifest = load_manifest(profile, root)
-    rel = MANIFEST_DIR / profile
-    fix = f"`python -m keybias.pipeline.claims manifest --profile {profile} --results DIR --write`, then commit {rel}/"
-    if manifest is None:
-        errors.append(f"no claim manifest {rel}/*.json for profile {profile!r}: write it with {fix}")
-        return errors
-    expected = {cid: (nb, kind) for nb, entries in manifest.items() for cid, kind in entries.items()}
-    produced = {c["id"]: c for c in claims}
-    for cid, (nb, kind) in sorted(expected.items()):
-        if cid not in produced:
-            errors.append(f"claim {cid!r} ({nb}, {kind}) is in {rel}/{nb}.json but the run did not produce it")
-        elif produced[cid].get("kind") and produced[cid]["kind"] != kind:
-            errors.append(f"claim {cid!r} has kind {produced[cid]['kind']!r} but {rel}/{nb}.json says {kind!r}: {fix}")
-    for cid, c in sorted(produced.items()):
-        if cid not in expected:
-            errors.append(f"claim {cid!r} ({c['notebook']}) is not in {rel}/{c['notebook']}.json: {fix}")
-    return errors
-
-
-# -- mutation register ------------------------------------------------------------------------
-def _run_pytest(args: list[str], plugins: list, what: str, ok=(0, 5)) -> int:
-    """pytest.main with its output captured; raise with the output's tail on a bad exit code."""
-    import pytest  # deferred: pytest is a development dependency; the build imports this module
-
-    log = io.StringIO()
-    with contextlib.redirect_stdout(log):
-        code = int(pytest.main(args, plugins=plugins))
-    if code not in ok:
-        raise RuntimeError(f"{what} failed (pytest exit {code}):\n{log.getvalue()[-4000:]}")
-    return code
-
-
-def collect_mutations(root: Path = ROOT, tests: str = "tests") -> dict[str, list[str]]:
-    """{claim id: [pytest node ids]} of every test marked `claim_mutation`, by collection only."""
-    found: dict[str, list[str]] = {}
-
-    class Collector:
-        def pytest_collection_modifyitems(self, items):
-            for item in items:
-                for mark in item.iter_markers("claim_mutation"):
-                    for cid in mark.args:
-                        found.setdefault(cid, []).append(item.nodeid)
-
-    args = ["--collect-only", "-q", "-p", "no:cacheprovider", "--rootdir", str(root), str(Path(root) / tests)]
-    _run_pytest(args, [Collector()], "pytest collection")
-    return {cid: sorted(set(nodes)) for cid, nodes in sorted(found.items())}
-
-
-def run_mutations(root: Path = ROOT, tests: str = "tests") -> list[dict]:
-    """Run every test marked `claim_mutation` and return what their `record_mutation` calls logged:
-    one dict per judged mutation (node, id, value, bound, comparison, holds).
-
-    The tests run in a fresh interpreter (their conftest and modules must not meet this one's);
-    the fixture (tests/conftest.py) appends JSON lines to the file named by `MUTATION_LOG_ENV`.
-    A failing mutation test is an error here, since its distance would mean nothing."""
-
-    with tempfile.TemporaryDirectory() as scratch:
-        path = Path(scratch) / "mutations.jsonl"
-        env = dict(os.environ, **{MUTATION_LOG_ENV: str(path)})
-        args = [sys.executable, "-m", "pytest", "-q", "-m", "claim_mutation", "-p", "no:cacheprovider",
-                "--rootdir", str(root), str(Path(root) / tests)]
-        done = subprocess.run(args, cwd=root, env=env, capture_output=True, text=True, check=False)
-        if done.returncode != 0:
-            raise RuntimeError(f"the mutation tests failed (pytest exit {done.returncode}):\n"
-                               f"{(done.stdout + done.stderr)[-4000:]}")
-        lines = path.read_text().splitlines() if path.exists() else []
-    return [json.loads(line) for line in lines if line.strip()]
-
-
-def mutation_distance(entry: dict) -> float:
-    """How far a mutation's value lies beyond the claim's bound, as a ratio: value/bound for an
-    upper bound, bound/value for a lower one (1.05: 5% beyond the bound; the smallest
-    violation the claim exists to catch sits just above 1). NaN for `==` claims and NaN values."""
-    if entry.get("comparison") == "==":
-        return math.nan
-    margin = margin_ratio(entry["value"], entry["bound"], entry["comparison"])
-    if margin == 0:
-        return math.inf
-    return 1.0 / margin if math.isfinite(margin) else math.nan
-
-
-def mutation_report(manifest: dict[str, dict[str, str]], mutations: dict[str, list[str]]) -> dict:
-    """Test claims with and without mutation tests, the score, and markers naming no claim.
-
-    Proof checks may carry mutation tests (a mutated model the identity must fail on); they are
-    listed apart and never required."""
-    kinds = {cid: k for entries in manifest.values() for cid, k in entries.items()}
-    test_claims = sorted(cid for cid, k in kinds.items() if k == "test")
-    covered = {cid: mutations.get(cid, []) for cid in test_claims}
-    missing = [cid for cid, nodes in covered.items() if not nodes]
-    return {
-        "covered": covered,
-        "missing": missing,
-        "score": (len(test_claims) - len(missing)) / len(test_claims) if test_claims else math.nan,
-        "proof": {cid: nodes for cid, nodes in sorted(mutations.items()) if kinds.get(cid) == "proof"},
-        "unknown_markers": sorted(set(mutations) - set(kinds)),
-        "not_test_markers": sorted(cid for cid in mutations if kinds.get(cid) in ("consistency", "implied")),
-    }
-
-
-# -- headline counts --------------------------------------------------------------------------
-def headline_counts(claims: list[dict], verdicts=None) -> dict[str, int]:
-    """The numbers the abstract and README may print, keyed by macro name (see module doc).
-
-    `verdicts` (optional) is the invariance table with columns `dtype`, `verdict`, `expected`
-    and optionally `status` and a boolean `independent`. Only measured rows with a verdict of
-    redundant or not redundant count; an independent one is a test, any other is implied.
-    Without an `independent` column every such verdict counts as independent: notebook 02
-    judges each one against a rounding null calibrated in its own dtype.
-    """
-    # no total over kinds: only test claims count as evidence, so they are never summed with the rest
-    counts = {
-        "ClaimsTest": sum(c.get("kind") == "test" for c in claims),
-        "ClaimsTestHolding": sum(c.get("kind") == "test" and bool(c.get("holds")) for c in claims),
-        "ClaimsProof": sum(c.get("kind") == "proof" for c in claims),
-        "ClaimsControl": sum(c.get("kind") == "control" for c in claims),
-        "ClaimsConsistency": sum(c.get("kind") == "consistency" for c in claims),
-        "ClaimsImplied": sum(c.get("kind") == "implied" for c in claims),
-    }
-    if verdicts is None:
-        return counts
-    missing = [col for col in ("dtype", "verdict", "expected") if col not in verdicts]
-    if missing:
-        raise ValueError(f"the verdict table lacks column(s) {missing}")
-    measured = verdicts[verdicts["verdict"].isin(MEASURED_VERDICTS)]
-    if "status" in measured:
-        measured = measured[measured["status"] == "measured"]
-    if "independent" not in measured:
-        # notebook 02 judges every verdict against a rounding null calibrated in its own dtype
-        measured = measured.assign(independent=True)
-    unknown = sorted(set(measured["dtype"]) - set(DTYPE_MACRO))
-    if unknown:
-        raise ValueError(f"no macro name for dtype(s) {unknown}; add them to DTYPE_MACRO")
-    independent = measured["independent"].astype(bool)
-    for dtype, name in DTYPE_MACRO.items():
-        rows = measured["dtype"] == dtype
-        tests = rows & independent
-        counts[f"IndepTests{name}"] = int(tests.sum())
-        counts[f"IndepContradictions{name}"] = int((tests & (measured["verdict"] != measured["expected"])).sum())
-        counts[f"ImpliedVerdicts{name}"] = int((rows & ~independent).sum())
-    counts["IndepTestsTotal"] = sum(counts[f"IndepTests{n}"] for n in DTYPE_MACRO.values())
-    counts["IndepContradictionsTotal"] = sum(counts[f"IndepContradictions{n}"] for n in DTYPE_MACRO.values())
-    return counts
-
-
-KIND_NOUNS = {  # singular, plural: how a sentence names claims of each kind
-    "test": ("test claim", "test claims"),
-    "proof": ("proof check", "proof checks"),
-    "control": ("positive control", "positive controls"),
-    "consistency": ("consistency check", "consistency checks"),
-    "implied": ("implied claim", "implied claims"),
-}
-
-
-def _count_noun(n: int, kind: str) -> str:
-    one, many = KIND_NOUNS[kind]
-    return f"one {one}" if n == 1 else f"{n} {many}"
-
-
-def kind_summary(claims: list[dict]) -> str:
-    """One or two sentences for readers: how the test claims fared, then the other kinds apart
-    (never summed with the tests). No degenerate counts: "all 12 hold", "the one ... holds"."""
-    by_kind = {k: [c for c in claims if c.get("kind") == k] for k in CLAIM_KINDS}
-    tests = by_kind["test"]
-    held = sum(bool(c.get("holds")) for c in tests)
-    if not tests:
-        first = "The run makes no test claims."
-    elif len(tests) == 1:
-        first = f"The one test claim {'holds' if held else 'fails'}."
-    elif held == len(tests):
-        first = f"All {len(tests)} test claims hold."
-    elif held == 0:
-        first = f"None of the {len(tests)} test claims holds."
-    else:
-        first = f"{held} of {len(tests)} test claims hold; {len(tests) - held} fail."
-    others = [(k, by_kind[k]) for k in ("proof", "control", "consistency", "implied") if by_kind[k]]
-    if not others:
-        return first
-    parts = [_count_noun(len(group), k) for k, group in others]
-    listed = parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
-    failing = sum(not c.get("holds") for _, group in others for c in group)
-    if sum(len(group) for _, group in others) == 1:
-        tail = "it fails" if failing else "it holds"
-    elif failing == 0:
-        tail = "all of them hold"
-    elif failing == 1:
-        tail = "one of them fails"
-    else:
-        tail = f"{failing} of them fail"
-    return f"{first} Not counted as evidence: {listed}; {tail}."
-
-
-def headline_macros(counts: dict[str, int], mutation_covered: int | None = None) -> str:
-    lines = ["% generated by keybias.pipeline.claims.headline_macros: counts of claims by kind and of independent tests"]
-    values = dict(counts)
-    if mutation_covered is not None:
-        values["ClaimsMutationCovered"] = mutation_covered
-    lines += [f"\\newcommand{{\\{k}}}{{{format_number(int(v))}}}" for k, v in values.items()]
-    return "\n".join(lines) + "\n"
-
-
-def write_headline_macros(results: Path, claims: list[dict]) -> Path:
-    """Write `results/macros/claims.tex` from the claims and, if present, the verdict table."""
-    verdicts = None
-    table = Path(results) / VERDICT_TABLE
-    if table.exists():
-        import pandas as pd
-
-        verdicts = pd.read_csv(table)
-    path = Path(results) / "macros" / "claims.tex"
-    text = headline_macros(headline_counts(claims, verdicts))
-    if not path.exists() or path.read_text() != text:
-        atomic_write_text(path, text)
-    return path
-
-
-# -- macro index ------------------------------------------------------------------------------
-MACRO_DEFINITION = re.compile(r"\\newcommand\{\\([A-Za-z]+)\}")
-# macro files the build writes itself, and who writes them
-BUILD_MACRO_FILES = {
-    "provenance": "keybias.pipeline.paper.provenance_macros",
-    "claims": "keybias.pipeline.claims.headline_macros",
-}
-
-
-def macro_index(results: Path) -> dict[str, dict[str, str]]:
-    """{macro name: {"file": "macros/<f>.tex", "source": notebook or build function}} for every
-    macro defined under `results/macros` (all.tex only inputs the others). A name defined in two
-    files is an error naming both."""
-    index: dict[str, dict[str, str]] = {}
-    for path in sorted((Path(results) / "macros").glob("*.tex")):
-        if path.stem == "all":
-            continue
-        source = BUILD_MACRO_FILES.get(path.stem, f"notebooks/{path.stem}.ipynb")
-        for name in MACRO_DEFINITION.findall(path.read_text()):
-            if name in index:
-                raise ValueError(f"macro \\{name} is defined in {index[name]['file']} and in macros/{path.name}")
-            index[name] = {"file": f"macros/{path.name}", "source": source}
-    return dict(sorted(index.items()))
-
-
-def write_macro_index(results: Path) -> Path:
-    """Write `results/macros/index.json`: each macro the paper may use, with the file and the
-    notebook (or build function) that defines it, so a name seen in paper/ can be traced."""
-    path = Path(results) / "macros" / "index.json"
-    text = json.dumps(macro_index(results), indent=1) + "\n"
-    if not path.exists() or path.read_text() != text:
-        atomic_write_text(path, text)
-    return path
-
-
-# -- appendix table ---------------------------------------------------------------------------
-def _tt_id(cid: str) -> str:
-    return r"\texttt{\footnotesize " + cid.replace("_", r"\_").replace("-", "-{}\\allowbreak{}") + "}"
-
-
-def claims_table(claims: list[dict]) -> str:
-    """A longtable of every claim, grouped by kind: id, statement with bound origin, check."""
-    symbols = {"<=": r"\le", "<": "<", ">=": r"\ge", ">": ">", "==": "="}
-    rows = [
-        r"\begin{longtable}{>{\raggedright\arraybackslash}p{0.25\linewidth}>{\raggedright\arraybackslash}p{0.47\linewidth}r}",
-        r"\toprule claim & statement; origin of the bound & check \\ \midrule \endhead",
-    ]
-    kinds = [*CLAIM_KINDS, *sorted({c.get("kind") or "none" for c in claims} - set(CLAIM_KINDS))]
-    for kind in kinds:
-        group = [c for c in claims if (c.get("kind") or "none") == kind]
-        if not group:
-            continue
-        title = KIND_TITLES.get(kind, f"kind {kind}")
-        rows.append(rf"\multicolumn{{3}}{{l}}{{\textbf{{{latex_escape(title)}}} ({len(group)})}} \\ \midrule")
-        for c in group:
-            check = (
-                f"${format_number(c['value'])} {symbols[c.get('comparison', '<=')]} "
-                f"{format_number(c['bound'])}$ {'holds' if c['holds'] else 'FAILS'}"
-            )
-            detail = latex_escape(c["statement"])
-            if c.get("bound_origin"):
-                detail += r" \emph{Bound: " + latex_escape(c["bound_origin"]) + ".}"
-            if c.get("identity"):
-                detail += r" \emph{Identity: " + latex_escape(c["identity"]) + ".}"
-            if c.get("min_detectable") is not None:
-                detail += r" \emph{Smallest detectable effect: $" + format_number(c["min_detectable"]) + "$.}"
-            if c.get("implied_by"):
-                detail += r" \emph{Implied by} " + ", ".join(_tt_id(i) for i in c["implied_by"]) + "."
-            rows.append(rf"{_tt_id(c['id'])} & \footnotesize {detail} & \footnotesize {check} \\")
-        rows.append(r"\midrule")
-    rows[-1] = r"\bottomrule"
-    rows.append(r"\end{longtable}")
-    return "\n".join(rows) + "\n"
+from keybias.pipeline.claim_contract import (  # noqa: F401  (re-exported)
+    MANIFEST_DIR,
+    ROOT,
+    contract_errors,
+    evaluate,
+    load_manifest,
+    manifest_dir,
+    manifest_from_claims,
+    manifest_from_specs,
+    manifest_path,
+    manifest_text,
+    step_claims,
+)
+from keybias.pipeline.claim_headline import (  # noqa: F401  (re-exported)
+    BUILD_MACRO_FILES,
+    KIND_NOUNS,
+    KIND_TITLES,
+    MACRO_DEFINITION,
+    MEASURED_VERDICTS,
+    VERDICT_TABLE,
+    claims_table,
+    headline_counts,
+    headline_macros,
+    kind_summary,
+    macro_index,
+    write_headline_macros,
+    write_macro_index,
+)
+from keybias.pipeline.claim_mutations import (  # noqa: F401  (re-exported)
+    MUTATION_LOG_ENV,
+    collect_mutations,
+    distance_text,
+    mutation_distance,
+    mutation_report,
+    run_mutations,
+)
 
 
 # -- command line -----------------------------------------------------------------------------
@@ -576,17 +181,6 @@ def _cmd_manifest(args) -> int:
     return 0 if args.write or not changed else 1
 
 
-def _distance_text(entry: dict) -> str:
-    value, bound, comparison = entry["value"], entry["bound"], entry["comparison"]
-    where = f"value {value:.4g} {comparison} bound {bound:.4g} is false"
-    distance = mutation_distance(entry)
-    if comparison == "==":
-        return f"{where} (an exact claim: any difference fails)"
-    if math.isnan(distance):
-        return f"{where} (no ratio: NaN or a zero the ratio cannot place)"
-    return f"{where}: {distance:.3g}x the bound" if comparison in ("<=", "<") else f"{where}: the bound is {distance:.3g}x the value"
-
-
 def _cmd_mutations(args) -> int:
     root = Path(args.root)
     manifest = load_manifest(args.profile, root)
@@ -606,7 +200,7 @@ def _cmd_mutations(args) -> int:
             if not args.collect_only and not entries:
                 print("        distance not recorded (the test does not call record_mutation)")
             for entry in entries:
-                print(f"        {_distance_text(entry)}")
+                print(f"        {distance_text(entry)}")
 
     for cid, nodes in report["covered"].items():
         print(f"{cid}: {len(nodes)} mutation test(s)" if nodes else f"{cid}: NO MUTATION TEST")

@@ -31,8 +31,10 @@ from keybias.pipeline.render_page import (
     kind_name,
     notebook_title,
     paper_pages,
+    png_css_width,
     subscript_html,
 )
+from keybias.studies.invariance import judge as inv_judge
 from keybias.studies.tables import PATH_WORDS, format_number
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -384,8 +386,6 @@ def retired_predictions(results: Path, root: Path = ROOT) -> list[dict]:
     out = []
     data = Path(results) / "data"
     try:
-        from keybias.studies.invariance import judge as inv_judge
-
         if (data / "invariance.csv").is_file() and (data / "invariance_magnitudes.csv").is_file():
             df = pd.read_csv(data / "invariance.csv", low_memory=False)
             cells = inv_judge.magnitude_cells(df, pd.read_csv(data / "invariance_magnitudes.csv"))
@@ -393,7 +393,7 @@ def retired_predictions(results: Path, root: Path = ROOT) -> list[dict]:
     except (ValueError, KeyError, IndexError, TypeError, OSError):
         pass  # not judged here: the page says nothing rather than something wrong
     try:
-        from keybias.studies.longrun import judge_full, record
+        from keybias.studies.longrun import judge_full, record  # deferred: they load torch
 
         folder = Path(root) / "recorded" / "longrun-cpu"
         if folder.is_dir():
@@ -557,8 +557,6 @@ def render_index(results: Path, steps: list[dict], claims: list[dict], provenanc
     """The HTML text of results/index.html; every link is relative to `results`."""
     results = Path(results)
     if results.is_dir():  # the page links to files.html: written beside it, whoever renders the index
-        from keybias.core.recorder import atomic_write_text
-
         files_page = render_files(results, steps, provenance, root=root)
         path = results / "files.html"
         if not path.is_file() or path.read_text() != files_page:
@@ -656,8 +654,6 @@ def render_index(results: Path, steps: list[dict], claims: list[dict], provenanc
         figure = ""
         if has_figure:
             alt = alts.get(stem, f"The figure {stem}.")
-            from keybias.pipeline.render_page import png_css_width
-
             with open(results / "figures" / f"{stem}.png", "rb") as handle:
                 width = png_css_width(handle.read(4096))
             size = f' width="{width}"' if width else ""

@@ -15,12 +15,8 @@ from pathlib import Path
 
 from keybias.core.provenance import commit_info, git
 from keybias.core.recorder import atomic_write_bytes, atomic_write_text, latex_escape
-from keybias.pipeline.claims import (
-    claims_table,
-    contract_errors,
-    write_headline_macros,
-    write_macro_index,
-)
+from keybias.pipeline.claim_contract import contract_errors
+from keybias.pipeline.claim_headline import claims_table, write_headline_macros, write_macro_index
 from keybias.pipeline.console import _show, log, sha256_bytes, status_line
 from keybias.pipeline.findings_out import (
     findings_errors,
@@ -131,7 +127,9 @@ class PaperSteps:
         inputs = self.paper_inputs()
         key = sha256_bytes(*[str(p.relative_to(self.root)).encode() + p.read_bytes() for p in inputs])
         stamp = self.results / ".build" / "paper.key"
-        if not self.force and pdf.exists() and stamp.exists() and stamp.read_text() == key:
+        # the stamp holds the PDF's own hash too: a main.pdf put back by hand (a checkout) is rebuilt
+        if (not self.force and pdf.exists() and stamp.exists()
+                and stamp.read_text() == f"{key}\n{sha256_bytes(pdf.read_bytes())}"):
             log("paper/main.pdf: up to date")
             return
         stamp.unlink(missing_ok=True)
@@ -152,8 +150,9 @@ class PaperSteps:
             tail = "\n".join(errors or lines[-40:])
             status_line("paper: FAILED")
             raise BuildError(f"latexmk failed (logs: {log_path}, {build_dir / 'main.log'}):\n{tail}")
-        atomic_write_bytes(pdf, (build_dir / "main.pdf").read_bytes())
-        atomic_write_text(stamp, key)
+        built = (build_dir / "main.pdf").read_bytes()
+        atomic_write_bytes(pdf, built)
+        atomic_write_text(stamp, f"{key}\n{sha256_bytes(built)}")
         self.reindex()
         status_line(f"paper: main.pdf built in {time.perf_counter() - t0:.1f} s")
 

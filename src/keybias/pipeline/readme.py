@@ -13,7 +13,7 @@ from collections import Counter
 from pathlib import Path
 
 from keybias.core.recorder import atomic_write_text
-from keybias.pipeline.claims import kind_summary
+from keybias.pipeline.claim_headline import kind_summary
 
 _BLOCK = re.compile(r"(<!-- generated:(?P<name>[a-z_]+) -->\n)(?P<body>.*?)(<!-- /generated -->)", re.S)
 

@@ -30,10 +30,11 @@ import re
 import sys
 from pathlib import Path
 
+import nbformat
 from bs4 import BeautifulSoup
 
 from keybias.core.recorder import atomic_write_bytes, atomic_write_text
-from keybias.pipeline.index import load_findings, site_commit
+from keybias.pipeline.index import load_findings, site_commit, write_index
 from keybias.pipeline.render_cells import (
     claim_cells,
     displayed_csv,
@@ -143,8 +144,6 @@ def render_notebook_html(
     tree's (the pipeline renders right after running the notebook). The page expects the
     shared MathJax copy and stylesheet that `publish_assets` writes next to it.
     """
-    import nbformat
-
     nb = nbformat.reads(text, as_version=4)
     raw = json.loads(text)
     if commit is None:
@@ -378,8 +377,6 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="[keybias.pipeline.render] %(message)s")
     if args.command == "render":
         pages = render_results(args.results)
-        from keybias.pipeline.index import write_index
-
         write_index(args.results)
         print(f"rendered {len(pages)} notebooks; pages + shared MathJax: "
               f"{rendered_size(args.results) / 1e6:.2f} MB")

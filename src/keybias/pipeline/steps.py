@@ -53,6 +53,14 @@ from keybias.pipeline.paper import BuildError, PaperSteps
 from keybias.pipeline.render import publish_assets, render_notebook_html
 from keybias.studies import params as P
 
+try:  # check_tools names it when it is missing, rather than failing on import
+    from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
+except ImportError as _missing:
+    KernelSpecManager = NoSuchKernel = None
+    _JUPYTER_CLIENT_MISSING: ImportError | None = _missing
+else:
+    _JUPYTER_CLIENT_MISSING = None
+
 ROOT = Path(__file__).resolve().parents[3]
 NOTEBOOK_NAME = re.compile(r"^\d\d_[a-z0-9_]+$")
 def discover_notebooks(root: Path = ROOT) -> list[str]:
@@ -185,10 +193,8 @@ class Build(PaperSteps):
             )
 
     def check_tools(self, paper: bool) -> None:
-        try:
-            from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
-        except ImportError as exc:
-            raise BuildError("jupyter_client is missing: run `make venv`") from exc
+        if _JUPYTER_CLIENT_MISSING is not None:
+            raise BuildError("jupyter_client is missing: run `make venv`") from _JUPYTER_CLIENT_MISSING
         try:
             spec = KernelSpecManager().get_kernel_spec(KERNEL)
         except NoSuchKernel as exc:

@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from keybias.core.recorder import atomic_write_text
 
@@ -53,8 +54,6 @@ def workload(repeats: int = 1) -> dict[str, str]:
     a differing output is the kernel's doing. torch's own generators are hashed separately
     (`torch_randn`, `torch_mha_init`): their vectorised paths are part of the question too.
     """
-    import torch
-
     digests: dict[str, str] = {}
     rng = np.random.default_rng(0)
 

@@ -336,8 +336,8 @@ register(Finding(
                r"times a random direction's); in the small model's float32 runs (\LongFullMechanismRuns{} of the \LongFullRuns{}) Adam's response to a small gradient bias along the drift "
                r"predicts its velocity (measured over predicted \LongFullVelocityRatioMin{} to "
                r"\LongFullVelocityRatioMax{}; elsewhere \LongFullVelocityOutsideWrongSign{} of "
-               r"\LongFullVelocityOutsideRows{} layers have the wrong sign), and noise that grows with $\|\bk\|$ does not explain it (elasticity "
-               r"\LongFullNoiseElasticity{})."),
+               r"\LongFullVelocityOutsideRows{} layers have the wrong sign), and in those runs noise that grows with $\|\bk\|$ does not explain it "
+               r"(elasticity \LongFullNoiseElasticity{}; in the medium model it is not excluded)."),
     section="sec:longrun", figure="longrun_full_drift", notebook="08_longrun", basis="test",
     decided_by=("longrun-drift-along-mean-query",
                 "longrun-noise-not-tracking-bias"),
@@ -383,8 +383,8 @@ register(Finding(
                r"\CkptMiniLMSixBkOverBqMax{} of $\bq$, but in multilingual-e5-small it is "
                r"\CkptEFiveBkOverBqMedian{} times $\bq$ at the median layer (in the four-bit export we could read); there alone "
                r"subtracting $\bk$ before per-token int4 absmax key quantization multiplies the "
-               r"attention-output error by \CkptQuantFourEFiveRatioMedian{}, near a positive "
-               r"control's \CkptQuantFourControlRatioMedian{}."),
+               r"attention-output error by \CkptQuantFourEFiveRatioMedian{}, near the "
+               r"\CkptQuantFourEFiveControlRatioMedian{} of a positive control on the same checkpoint."),
     section="sec:pretrained", figure="checkpoint_bias_and_quantization", notebook="10_checkpoints", basis="measurement",
     rests_on=("checkpoints-strip-reduces-int8-error", "checkpoints-strip-reduces-int4-error",
               "checkpoints-strip-control-int8", "checkpoints-strip-control-int4"),

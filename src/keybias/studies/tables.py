@@ -12,6 +12,7 @@ import html
 import math
 import re
 
+import numpy as np
 import pandas as pd
 
 from keybias.core.text import SUPERSCRIPT
@@ -154,10 +155,8 @@ def is_missing(value) -> bool:
     if isinstance(value, str) and value.strip() in ("", "nan", "NaN", "None", "--", "<NA>", "NaT"):
         return True
     try:
-        import pandas as pd
-
         return bool(pd.isna(value)) if not isinstance(value, list | tuple | dict) else False
-    except (ImportError, TypeError, ValueError):
+    except (TypeError, ValueError):
         return False
 
 
@@ -191,23 +190,13 @@ def is_number(value) -> bool:
         return False
     if isinstance(value, int | float):
         return True
-    try:
-        import numpy as np
-
-        return isinstance(value, np.number) and not isinstance(value, np.bool_)
-    except ImportError:
-        return False
+    return isinstance(value, np.number) and not isinstance(value, np.bool_)
 
 
 def _is_bool(value) -> bool:
     if isinstance(value, bool):
         return True
-    try:
-        import numpy as np
-
-        return isinstance(value, np.bool_)
-    except ImportError:
-        return False
+    return isinstance(value, np.bool_)
 
 
 def header_text(name) -> str:

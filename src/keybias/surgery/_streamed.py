@@ -61,6 +61,7 @@ from keybias.surgery.cli import (
     _more,
     _names,
     _refuse_mismatch,
+    _transformers,
     clip,
     fold_note,
     format_report,
@@ -73,8 +74,7 @@ READ_AHEAD = 4  # modules' tensors the copier may hold before the certification 
 
 
 def _meta_model(cls, config) -> nn.Module:
-    import transformers
-
+    transformers = _transformers()
     try:
         with torch.device("meta"), quiet_libraries():
             if cls is transformers.AutoModel:

@@ -63,6 +63,9 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+import torch
+from safetensors.torch import load_file, save_file
+
 from keybias import surgery
 from keybias.surgery import _calls
 from keybias.surgery._sites import discover
@@ -296,9 +299,16 @@ def _architecture(in_dir: Path):
         return _read_architecture(in_dir)
 
 
-def _read_architecture(in_dir: Path):
+def _transformers():
+    """transformers, imported on first use: `import keybias.surgery` and `keybias-surgery --help`
+    must not load it, and convert() sets HF_HUB_OFFLINE before its first use."""
     import transformers
 
+    return transformers
+
+
+def _read_architecture(in_dir: Path):
+    transformers = _transformers()
     try:
         config = transformers.AutoConfig.from_pretrained(str(in_dir), local_files_only=True)
     except (OSError, ValueError, KeyError) as exc:
@@ -320,8 +330,7 @@ def load_exactly(cls, in_dir: Path):
     """The model exactly as stored, or a CliError: transformers fills a missing tensor with a
     random initialisation and drops an unexpected one, only warning; here either is an error
     that names them, and so is a tensor whose shape differs from the config's (one line)."""
-    import transformers
-
+    transformers = _transformers()
     verbosity = transformers.utils.logging.get_verbosity()
     transformers.utils.logging.set_verbosity_error()  # the loading report is ours to give, in one line
     try:
@@ -394,8 +403,6 @@ def _refuse_dtypes(in_dir: Path, tables: dict[str, dict], model=None) -> None:
 
 def _refuse_non_finite(model) -> None:
     """A change cannot be certified against a NaN or an infinity: rounding bounds are then NaN."""
-    import torch
-
     bad = [n for n, t in model.state_dict().items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]
     if bad:
         raise CliError(f"tensor {bad[0]}{_more(bad[1:], 0)} holds NaN or infinite values; the tool cannot "
@@ -421,9 +428,6 @@ def load_library_folder(fmt: str, in_dir: Path):
 
 
 def _load_library_folder(fmt: str, in_dir: Path):
-    import torch
-    from safetensors.torch import load_file
-
     if fmt == "timm":
         timm = _import_library("timm", "timm")
         cfg = _read_json(in_dir / "config.json")
@@ -436,9 +440,7 @@ def _load_library_folder(fmt: str, in_dir: Path):
             raise CliError(f"timm cannot build {cfg['architecture']!r}: {clip(exc)}") from exc
         label = f"timm {cfg['architecture']}"
     else:
-        _import_library("open_clip", "open_clip")
-        from open_clip import model as oc_model
-
+        oc_model = _import_library("open_clip", "open_clip").model
         model_cfg = dict(_read_json(in_dir / "open_clip_config.json")["model_cfg"])
         custom = model_cfg.pop("custom_text", False) or "hf_model_name" in (model_cfg.get("text_cfg") or {})
         try:
@@ -552,21 +554,15 @@ def _convert(in_dir: Path, out_dir: Path, fmt: str, sharded: bool, tables: dict[
     """convert() once the input is checked and this run holds OUT_DIR's lock."""
     os.environ["HF_HUB_OFFLINE"] = "1"
     os.environ["TRANSFORMERS_OFFLINE"] = "1"
-    import torch
-
     if sharded:
-        import transformers
+        from keybias.surgery._streamed import convert_sharded  # _streamed imports this module
 
-        from keybias.surgery._streamed import convert_sharded
-
-        transformers.utils.logging.disable_progress_bar()
+        _transformers().utils.logging.disable_progress_bar()
         return convert_sharded(in_dir, out_dir, fold_value=fold_value, allow_dropout=allow_dropout, log=log)
 
     ignored: list[str] = []
     if fmt == "hf":
-        import transformers
-
-        transformers.utils.logging.disable_progress_bar()
+        _transformers().utils.logging.disable_progress_bar()
         config, cls = _architecture(in_dir)
         model = load_exactly(cls, in_dir)
         label = config.model_type
@@ -635,8 +631,6 @@ def _convert(in_dir: Path, out_dir: Path, fmt: str, sharded: bool, tables: dict[
         if fmt == "hf":
             model.save_pretrained(str(tmp), safe_serialization=True)
         else:
-            from safetensors.torch import save_file
-
             name = "open_clip_model.safetensors" if fmt == "open_clip" else "model.safetensors"
             save_file({k: v.detach().contiguous() for k, v in model.state_dict().items()}, str(tmp / name),
                       metadata={"format": "pt"})
@@ -659,8 +653,6 @@ _SAFETENSORS_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF
 def _read_tensors(path: Path):
     """(name, tensor) for every tensor of a safetensors file, read with plain reads one tensor
     at a time: a memory map would count every page of the file in the process's memory."""
-    import torch
-
     with path.open("rb") as f:
         n = int.from_bytes(f.read(8), "little")
         header = json.loads(f.read(n))
@@ -688,8 +680,6 @@ def verify_written(folder: Path, state: dict) -> None:
     second copy of the model in memory). transformers may store a tensor under another name
     than the module path (its checkpoint conversion), so a name that is not a module path is
     matched by content: shape, dtype, sum and first entries, then compared exactly."""
-    import torch
-
     by_print: dict[tuple, list] = {}
     for tensor in state.values():
         by_print.setdefault(_fingerprint(tensor), []).append(tensor)

@@ -2,6 +2,7 @@
 test claim of notebook 02 fed data that violates it (claim_mutation)."""
 
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -773,6 +774,21 @@ def test_a_misspelt_configuration_key_raises_instead_of_running_at_the_default()
     with pytest.raises(ValueError, match=r"'dtpye' \(did you mean 'dtype'\?\)"):
         _row(dtpye="float16")
     assert S._base(dtype="float16")["dtype"] == "float16"
+
+
+@pytest.mark.parametrize("bad", [{"dtype": "float8"}, {"mode": "evaluate"}])
+def test_a_configuration_value_outside_its_axis_raises(bad):
+    with pytest.raises(ValueError, match=next(iter(bad))):
+        C.base_config(**bad)
+
+
+def test_every_axis_of_a_configuration_is_documented():
+    """The dataclass docstring documents each field, as the config of TransformerLens does: a reader
+    of a measurement row finds what each column of the configuration means."""
+    doc = C.AttentionCase.__doc__
+    documented = {name for line in re.findall(r"^ {4}(\w+(?:, \w+)*):", doc, flags=re.M)
+                  for name in line.split(", ")}
+    assert documented == set(C.CASE_AXES)
 
 
 def test_measure_does_not_import_controls():

@@ -339,7 +339,7 @@ def _bias(*, drift_scale=1.0, decayed_norm=0.30, optimizers=("sgd", "adam", "ada
         for seed in (0, 1):
             adam = opt.startswith("adam")
             rows.append({
-                "setting": opt, "optimizer": opt, "eps": 1e-8, "dtype": "float32", "seed": seed,
+                "setting": opt, "optimizer": opt, "eps": 1e-8, "dtype": "float32", "seed": seed, "steps": 150,
                 "drift_b_k": (0.03 + 0.01 * seed) * (drift_scale if opt in ("adam", "adamw") else 1.0)
                 if adam else 1e-9,
                 "predicted_drift": 0.03 if adam else np.nan, "sgd_walk": np.nan if adam else 2e-9,

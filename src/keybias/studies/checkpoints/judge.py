@@ -113,6 +113,8 @@ def quantization_claims(quant: pd.DataFrame) -> tuple[list[Claim], dict[str, Any
             macros[f"CkptQuant{w}{cw}KeepMedian"] = finite_median(h["err_keep"], f"{name} err_keep")
             macros[f"CkptQuant{w}{cw}StripMedian"] = finite_median(h["err_strip"], f"{name} err_strip")
             macros[f"CkptQuant{w}{cw}RatioMedian"] = finite_median(h["err_strip"] / h["err_keep"], f"{name} ratio")
+            macros[f"CkptQuant{w}{cw}ControlRatioMedian"] = finite_median(
+                h["control_err_strip"] / h["control_err_keep"], f"{name} control ratio")
     return claims, macros
 
 

@@ -38,3 +38,31 @@ TABLES: dict[str, dict[str, str]] = {
         exact="checkpoint family package version format matrices layers hidden heads",
     ),
 }
+
+
+# results/macros/10_checkpoints.tex: every macro this study writes there, by name -> its class
+# (as for columns).
+# `{axis}` stands for each value of that axis (keybias.pipeline.macro_classes.AXES, or
+# MACRO_AXES below); `make verify` expands the templates and looks each name up exactly.
+MACRO_FILE = "macros/10_checkpoints.tex"
+MACRO_AXES: dict[str, tuple[str, ...]] = {
+    "bits": ("Eight", "Four"),
+    "checkpoint": ("EFive", "MiniLMSix", "MiniLMThree"),
+}
+MACROS: dict[str, str] = cols(
+    exact="CkptCount CkptFamilies CkptHeldOutBound CkptSentences Ckpt{checkpoint}Layers",
+    f32="Ckpt{checkpoint}BkOverKeyMax Ckpt{checkpoint}BkOverKeyMedian Ckpt{checkpoint}GradBq",
+    f64=(
+        "CkptHeldOutMiniLMMax Ckpt{checkpoint}BkNormMax Ckpt{checkpoint}BkOverBqMax "
+        "Ckpt{checkpoint}BkOverBqMedian"
+    ),
+    noise=(
+        "CkptMiniLMSixDriftLinear CkptMiniLMSixDriftWalk Ckpt{checkpoint}GradNoise "
+        "Ckpt{checkpoint}GradNoiseSixtyFour"
+    ),
+    rms_error=(
+        "CkptQuant{bits}ControlRatioMedian CkptQuant{bits}RatioMedian "
+        "CkptQuant{bits}{checkpoint}KeepMedian CkptQuant{bits}{checkpoint}RatioMedian "
+        "CkptQuant{bits}{checkpoint}StripMedian CkptQuant{bits}{checkpoint}ControlRatioMedian"
+    ),
+)

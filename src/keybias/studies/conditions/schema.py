@@ -22,3 +22,17 @@ TABLES: dict[str, dict[str, str]] = {
         noise="max_abs_diff_need_weights max_abs_diff_false_vs_reference max_abs_diff_true_vs_reference",
     ),
 }
+
+
+# results/macros/07_conditions.tex: every macro this study writes there, by name -> its class
+# (as for columns).
+# `{axis}` stands for each value of that axis (keybias.pipeline.macro_classes.AXES, or
+# MACRO_AXES below); `make verify` expands the templates and looks each name up exactly.
+MACRO_FILE = "macros/07_conditions.tex"
+MACROS: dict[str, str] = cols(
+    exact=(
+        "CondAdamCoupledStep CondAdamMovesMin CondAdamStillMax CondBreakMin CondBrokenCount CondCaseCount "
+        "CondEmbedDim CondNumHeads CondQuirkBiasKvDiff CondQuirkTorch CondQuirkZeroAttnDiff "
+        "CondRedundantCount CondRedundantMax CondSeedCount CondSoftcap CondWeightDecay"
+    ),
+)

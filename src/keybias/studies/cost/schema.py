@@ -32,3 +32,27 @@ TABLES: dict[str, dict[str, str]] = {
         "removed_bytes predicted_saving_us kind",
     ),
 }
+
+
+# results/macros/06_cost.tex: every macro this study writes there, by name -> its class
+# (as for columns).
+# `{axis}` stands for each value of that axis (keybias.pipeline.macro_classes.AXES, or
+# MACRO_AXES below); `make verify` expands the templates and looks each name up exactly.
+MACRO_FILE = "macros/06_cost.tex"
+MACROS: dict[str, str] = cols(
+    exact=(
+        "CostArchitectureCount CostAttentions CostBatch CostBenchAttentions CostBenchBlocks "
+        "CostBenchSeqLens CostBertEmbedDim CostBkAdamBytesGptXL CostBkFractionLayerPercent "
+        "CostBkParamsBertBase CostBkParamsGptXL CostBlocks CostBudgetSeconds CostByteMarginPercent "
+        "CostComparisons CostComparisonsInference CostComparisonsTraining CostConfigs CostControlCount "
+        "CostFamilySize CostGpuHOneHundredBandwidthTBs CostGpuHOneHundredName "
+        "CostGpuHOneHundredPredictedMaxUs CostGpuHOneHundredPredictedMinUs CostGpuHTwoHundredBandwidthTBs "
+        "CostGpuHTwoHundredName CostGpuHTwoHundredPredictedMaxUs CostGpuHTwoHundredPredictedMinUs "
+        "CostKernelsInference CostKernelsRemovedInference CostKernelsRemovedTraining CostKernelsTraining "
+        "CostLevelPercent CostMaxReps CostMinReps CostModelFractionMaxPercent CostModelFractionMinPercent "
+        "CostRemovedByteShareInferencePercent CostRemovedByteShareTrainingPercent "
+        "CostSavingBoundMaxPercent CostSavingBoundMinPercent CostSeqLens CostSubphaseCount "
+        "CostTargetHalfWidthPercent CostTrimPercent"
+    ),
+    machine="CostClock",
+)

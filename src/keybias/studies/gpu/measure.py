@@ -186,9 +186,8 @@ def run_invariance(out: Path, device: str, spec: dict, deadline: float) -> dict:
                            "error": f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"})
             done += 1
             continue
-        for frame in (rows, per_mag, secs):
-            if "config_id" in frame:
-                frame["config_id"] = done
+        for frame in (rows, per_mag, secs):  # each has a row per configuration, numbered by the sweep
+            frame["config_id"] = done
         frames.append(rows)
         mags.append(per_mag)
         times.append(secs)

@@ -24,3 +24,25 @@ TABLES: dict[str, dict[str, str]] = {
         f32="value bound",
     ),
 }
+
+
+# results/macros/09_gpu.tex: every macro this study writes there, by name -> its class
+# (as for columns).
+# `{axis}` stands for each value of that axis (keybias.pipeline.macro_classes.AXES, or
+# MACRO_AXES below); `make verify` expands the templates and looks each name up exactly.
+MACRO_FILE = "macros/09_gpu.tex"
+MACROS: dict[str, str] = cols(
+    exact=(
+        "GpuCapability GpuCommits GpuCosWorst GpuCosWorstBound GpuCosWorstCase GpuCostBoundMinPercent "
+        "GpuCostByteDeficitMaxPercent GpuCostByteExcessMaxPercent GpuCostConfigs GpuCostFaster "
+        "GpuCostLowOverBoundMaxPercent GpuCostPredictedMaxPercent GpuCostPredictedMinPercent "
+        "GpuCostResolved GpuCostSavingMaxPercent GpuCostSlower GpuCostUpperMaxPercent "
+        "GpuCrossingWorstCase GpuCrossingWorstMeasured GpuCrossingWorstPredicted GpuCrossingWorstRatio "
+        "GpuCuda GpuDate GpuDriver GpuInvKnownBreaks GpuInvMeasured GpuInvMissed GpuInvMissedDtypes "
+        "GpuInvNotRedundant GpuInvPlanned GpuInvRedundant GpuInvRun GpuInvValid GpuMemoryBytesMax "
+        "GpuMemoryGiB GpuMemoryRows GpuMemoryWidths GpuName GpuPowerUndetected GpuPowerUndetectedCells "
+        "GpuPrecFusedDtypes GpuPrecFusedPaths GpuPrecNotRun GpuPrecPaths GpuPrecRows GpuPrecSlopeMax "
+        "GpuPrecSlopeMin GpuSecondsCost GpuSecondsInvariance GpuSecondsPrecision GpuSecondsTotal GpuTorch "
+        "GpuTransferChecks GpuTransferSentence"
+    ),
+)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import difflib
 import math
+from dataclasses import asdict, dataclass, fields
 
 import torch
 import torch.nn.functional as F
@@ -519,26 +520,90 @@ def perturbed(views: list, delta: torch.Tensor):
 
 
 # ----------------------------------------------------------------------------- shared by measure and controls
+# the modes a configuration runs in (see `mode_context`)
+MODES = ("train", "eval", "inference", "inference_no_fastpath")
+
+
+@dataclass(frozen=True)
+class AttentionCase:
+    """One configuration of the invariance sweep: every axis a measurement row records.
+
+    family: the builder: "mha" (`nn.MultiheadAttention`), "sizes" and "realistic" (MHA at
+        larger shapes), "layers" (`nn.Transformer*Layer`), "sdpa" (the functional kernel),
+        "variants" (attention variants written here), "hf" (a Hugging Face attention module),
+        or "device" (a row that records why a device was not run).
+    case: the case's name in the tables, such as "MHA add_zero_attn" or "SDPA MATH".
+    variant: which layer, variant or Hugging Face model the family builds ("softmax" for MHA).
+    option: a switch of the builder, such as "norm_first" for layers; "plain" for none.
+    mode: "train" or "eval" (the module's mode, with gradients), "inference" (no gradients;
+        MHA may take its fast path) or "inference_no_fastpath" (no gradients, fast path off).
+    mask: "none", "bool", "float", "causal", "is_causal", "is_causal_only", "key_padding" or
+        "fully_masked_row".
+    embed_dim, num_heads: the model width and the number of heads.
+    kdim, vdim: key and value input widths when they differ from embed_dim; None for equal.
+    tgt_len, src_len: the number of queries and of keys.
+    batch: the batch size.
+    batch_first: whether inputs are (batch, sequence, feature).
+    bias: whether the module has projection biases at all.
+    add_bias_kv, add_zero_attn: MHA's appended key/value slots (a learned one, a zero one).
+    dropout: the attention dropout probability.
+    need_weights: whether MHA returns its attention weights (that selects its slow path).
+    self_attention: queries, keys and values from one input (else the keys' input differs).
+    dtype: the floating-point type the module runs in; it is built in float64 and cast.
+    device: where it runs ("cpu", "cuda" or "mps").
+    sdpa_backend: the scaled-dot-product kernel forced for the run; "default" lets PyTorch pick.
+    hf_attn_implementation: the Hugging Face attention implementation ("eager", "sdpa"); "" for
+        PyTorch modules.
+    seed: the seed of the weights and inputs.
+    """
+
+    family: str = "mha"
+    case: str = ""
+    variant: str = "softmax"
+    option: str = "plain"
+    mode: str = "eval"
+    mask: str = "none"
+    embed_dim: int = 8
+    num_heads: int = 2
+    kdim: int | None = None
+    vdim: int | None = None
+    tgt_len: int = 5
+    src_len: int = 5
+    batch: int = 2
+    batch_first: bool = True
+    bias: bool = True
+    add_bias_kv: bool = False
+    add_zero_attn: bool = False
+    dropout: float = 0.0
+    need_weights: bool = False
+    self_attention: bool = True
+    dtype: str = "float32"
+    device: str = "cpu"
+    sdpa_backend: str = "default"
+    hf_attn_implementation: str = ""
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype {self.dtype!r} is not one of {DTYPES}")
+        if self.mode not in MODES:
+            raise ValueError(f"mode {self.mode!r} is not one of {MODES}")
+
+
+CASE_AXES = tuple(f.name for f in fields(AttentionCase))
+
+
 def base_config(**kw) -> dict:
-    """A configuration with every axis at its default, overridden by `kw`.
+    """An `AttentionCase` with `kw` set, as the dict a measurement row records.
 
     An unknown key raises `ValueError` naming it (and the closest axis): a misspelt axis
     (`dtpye="float16"`) must not run silently at the default."""
-    cfg = {
-        "family": "mha", "case": "", "variant": "softmax", "option": "plain", "mode": "eval",
-        "mask": "none", "embed_dim": 8, "num_heads": 2, "kdim": None, "vdim": None,
-        "tgt_len": 5, "src_len": 5, "batch": 2, "batch_first": True, "bias": True,
-        "add_bias_kv": False, "add_zero_attn": False, "dropout": 0.0, "need_weights": False,
-        "self_attention": True, "dtype": "float32", "device": "cpu", "sdpa_backend": "default",
-        "hf_attn_implementation": "", "seed": 0,
-    }
-    unknown = sorted(set(kw) - set(cfg))
+    unknown = sorted(set(kw) - set(CASE_AXES))
     if unknown:
-        hints = {k: difflib.get_close_matches(k, list(cfg), n=1) for k in unknown}
+        hints = {k: difflib.get_close_matches(k, CASE_AXES, n=1) for k in unknown}
         said = ", ".join(f"{k!r}" + (f" (did you mean {h[0]!r}?)" if h else "") for k, h in hints.items())
-        raise ValueError(f"unknown configuration key(s) {said}; the axes are {sorted(cfg)}")
-    cfg.update(kw)
-    return cfg
+        raise ValueError(f"unknown configuration key(s) {said}; the axes are {sorted(CASE_AXES)}")
+    return asdict(AttentionCase(**kw))
 
 
 def output_tolerance_for(dtype, st: dict, n_slots: int, y_abs: float) -> float:

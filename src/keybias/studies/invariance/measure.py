@@ -54,7 +54,7 @@ OPTIONS = (
     "kdim_vdim",
     "dropout",
 )
-MODES = ("train", "eval", "inference", "inference_no_fastpath")
+MODES = C.MODES
 MASKS = (
     "none",
     "bool",

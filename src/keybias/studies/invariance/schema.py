@@ -46,3 +46,40 @@ TABLES: dict[str, dict[str, str]] = {
         noise="bk_rel_float64 tolerance_rel",
     ),
 }
+
+
+# results/macros/02_invariance.tex: every macro this study writes there, by name -> its class
+# (as for columns).
+# `{axis}` stands for each value of that axis (keybias.pipeline.macro_classes.AXES, or
+# MACRO_AXES below); `make verify` expands the templates and looks each name up exactly.
+MACRO_FILE = "macros/02_invariance.tex"
+MACRO_AXES: dict[str, tuple[str, ...]] = {
+    "arch": ("Alibi", "Bert", "BiasKv", "Cosine", "Plain", "QkNorm", "Qwen", "Rope", "Sigmoid", "SinkKey", "SinkLogit", "ZeroAttn"),
+    "magnitude": ("MagLarge", "MagOne", "MagSmall"),
+}
+MACROS: dict[str, str] = cols(
+    exact=(
+        "InvCalibrationCases InvConfigCount InvConfigTotal InvContradictionsTotal "
+        "InvContradictions{dtype} InvDropBelowResolution InvDropRows InvDtypeCount InvEmbedMax "
+        "InvEmbedMin InvEpsMax InvEpsMin InvFailureProbability InvFamilyAlpha InvFamilyCount "
+        "InvFastPathRows InvGradDisagree InvGradJudgedHalf InvGradLowPrecisionMissed InvIndependentTotal "
+        "InvIndependent{dtype} InvInvalid InvInvalidLowPrecision InvJointJudgedHalf InvKeysMax InvKeysMin "
+        "InvKnownBreaks{dtype}{magnitude} InvKnownModules{dtype}{magnitude} InvLambda InvMagnitudeCount "
+        "InvMagnitudeMax InvMagnitudeMin InvMaskedRowAppended InvMaskedRowBias InvMaskedRowNan "
+        "InvMaskedRows InvMaxMissRate InvMaxRedundantOverTol InvMaxToleranceFraction InvMeasured "
+        "InvMinNotRedundantOverTol InvMismatches InvMissLevel InvMissLowerLimit{dtype}{magnitude} "
+        "InvMissedModules{dtype}{magnitude} InvMissed{dtype}{magnitude} InvNonfiniteOther InvNotRedundant "
+        "InvNotRequested InvNullScales InvPowerBlindStates InvPowerBound InvRealisticEmbedMax "
+        "InvRealisticEmbedMin InvRealisticKeysMax InvRealisticMismatches InvRealisticRows "
+        "InvRealisticValid InvRedundant InvRejected InvSeparation InvSkipped "
+        "InvTieMisses{dtype}{magnitude} InvValid InvValid{dtype}{magnitude} InvVariantCount Inv{arch}Rows"
+    ),
+    decade_grid="InvMinDetect{dtype}",
+    effect32="Inv{arch}MaxRel Inv{arch}MinRel",
+    half_verdicts="InvDropFalseBreaksHalf InvDropRedundantHalf InvGradContradictionsHalf InvJointRedundantHalf",
+    noise=(
+        "InvBreakOverTol{dtype}{magnitude} InvDropMinDetectable InvGradMinDetectable "
+        "InvJointMinDetectable InvRedundantOverTol{dtype}{magnitude}"
+    ),
+    statistic="InvNullFactor{dtype_rounded}",
+)

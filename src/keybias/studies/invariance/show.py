@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 
 from keybias.core.recorder import latex_escape
+from keybias.core.reduce import require_columns
 from keybias.studies import style
 from keybias.studies.invariance import judge as J
 from keybias.studies.params import DTYPES
@@ -116,18 +117,16 @@ def _tabular(table: pd.DataFrame, head: dict, align: str) -> str:
 
 def verdict_latex(table: pd.DataFrame) -> str:
     """booktabs tabular of `judge.verdict_table`, categories and joint verdicts in words."""
-    table = table.copy()
-    if "category" in table:
-        # the device rows hold no CPU verdict; the caption says once where the GPU's verdicts are
-        table = table[~table["category"].astype(str).str.startswith("device ")]
-    if "category" in table:  # the figure's order: MHA, layers, SDPA, variants, Hugging Face models
-        order = list(CASE_WORDS)
-        rank = table["category"].map(lambda c: order.index(c) if c in order else len(order))
-        table = table.assign(_rank=rank).sort_values(["_rank", "category"], kind="stable").drop(columns="_rank")
-        table["category"] = table["category"].map(category_label)
-    if "joint" in table:
-        table["joint"] = table["joint"].map(
-            lambda v: ", ".join(_VERDICT_ABBREVIATIONS.get(w, w) for w in str(v).split(",")) if isinstance(v, str) else v)
+    require_columns(table, ["category", "joint"], "verdict table")
+    # the device rows hold no CPU verdict; the caption says once where the GPU's verdicts are
+    table = table[~table["category"].astype(str).str.startswith("device ")].copy()
+    # the figure's order: MHA, layers, SDPA, variants, Hugging Face models
+    order = list(CASE_WORDS)
+    rank = table["category"].map(lambda c: order.index(c) if c in order else len(order))
+    table = table.assign(_rank=rank).sort_values(["_rank", "category"], kind="stable").drop(columns="_rank")
+    table["category"] = table["category"].map(category_label)
+    table["joint"] = table["joint"].map(
+        lambda v: ", ".join(_VERDICT_ABBREVIATIONS.get(w, w) for w in str(v).split(",")) if isinstance(v, str) else v)
     head = {"category": "configuration", "redundant": "red.", "not_redundant": "not red.",
             "invalid": "inval.", "skipped": "skip.", "matches_theory": "as predicted", "joint": "with slot"}
     return _tabular(table, head, "l" + "r" * (len(table.columns) - 1))

@@ -149,10 +149,16 @@ def check_config(*, num_layers: int, embed_dim: int, num_heads: int, context: in
 # ----------------------------------------------------------------------------- data
 
 
-def corpus_files() -> list[Path]:
-    """The files of the corpus: sympy/core/*.py of the installed sympy, sorted by name."""
+def _sympy():
+    """sympy, imported on first use: its source is the corpus, and it is slow to import."""
     import sympy
 
+    return sympy
+
+
+def corpus_files() -> list[Path]:
+    """The files of the corpus: sympy/core/*.py of the installed sympy, sorted by name."""
+    sympy = _sympy()
     folder = Path(sympy.__file__).parent / CORPUS_SUBDIR
     files = sorted(folder.glob("*.py"), key=lambda p: p.name)
     if not files:
@@ -162,8 +168,7 @@ def corpus_files() -> list[Path]:
 
 def corpus() -> dict[str, object]:
     """The training text as bytes, with its sha256, file count and the sympy version."""
-    import sympy
-
+    sympy = _sympy()
     data = b"".join(p.read_bytes() for p in corpus_files())
     return {"bytes": data, "sha256": hashlib.sha256(data).hexdigest(), "n_files": len(corpus_files()),
             "n_bytes": len(data), "package": f"{CORPUS_PACKAGE}=={sympy.__version__}",

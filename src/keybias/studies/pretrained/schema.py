@@ -33,3 +33,31 @@ TABLES: dict[str, dict[str, str]] = {
         "value_bias_parameters config_count fraction_key_bias counted_by",
     ),
 }
+
+# The macros of macros/05_pretrained.tex: exact names, or templates over the axes of
+# keybias.pipeline.macro_classes.AXES and MACRO_AXES below; `make verify` looks each name up exactly.
+MACRO_FILE = "macros/05_pretrained.tex"
+MACRO_AXES: dict[str, tuple[str, ...]] = {
+    "model": ("BertBase", "BertLarge", "GPTTwo", "ViTBase"),
+    "variant": ("Both", "Fold", "Noise", "Random", "Strip", "Zero"),
+}
+MACROS: dict[str, str] = cols(
+    exact=(
+        "PretArchClassified PretArchFolded PretArchHandled PretArchHandledOver PretArchNoKeyBias "
+        "PretArchNotBuilt PretArchNotCertified PretArchRefusalsNotNeeded PretArchRefused PretArchRemoved "
+        "PretArchTimm PretArchTotal PretArchViolations PretBatch PretFamilies PretFamiliesHandled "
+        "PretFamiliesRefused PretFamiliesWrong PretFraction{model} PretHidden PretLayers PretNoiseBatch "
+        "PretParams PretRandomScale PretSavedBoth PretSavedStrip PretSaved{model} PretSentences "
+        "PretThreads PretTolMeasuredCount PretTolRowCount PretTolSentence PretTotal{model}"
+    ),
+    f32=(
+        "PretBkNormMax PretBkNormMin PretBkOverBqMax PretBkOverKeyMax PretBqNormMax PretBqNormMin "
+        "PretBvNormMax PretBvNormMin PretControlCosGap{dtype_wide} PretControlDiff{dtype_wide} "
+        "PretFamiliesControlRatio PretFamiliesRefusedRatio PretKeyNormMax PretKeyNormMin"
+    ),
+    noise=(
+        "PretControlOverNoise{dtype_wide} PretFamiliesCertifiedMax PretFamiliesHandledRatio "
+        "Pret{variant}CosGap{dtype_wide} Pret{variant}Diff{dtype_wide} Pret{variant}OverNoise{dtype_wide}"
+    ),
+    rms_error="PretControlTol{dtype_wide} Pret{variant}Tol{dtype_wide}",
+)

@@ -14,3 +14,16 @@ TABLES: dict[str, dict[str, str]] = {
         "nonzero_query_bias_controls",
     ),
 }
+
+
+# results/macros/01_symbolic.tex: every macro this study writes there, by name -> its class
+# (as for columns).
+# `{axis}` stands for each value of that axis (keybias.pipeline.macro_classes.AXES, or
+# MACRO_AXES below); `make verify` expands the templates and looks each name up exactly.
+MACRO_FILE = "macros/01_symbolic.tex"
+MACROS: dict[str, str] = cols(
+    exact=(
+        "SymAssumptionCount SymGridDerivatives SymGridMaxHeadDim SymGridMaxHeads SymGridMaxKeys "
+        "SymGridSizes SymQueryBiasDelta SymValueBiasDelta"
+    ),
+)

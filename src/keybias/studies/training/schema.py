@@ -49,3 +49,50 @@ TABLES: dict[str, dict[str, str]] = {
         noise="delta tolerance logit_delta",
     ),
 }
+
+
+# results/macros/04_training.tex: every macro this study writes there, by name -> its class
+# (as for columns).
+# `{axis}` stands for each value of that axis (keybias.pipeline.macro_classes.AXES, or
+# MACRO_AXES below); `make verify` expands the templates and looks each name up exactly.
+MACRO_FILE = "macros/04_training.tex"
+MACRO_AXES: dict[str, tuple[str, ...]] = {
+    "optimiser": ("Adam", "Sgd"),
+}
+MACROS: dict[str, str] = cols(
+    exact=(
+        "TrainAccPairedImages TrainAdamFactorBound TrainBatch TrainBiasSeeds TrainBiasSettings "
+        "TrainDecayDevBound TrainDiscordantFractionBound TrainDivergenceBound TrainEmbedDim "
+        "TrainEpsDefault TrainGradPoweredRuns TrainGradPoweredRuns{dtype_trained} TrainGradRatioBound "
+        "TrainGradRuns TrainGradRuns{dtype_trained} TrainHeads TrainKeyBiasInit TrainLayers "
+        "TrainLr{optimiser} TrainMomentum TrainNParams TrainNTest TrainNTrain TrainSeeds "
+        "TrainSgdPoweredRuns TrainSgdRuns TrainSgdWalkBound TrainSteps TrainTokens TrainVerdictInvalid "
+        "TrainVerdictNotRedundant TrainVerdictRedundant TrainVerdictTotal TrainWeightDecay"
+    ),
+    acc_diff="TrainMaxAccDiff{optimiser}",
+    accuracy=(
+        "TrainAccAdamEpsEight TrainAccAdamEpsEightBfloatSixteen TrainAccAdamEpsSix TrainAccAdamEpsTwelve "
+        "TrainAccAdamW TrainAccAdamWBiasDecay TrainAccDiscordantBound TrainAccDiscordantControl "
+        "TrainAccKept{optimiser} TrainAccRemoved{optimiser} TrainAccSgd TrainAccSgdBfloatSixteen "
+        "TrainAccSgdMomentum"
+    ),
+    chaotic=(
+        "TrainAdamFactor TrainAdamLogErr TrainAdamMinDetectable TrainDecayDev TrainDecayEffectOverBound "
+        "TrainGradRmsQuery{dtype_trained}"
+    ),
+    diverge_steps="TrainIdenticalSteps{optimiser}",
+    images="TrainAccDiscordant TrainAccMinDetectable",
+    noise=(
+        "TrainDivergenceMinDetectable TrainDivergenceRatio TrainDriftAdamEpsEight "
+        "TrainDriftAdamEpsEightBfloatSixteen TrainDriftAdamEpsSix TrainDriftAdamEpsTwelve "
+        "TrainDriftAdamMax TrainDriftAdamW TrainDriftAdamWBiasDecay TrainDriftSgd "
+        "TrainDriftSgdBfloatSixteen TrainDriftSgdMomentum TrainGradRatio TrainGradRmsKey{dtype_trained} "
+        "TrainLossRelDiff{optimiser} TrainMaxLogitDelta TrainSgdDriftMax TrainSgdWalkRatio"
+    ),
+    noise32="TrainDivergenceControl{optimiser} TrainDivergence{optimiser} TrainLossRelDiffControl{optimiser}",
+    statistic=(
+        "TrainGradDetectable TrainPredAdamEpsEight TrainPredAdamEpsEightBfloatSixteen TrainPredAdamEpsSix "
+        "TrainPredAdamEpsTwelve TrainPredAdamW TrainPredAdamWBiasDecay TrainPredictionChanges"
+    ),
+    trained="TrainVerdictMinDetectable",
+)

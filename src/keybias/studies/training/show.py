@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
@@ -43,8 +44,6 @@ def plot_bias_norms(trajectories: pd.DataFrame, seed: int | None = None):
     optimizer family (SGD, Adam, AdamW) with at most five series each, and the norm ||b_q(t)||
     of the same run (grey; b_q starts at zero, so this is its drift) for scale. A drift of
     exactly zero is drawn on the bottom line (`_ZERO_FLOOR`)."""
-    import matplotlib.pyplot as plt
-
     style.apply()
     seed = int(trajectories["seed"].iloc[0]) if seed is None else seed
     data = trajectories[trajectories["seed"] == seed]
@@ -83,8 +82,6 @@ def plot_curves(curves: pd.DataFrame):
     """Per optimizer (rows): training loss and test accuracy with b_k kept and removed (seeds
     overlaid), and the relative parameter distance from the removed model of the kept model and
     of the two one-ulp controls (up and down)."""
-    import matplotlib.pyplot as plt
-
     style.apply()
     opts = list(dict.fromkeys(curves["optimizer"]))
     fig, axes = plt.subplots(len(opts), 3, figsize=(style.FULL_WIDTH, 1.9 * len(opts) + 0.5), squeeze=False)
