@@ -215,6 +215,10 @@ SOURCES = {
     "TrainDivergenceRatio": ("largest geometric mean over seeds of the distance with/without b_k over the farther "
                              "one-ulp copy's", lambda: _divergence_ratio()),
     # the long runs (Section 8, Table 10)
+    "LongFullNoiseElasticityMediumMin": ("smallest seed's noise elasticity, medium float32 runs at eps 1e-12",
+                                         lambda: _long_interval("medium", "float32", 1e-12, "noise_elasticity")["min"]),
+    "LongFullNoiseElasticityMediumMax": ("largest seed's noise elasticity, medium float32 runs at eps 1e-12",
+                                         lambda: _long_interval("medium", "float32", 1e-12, "noise_elasticity")["max"]),
     "LongFullQueryCos": ("median over seeds of the small model's cosine with the mean query (eps 1e-12)",
                          lambda: _small_runs().groupby("seed").cos_mean_query.mean().median()),
     "LongFullQueryCosSqrtN": ("the same in units of a random direction's",
@@ -318,19 +322,11 @@ def _cost_interval_source(kind: str):
 
 
 # (point, low, high macros) -> (the kind of interval, the words the text uses for it, its source)
+_STUDENT = ("Student-t, 95%, over seeds", "longrun", "Student-$t$ confidence interval of the mean across seeds")
 INTERVALS = {
-    ("LongFullExponentSmallFloatEpsTwelve", "LongFullExponentSmallFloatEpsTwelveLow", "LongFullExponentSmallFloatEpsTwelveHigh"):
-        ("Student-t, 95%, over seeds", "longrun", "Student-$t$ confidence interval of the mean across seeds",
-         _long_interval_source("small", 1e-12)),
-    ("LongFullExponentMediumFloatEpsTwelve", "LongFullExponentMediumFloatEpsTwelveLow", "LongFullExponentMediumFloatEpsTwelveHigh"):
-        ("Student-t, 95%, over seeds", "longrun", "Student-$t$ confidence interval of the mean across seeds",
-         _long_interval_source("medium", 1e-12)),
-    ("LongFullExponentSmallFloatEpsEight", "LongFullExponentSmallFloatEpsEightLow", "LongFullExponentSmallFloatEpsEightHigh"):
-        ("Student-t, 95%, over seeds", "longrun", "Student-$t$ confidence interval of the mean across seeds",
-         _long_interval_source("small", 1e-8)),
-    ("LongFullExponentMediumFloatEpsEight", "LongFullExponentMediumFloatEpsEightLow", "LongFullExponentMediumFloatEpsEightHigh"):
-        ("Student-t, 95%, over seeds", "longrun", "Student-$t$ confidence interval of the mean across seeds",
-         _long_interval_source("medium", 1e-8)),
+    **{(f"LongFullExponent{size.title()}FloatEps{word}", f"LongFullExponent{size.title()}FloatEps{word}Low",
+        f"LongFullExponent{size.title()}FloatEps{word}High"): (*_STUDENT, _long_interval_source(size, eps))
+       for size in ("small", "medium") for word, eps in (("Twelve", 1e-12), ("Eight", 1e-8))},
     ("CostLargestPointSavingPercent", "CostLargestPointSavingLowPercent", "CostLargestPointSavingHighPercent"):
         ("simultaneous", "cost", "simultaneous interval", _cost_interval_source("simultaneous")),
 }
