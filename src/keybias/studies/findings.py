@@ -332,7 +332,7 @@ register(Finding(
     statement=(r"Over \LongFullRuns{} long runs (\LongFullSeeds{} seeds, two sizes, three Adam settings), the small model's "
                r"$\|\bk\|$ grows like $t^{\alpha}$ with median $\alpha=\LongFullExponentMedianSmall{}$ at "
                r"$\varepsilon=10^{-12}$, faster than a random walk's $1/2$, though three seeds cannot exclude one; "
-               r"$\bk$ ends along the mean query (median cosine \LongFullQueryCos{}, \LongFullQueryCosSqrtN{} "
+               r"there $\bk$ leans towards the mean query (median cosine \LongFullQueryCos{}, \LongFullQueryCosSqrtN{} "
                r"times a random direction's); in the small model's float32 runs (\LongFullMechanismRuns{} of the \LongFullRuns{}) Adam's response to a small gradient bias along the drift "
                r"predicts its velocity (measured over predicted \LongFullVelocityRatioMin{} to "
                r"\LongFullVelocityRatioMax{}; elsewhere \LongFullVelocityOutsideWrongSign{} of "
