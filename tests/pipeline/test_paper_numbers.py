@@ -414,7 +414,7 @@ def printed_macros() -> dict[str, str]:
         # the two values \IfSameValue compares choose the wording; they are not printed
         text = re.sub(r"\\IfSameValue\{\\[A-Za-z]+\}\{\\[A-Za-z]+\}", " ", text)
         if name == "intro" and "\\FindingsItems" in text:
-            text += " ".join(f.title + " " + f.statement for f in list_findings())
+            text += " ".join(f.title + " " + f.summary for f in list_findings())
         for m in re.findall(r"\\([A-Z][A-Za-z]+)", text):
             if m in macros:
                 where.setdefault(m, name)

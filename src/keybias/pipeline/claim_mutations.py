@@ -21,11 +21,6 @@ from pathlib import Path
 from keybias.core.recorder import margin_ratio
 from keybias.pipeline.claim_contract import ROOT
 
-try:  # a development dependency: `python -m keybias.pipeline.claims manifest` runs without it
-    import pytest
-except ImportError:
-    pytest = None
-
 # Where a mutation test's `record_mutation` fixture writes one JSON line per judged mutation
 # (tests/conftest.py); `mutations` sets it while it runs the marked tests.
 MUTATION_LOG_ENV = "KEYBIAS_MUTATION_LOG"
@@ -33,8 +28,9 @@ MUTATION_LOG_ENV = "KEYBIAS_MUTATION_LOG"
 
 def _run_pytest(args: list[str], plugins: list, what: str, ok=(0, 5)) -> int:
     """pytest.main with its output captured; raise with the output's tail on a bad exit code."""
-    if pytest is None:
-        raise ModuleNotFoundError("No module named 'pytest'", name="pytest")
+    # a development dependency, imported here so that the manifest commands neither need nor load it
+    import pytest
+
     log = io.StringIO()
     with contextlib.redirect_stdout(log):
         code = int(pytest.main(args, plugins=plugins))

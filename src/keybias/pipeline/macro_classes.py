@@ -19,6 +19,7 @@ import re
 from dataclasses import dataclass
 from functools import cache
 
+from keybias.studies import SCHEMA_STUDIES
 from keybias.studies.columns import cols
 from keybias.studies.params import DTYPE_MACRO
 
@@ -31,9 +32,6 @@ AXES: dict[str, tuple[str, ...]] = {
     "dtype_trained": (DTYPE_MACRO["float32"], DTYPE_MACRO["bfloat16"]),
 }
 
-# Studies whose schema.py declares macros (see MACRO_FILE there).
-MACRO_STUDIES = ("symbolic", "invariance", "precision", "training", "pretrained", "cost", "conditions",
-                 "longrun", "gpu", "checkpoints")
 
 # Macros the pipeline writes itself: keybias.pipeline.claims.headline_macros.
 PIPELINE_MACROS: dict[str, dict[str, str]] = {
@@ -94,7 +92,7 @@ def _declare(table: dict[str, dict[str, MacroDeclaration]], rel: str, owner: str
 def declared_macros() -> dict[str, dict[str, MacroDeclaration]]:
     """{macros file: {exact macro name: its declaration}}, every template expanded."""
     table: dict[str, dict[str, MacroDeclaration]] = {}
-    for study in MACRO_STUDIES:
+    for study in SCHEMA_STUDIES:
         module = f"keybias.studies.{study}.schema"
         schema = importlib.import_module(module)
         axes = {**AXES, **getattr(schema, "MACRO_AXES", {})}

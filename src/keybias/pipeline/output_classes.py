@@ -31,6 +31,7 @@ from pathlib import Path
 import pandas as pd
 
 from keybias.core.claimspec import list_specs, spec_of
+from keybias.studies import SCHEMA_STUDIES
 from keybias.studies import claims as study_claims
 from keybias.studies.columns import cols
 
@@ -325,8 +326,7 @@ def tier_of(cls: str) -> str:
 
 # Printed numbers (macros, tables) carry the class of the data they print, plus half a unit in
 # the last printed digit of each number for the printing itself.
-STUDIES = ("symbolic", "invariance", "precision", "training", "pretrained", "cost", "conditions", "longrun", "gpu",
-           "checkpoints")
+STUDIES = SCHEMA_STUDIES
 
 
 def _data_columns() -> dict[str, dict[str, str]]:

@@ -25,6 +25,7 @@ from keybias.studies.conditions import cases as condition_cases
 from keybias.studies.symbolic import judge as _symbolic_specs  # noqa: F401  (registers 01's claims)
 
 BASES = ("test", "proof", "measurement")
+SUMMARY_NUMBERS = 2
 MODES = ("exact", "abs", "rel", "decades")
 
 
@@ -56,7 +57,10 @@ class Finding:
 
     id: stable, lower-case words joined by hyphens.
     title: a few words, for a card or a table row.
-    statement: one sentence with its numbers, LaTeX with macros.
+    summary: the finding in one short sentence with at most two numbers, LaTeX with macros; the
+        introduction lists these, so that a reader meets the findings before the methods without
+        meeting every number (the section that reports the finding gives the rest).
+    statement: one sentence with all its numbers, LaTeX with macros (the entry page, the README).
     section: the LaTeX label of the paper section that reports it.
     figure: the stem of the figure in results/figures/ that shows it (None: a table shows it).
     notebook: the notebook that measures and judges it.
@@ -68,6 +72,7 @@ class Finding:
 
     id: str
     title: str
+    summary: str
     statement: str
     section: str
     figure: str | None
@@ -86,10 +91,13 @@ class Finding:
             raise ValueError(f"finding {self.id}: a tested finding names the claims that decide it")
         if self.basis != "test" and self.decided_by:
             raise ValueError(f"finding {self.id}: only a tested finding is decided by claims")
+        if len(_MACRO_USE.findall(self.summary)) > SUMMARY_NUMBERS:
+            raise ValueError(f"finding {self.id}: a summary prints at most {SUMMARY_NUMBERS} numbers")
 
     def record(self, macros: dict[str, str]) -> dict:
         return {
             "id": self.id, "title": plain_statement(self.title, macros), "title_latex": self.title,
+            "summary": plain_statement(self.summary, macros), "summary_latex": self.summary,
             "statement": plain_statement(self.statement, macros),
             "statement_latex": self.statement, "section": self.section, "figure": self.figure,
             "notebook": self.notebook, "basis": self.basis, "decided_by": list(self.decided_by),
@@ -178,6 +186,7 @@ _SYMBOLIC_PROOFS = tuple(list_claims(notebook="01_symbolic"))
 register(Finding(
     id="criterion-exact",
     title="The key bias cancels exactly",
+    summary=(r"In exact arithmetic $\bk$ moves every score of a query by the same amount, so it changes nothing and its gradient is zero."),
     statement=(r"In exact arithmetic $\bk$ adds the same $q_i\cdot\bk$ to every score of query $i$, so "
                r"softmax, the output and every other gradient are unchanged and the gradient of $\bk$ is "
                r"zero; SymPy checks this on \SymGridSizes{} shapes of up to \SymGridMaxKeys{} keys."),
@@ -189,6 +198,7 @@ register(Finding(
 register(Finding(
     id="conditions-checklist",
     title="Where the criterion holds and breaks",
+    summary=(r"Of \CondCaseCount{} departures from plain attention, \CondBrokenCount{} make $\bk$ matter, among them soft-capping, rotated RoPE dimensions and QK-norm."),
     statement=(r"Of \CondCaseCount{} conditions on the loss, the optimizer, the attention and the value-bias "
                r"fold, \CondRedundantCount{} leave the bias redundant or foldable (among them temperature, gates, "
                r"grouped-query heads, unrotated RoPE dimensions) and \CondBrokenCount{} do not (among them "
@@ -201,6 +211,7 @@ register(Finding(
 register(Finding(
     id="need-weights-quirk",
     title=r"\texttt{need\_weights} changes PyTorch's output",
+    summary=(r"With an appended key slot and a causal mask, \texttt{need\_weights} changes the output of PyTorch's \texttt{nn.MultiheadAttention}, by up to \CondQuirkZeroAttnDiff{} in float64."),
     statement=(r"With an appended key slot (\texttt{add\_bias\_kv} or \texttt{add\_zero\_attn}), a causal "
                r"\texttt{attn\_mask}, \texttt{is\_causal=True} and no key padding mask, PyTorch's "
                r"\texttt{nn.MultiheadAttention} hides the slot from every query with \texttt{need\_weights=False} "
@@ -223,6 +234,7 @@ register(Finding(
 register(Finding(
     id="invariance-map",
     title=r"$\bk$ is redundant wherever the criterion says",
+    summary=(r"Over \InvMeasured{} configurations of PyTorch's attention paths in four dtypes, no float64 or float32 verdict contradicts the checklist."),
     statement=(r"Across \InvMeasured{} measured configurations of \texttt{nn.MultiheadAttention}, its fused "
                r"paths and attention variants in four dtypes, no float64 or float32 verdict contradicts the "
                r"criterion."),
@@ -246,6 +258,7 @@ register(Finding(
 register(Finding(
     id="gradient-is-rounding-noise",
     title=r"The gradient of $\bk$ is dominated by rounding noise",
+    summary=(r"The gradient of $\bk$ is rounding noise: at most \PrecGradNoiseScaleMax{} of what rounding can leave, with no direction that isotropic noise would not give."),
     statement=(r"Its size is at most "
                r"\PrecGradNoiseScaleMax{} of what rounding the $n$-term sums of its rows can leave, at the scale of "
                r"$\bq$'s gradient, and on the CPU its direction is indistinguishable from "
@@ -265,6 +278,7 @@ register(Finding(
 register(Finding(
     id="precision-law",
     title=r"A large $\bk$ costs precision in proportion to its size",
+    summary=(r"A large $\bk$ adds rounding error in proportion to $\|\bk\|/\ktyp$ in every dtype, but no shipped checkpoint we measured has a $\bk$ large enough to double the error."),
     statement=(r"Although $\bk$ never changes the function, the rounding error it adds to the output grows "
                r"in proportion to $\|\bk\|/\ktyp$: the log--log slopes fitted over each dtype's four code paths are "
                r"\PrecSlopeFloatSixtyFour{}, \PrecSlopeFloatThirtyTwo{}, \PrecSlopeFloatSixteen{} and "
@@ -284,6 +298,7 @@ register(Finding(
 register(Finding(
     id="training-unchanged",
     title=r"In one small model, training without $\bk$ is the same training",
+    summary=(r"A small vision transformer trained with and without $\bk$ reaches the same test accuracy (\TrainAccKeptAdam{} and \TrainAccRemovedAdam{} with Adam)."),
     statement=(r"A small vision transformer (\TrainNParams{} parameters, \TrainSteps{} steps) trained with and "
                r"without $\bk$ reaches the same test "
                r"accuracy with Adam (\TrainAccKeptAdam{} with $\bk$, \TrainAccRemovedAdam{} without) and with the slower "
@@ -302,6 +317,7 @@ register(Finding(
 register(Finding(
     id="adam-drift-regimes",
     title="Adam turns the noise into drift, by regime",
+    summary=(r"Where $\varepsilon$ lies far below the noise, Adam turns it into full-size steps that move $\bk$; in float32 at the default $\varepsilon$ the steps shrink to \LongFullRunRateFloatEpsEightMin{}--\LongFullRunRateFloatEpsEightMax{} of a full one."),
     statement=(r"Adam divides the noise gradient of $\bk$ by its own scale. In the long runs of a byte-level "
                r"language model, where $\varepsilon$ lies far below "
                r"the noise its steps are full-size (step rate, the squared ratio of a step to a full one, "
@@ -329,13 +345,15 @@ register(Finding(
 register(Finding(
     id="long-run-drift",
     title="The drift over a long run, and what drives it",
+    summary=(r"Over long runs $\bk$ drifts faster than a random walk, and in \LongFullMechanismRuns{} runs a small gradient bias along the drift accounts for its speed, which is \LongFullNullSpeedupMedian{} times what pure noise gives at the median."),
     statement=(r"Over \LongFullRuns{} long runs (\LongFullSeeds{} seeds, two sizes, three Adam settings), the small model's "
                r"$\|\bk\|$ grows like $t^{\alpha}$ with median $\alpha=\LongFullExponentMedianSmall{}$ at "
                r"$\varepsilon=10^{-12}$, faster than a random walk's $1/2$, though three seeds cannot exclude one; "
                r"there $\bk$ leans towards the mean query (median cosine \LongFullQueryCos{}, \LongFullQueryCosSqrtN{} "
                r"times a random direction's); in the small model's float32 runs (\LongFullMechanismRuns{} of the \LongFullRuns{}) Adam's response to a small gradient bias along the drift "
                r"predicts its velocity (measured over predicted \LongFullVelocityRatioMin{} to "
-               r"\LongFullVelocityRatioMax{}; elsewhere \LongFullVelocityOutsideWrongSign{} of "
+               r"\LongFullVelocityRatioMax{}, while Adam on pure noise drifts \LongFullNullSpeedupMedian{} times slower at the median; "
+               r"elsewhere \LongFullVelocityOutsideWrongSign{} of "
                r"\LongFullVelocityOutsideRows{} layers have the wrong sign), and in those runs noise that grows with $\|\bk\|$ does not explain it "
                r"(elasticity \LongFullNoiseElasticity{}; in the medium model it is not excluded)."),
     section="sec:longrun", figure="longrun_full_drift", notebook="08_longrun", basis="test",
@@ -344,18 +362,22 @@ register(Finding(
     # the checks the statement's other parts use: the run is long enough to tell the exponents apart,
     # the velocity is Adam's response to the gradient's bias in the full-step regime that eps = 1e-12
     # gives, and the text whose mean query the drift points along is the pinned one
-    rests_on=("longrun-drift-exponent-decided", "longrun-velocity-from-gradient-bias",
+    rests_on=("longrun-drift-exponent-decided", "longrun-velocity-from-gradient-bias", "longrun-velocity-null-fails",
               "adam-full-steps-float32-small-eps", "longrun-corpus-is-pinned-text"),
     headlines=(Headline("LongFullExponentMedianSmall", "abs", 0.05,
                         "a growth exponent computed from the recorded runs, which every machine reads as they "
                         "are; stated to two decimals, against the walk's 1/2 and constant velocity's 1"),
                Headline("LongFullNoiseElasticity", "abs", 0.05,
-                        "computed from the recorded runs; stated to two decimals against the bound 1/2")),
+                        "computed from the recorded runs; stated to two decimals against the bound 1/2"),
+               Headline("LongFullNullSpeedupMedian", "rel", 0.05,
+                        "a median over seeded float64 noise walks matched to the recorded runs; stated to "
+                        "two digits, against the factor of 2 the velocity check allows")),
 ))
 
 register(Finding(
     id="pretrained-strip-exact",
     title=r"Stripping $\bk$ from trained models is exact",
+    summary=(r"The surgery tool removes $\bk$ exactly from \PretFamiliesHandled{} of \PretFamilies{} model families and refuses the rest, whose attention the checklist excludes."),
     statement=(r"In the trained MiniLM encoder $\bk$ is at most \PretBkOverBqMax{} of $\bq$, and removing it "
                r"changes its unit-norm float64 sentence embeddings by at most $\PretBothDiffFloatSixtyFour{}$, within rounding; of "
                r"\PretFamilies{} models (PyTorch's own attention modules, tiny Hugging Face models and MiniLM) the tool "
@@ -379,12 +401,16 @@ register(Finding(
 register(Finding(
     id="shipped-checkpoints",
     title=r"$\bk$ in the checkpoints that ship with packages",
+    summary=(r"In a shipped multilingual encoder $\bk$ is \CkptEFiveBkOverBqMedian{} times $\bq$; subtracting it before int4 key quantization multiplies the error by \CkptQuantFourEFiveRatioMedian{}, about what subtracting the mean key does."),
     statement=(r"In the two MiniLM sentence embedders that ship with packages $\bk$ is at most "
                r"\CkptMiniLMSixBkOverBqMax{} of $\bq$, but in multilingual-e5-small it is "
                r"\CkptEFiveBkOverBqMedian{} times $\bq$ at the median layer (in the four-bit export we could read); there alone "
                r"subtracting $\bk$ before per-token int4 absmax key quantization multiplies the "
                r"attention-output error by \CkptQuantFourEFiveRatioMedian{}, near the "
-               r"\CkptQuantFourEFiveControlRatioMedian{} of a positive control on the same checkpoint."),
+               r"\CkptQuantFourEFiveControlRatioMedian{} of a positive control on the same checkpoint, and about what subtracting "
+               r"the mean key does, a baseline added afterwards (the error with $\bk$ subtracted is "
+               r"\CkptQuantFourTokenEFiveStripOverSmoothMedian{} times the mean key's; under per-channel absmax it is "
+               r"\CkptQuantFourChannelStripOverSmoothMedian{} times)."),
     section="sec:pretrained", figure="checkpoint_bias_and_quantization", notebook="10_checkpoints", basis="measurement",
     rests_on=("checkpoints-strip-reduces-int8-error", "checkpoints-strip-reduces-int4-error",
               "checkpoints-strip-control-int8", "checkpoints-strip-control-int4"),
@@ -400,6 +426,7 @@ register(Finding(
 register(Finding(
     id="cost-saving",
     title=r"What $\bk$ costs",
+    summary=(r"Removing $\bk$ is predicted to save at most \CostPredictedMaxPercent{}\% of a block's time on the CPU, below the \CostMinDetectablePercent{}\% our timings resolve."),
     statement=(r"A count of the bytes that removing $\bk$ saves predicts \CostPredictedMinPercent{}\% to "
                r"\CostPredictedMaxPercent{}\% of a BERT-base block's pass on the CPU, below the "
                r"\CostMinDetectablePercent{}\% our timings resolve, so they can neither confirm nor refute it; "

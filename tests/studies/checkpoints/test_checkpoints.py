@@ -125,14 +125,26 @@ def _norms(held_ratio=0.002):
     return pd.DataFrame(rows)
 
 
-def _quant(ratio=0.9, control=0.7):
+def _quant(ratio=0.9, control=0.7, smooth=0.8):
+    """Two checkpoints of three layers; the strip ratio falls with the layer, as bk_over_key of `_pattern_norms`
+    rises; err_smooth = smooth * err_keep; the per-channel errors are 0.8 times the per-token ones."""
     rows = []
     for name in ("all-MiniLM-L6-v2", "multilingual-e5-small"):
         for layer in range(3):
             for bits in (8, 4):
-                rows.append({"checkpoint": name, "family": "x", "layer": layer, "bits": bits, "err_keep": 0.1,
-                             "err_strip": 0.1 * ratio, "control_err_keep": 0.2, "control_err_strip": 0.2 * control})
+                r = ratio * (1 - 0.1 * layer) if name == "multilingual-e5-small" else ratio
+                tok = {"err_keep": 0.1, "err_strip": 0.1 * r, "err_smooth": 0.1 * smooth}
+                rows.append({"checkpoint": name, "family": "x", "layer": layer, "bits": bits, **tok,
+                             **{f"{c}_channel": 0.8 * v for c, v in tok.items()},
+                             "control_err_keep": 0.2, "control_err_strip": 0.2 * control})
     return pd.DataFrame(rows)
+
+
+def _pattern_norms():
+    """bk_over_key per (checkpoint, layer) of `_quant`: tiny for MiniLM, rising with the layer for E5."""
+    return pd.DataFrame([{"checkpoint": name, "layer": layer,
+                          "bk_over_key": 0.5 + 0.2 * layer if name == "multilingual-e5-small" else 1e-4 * (layer + 1)}
+                         for name in ("all-MiniLM-L6-v2", "multilingual-e5-small") for layer in range(3)])
 
 
 def _by_id(claims):
@@ -199,20 +211,178 @@ def test_drift_prediction_uses_the_published_settings_only():
     assert "CkptEFiveDriftLinear" not in macros and "CkptMiniLMSixDriftLinear" in macros
 
 
-def test_float64_gradient_of_bk_is_far_below_float32():
-    """b_k's gradient is rounding noise: float64 shrinks it by many orders of magnitude, b_q's does not."""
+def _tiny_checkpoint(n_layers=1, bk_scale=1.0):
+    """A random one-layer (or n-layer) BERT encoder, H = 64 in 2 heads, tokenizing by word lengths."""
     torch.manual_seed(0)
     H, nh = 64, 2
+
     def lin(o, i):
         return torch.randn(o, i) / i ** 0.5
-    layer = loaders.Layer(wq=lin(H, H), bq=torch.randn(H), wk=lin(H, H), bk=torch.randn(H), wv=lin(H, H),
-                          bv=torch.randn(H), wo=lin(H, H), bo=torch.randn(H), ln1_w=torch.ones(H),
-                          ln1_b=torch.zeros(H), wi=lin(4 * H, H), bi=torch.zeros(4 * H), wf=lin(H, 4 * H),
-                          bf=torch.zeros(H), ln2_w=torch.ones(H), ln2_b=torch.zeros(H))
-    ck = loaders.Checkpoint(name="all-MiniLM-L6-v2", family="MiniLM", package="-", weight_format="-",
-                            weight_precision="float32", num_heads=nh, eps=1e-12, word=torch.randn(50, H),
-                            pos=torch.randn(16, H), type0=torch.zeros(H), emb_ln_w=torch.ones(H),
-                            emb_ln_b=torch.zeros(H), layers=[layer], tokenize=lambda t: [len(w) for w in t.split()],
-                            max_positions=16)
+
+    layers = [loaders.Layer(wq=lin(H, H), bq=torch.randn(H), wk=lin(H, H), bk=bk_scale * torch.randn(H),
+                            wv=lin(H, H), bv=torch.randn(H), wo=lin(H, H), bo=torch.randn(H), ln1_w=torch.ones(H),
+                            ln1_b=torch.zeros(H), wi=lin(4 * H, H), bi=torch.zeros(4 * H), wf=lin(H, 4 * H),
+                            bf=torch.zeros(H), ln2_w=torch.ones(H), ln2_b=torch.zeros(H)) for _ in range(n_layers)]
+    return loaders.Checkpoint(name="all-MiniLM-L6-v2", family="MiniLM", package="-", weight_format="-",
+                              weight_precision="float32", num_heads=nh, eps=1e-12, word=torch.randn(50, H),
+                              pos=torch.randn(16, H), type0=torch.zeros(H), emb_ln_w=torch.ones(H),
+                              emb_ln_b=torch.zeros(H), layers=layers,
+                              tokenize=lambda t: [len(w) for w in t.split()], max_positions=16)
+
+
+def test_float64_gradient_of_bk_is_far_below_float32():
+    """b_k's gradient is rounding noise: float64 shrinks it by many orders of magnitude, b_q's does not."""
+    ck = _tiny_checkpoint()
     g = measure.gradient_noise(ck, ["a bb ccc dddd", "eeeee ff g"], seed=0).set_index("dtype")
     assert g.loc["float64", "grad_bk_rms"] < 1e-6 * g.loc["float32", "grad_bk_rms"] < g.loc["float32", "grad_bq_rms"]
+
+
+# ----------------------------------------------------------------------------- baselines (not pre-registered)
+def test_a_shared_key_shift_leaves_the_float64_attention_output_unchanged():
+    """Exact: with small integer q, k, c and head size 4 (so 1/sqrt(d) = 1/2), every score and every shifted
+    score is exact in float64, softmax subtracts the row maximum, and the outputs are bit-identical."""
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randint(-3, 4, (2, 5, 4), generator=gen).double()
+    k = torch.randint(-3, 4, (2, 5, 4), generator=gen).double()
+    v = torch.randn(2, 5, 4, generator=gen, dtype=torch.float64)
+    c = torch.randint(-5, 6, (2, 1, 4), generator=gen).double()  # one shift per head, shared by all tokens
+    assert torch.equal(measure._attend(q, k + c, v), measure._attend(q, k, v))
+    # and smoothing, the shift by minus the mean key, with the mean an exact dyadic (4 tokens, integer keys)
+    k4 = k[:, :4]
+    assert torch.equal(measure._attend(q[:, :4], measure.smooth(k4), v[:, :4]), measure._attend(q[:, :4], k4, v[:, :4]))
+
+
+def test_a_shared_key_shift_moves_real_valued_outputs_by_rounding_only():
+    gen = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(3, 7, 16, generator=gen, dtype=torch.float64) for _ in range(3))
+    c = 5.0 * torch.randn(3, 1, 16, generator=gen, dtype=torch.float64)
+    ref = measure._attend(q, k, v)
+    for shifted in (k + c, k - c, measure.smooth(k)):
+        assert torch.allclose(measure._attend(q, shifted, v), ref, rtol=0, atol=1e-13)
+    # a per-token shift is no shared shift: it changes the output
+    assert not torch.allclose(measure._attend(q, k + torch.randn(3, 7, 16, generator=gen, dtype=torch.float64), v),
+                              ref, atol=1e-3)
+
+
+def test_smooth_removes_the_mean_key_per_head():
+    k = torch.randn(2, 6, 8, generator=torch.Generator().manual_seed(2)) + torch.arange(8.0)
+    sm = measure.smooth(k)
+    assert torch.allclose(sm.mean(dim=1), torch.zeros(2, 8), atol=1e-6)
+    assert torch.allclose(k - sm, k.mean(dim=1, keepdim=True).expand_as(k))
+
+
+def test_per_channel_quantizer_scales_each_channel_over_tokens():
+    k = torch.tensor([[[7.0, 1.0], [-3.0, -0.3], [1.0, 0.2]]])  # [heads, T, d]: channel absmax 7 and 1
+    q = measure.quantize(k, 4, dim=measure.QUANTIZER_DIM["channel"])
+    assert torch.equal(q[..., 0], k[..., 0])  # channel 0: scale 1, on the grid
+    assert torch.allclose(q[..., 1], torch.round(k[..., 1] * 7) / 7)  # channel 1: scale 1/7
+    x = torch.randn(3, 40, 16, generator=torch.Generator().manual_seed(0))
+    for bits in (8, 4):
+        scale = x.abs().amax(-2, keepdim=True) / (2 ** (bits - 1) - 1)
+        assert ((measure.quantize(x, bits, dim=-2) - x).abs() <= scale / 2 + 1e-7).all()
+    assert torch.equal(measure.quantize(x, 8), measure.quantize(x, 8, dim=measure.QUANTIZER_DIM["token"]))
+
+
+def test_quant_columns_are_declared_and_named_once():
+    from keybias.studies.checkpoints import schema
+
+    names = [schema.quant_column(a, z) for z in schema.QUANTIZERS for a in schema.QUANT_ARMS]
+    assert names[:2] == ["err_keep", "err_strip"]  # the pre-registered columns keep their names
+    assert {schema.ERR_SMOOTH, schema.ERR_KEEP_CHANNEL, schema.ERR_STRIP_CHANNEL, schema.ERR_SMOOTH_CHANNEL} <= set(names)
+    assert len(set(names)) == len(names)
+    assert set(names) <= set(schema.TABLES["data/checkpoint_quantization.csv"])
+    with pytest.raises(ValueError):
+        schema.quant_column("keep", "group")
+
+
+def test_measure_writes_every_arm_and_the_smooth_arm_helps_a_large_offset():
+    """On a random encoder whose b_k is far larger than W_k x, both strip and smooth cut the error of
+    per-token and per-channel quantization; the columns are exactly the declared ones."""
+    from keybias.studies.checkpoints import schema
+
+    ck = _tiny_checkpoint(n_layers=1, bk_scale=20.0)
+    _, quant = measure.measure_checkpoint(ck, ["a bb ccc dddd eeeee", "ff g hhh iiii jj kkkkk"], (8, 4), 0)
+    assert list(quant.columns) == list(schema.TABLES["data/checkpoint_quantization.csv"])
+    assert len(quant) == 2 and np.isfinite(quant.drop(columns=["checkpoint", "family"]).to_numpy(float)).all()
+    for z in schema.QUANTIZERS:
+        keep, strip, smooth = (quant[schema.quant_column(a, z)] for a in ("keep", "strip", "smooth"))
+        assert (strip < 0.5 * keep).all() and (smooth < 0.5 * keep).all()
+
+
+def test_baseline_macros_report_the_medians_and_the_layer_correlation():
+    macros = judge.baseline_macros(_quant(ratio=0.9, smooth=0.8), _pattern_norms())
+    for w in ("Eight", "Four"):
+        for z in ("Token", "Channel"):
+            assert macros[f"CkptQuant{w}{z}SmoothRatioMedian"] == pytest.approx(0.8)
+            assert macros[f"CkptQuant{w}{z}MiniLMSixStripOverSmoothMedian"] == pytest.approx(0.9 / 0.8)
+            assert macros[f"CkptQuant{w}{z}EFiveStripOverSmoothMedian"] == pytest.approx(0.9 * 0.9 / 0.8)
+        assert macros[f"CkptQuant{w}ChannelMiniLMSixRatioMedian"] == pytest.approx(0.9)
+        assert macros[f"CkptQuant{w}ChannelEFiveKeepMedian"] == pytest.approx(0.08)
+        assert macros[f"CkptQuant{w}EFiveGainCorr"] > 0.9  # the ratio falls as sqrt(1 - (bk/k)^2) does
+        assert -1 <= macros[f"CkptQuant{w}GainCorr"] <= 1
+    from keybias.pipeline.macro_classes import macro_class
+
+    for name in macros:
+        macro_class("macros/10_checkpoints.tex", name)  # every macro is declared (schema.MACROS)
+
+
+def test_baseline_macros_leave_the_preregistered_claims_alone():
+    """The new arms are described, never claimed: the claims and their macros do not read them."""
+    quant = _quant()
+    before = judge.quantization_claims(quant)
+    changed = quant.assign(err_smooth=9.9, err_keep_channel=9.9, err_strip_channel=0.1, err_smooth_channel=0.1)
+    after = judge.quantization_claims(changed)
+    assert [c.record("nb", "cpu", "p") for c in before[0]] == [c.record("nb", "cpu", "p") for c in after[0]]
+    assert before[1] == after[1]
+    assert {c.id for c in after[0]} == set(list_claims(notebook="10_checkpoints"))
+
+
+@pytest.mark.parametrize("column", ["err_smooth", "err_strip_channel", "err_keep"])
+def test_baseline_macros_raise_on_nan(column):
+    quant = _quant()
+    quant.loc[3, column] = math.nan
+    with pytest.raises(NonFiniteValues):
+        judge.baseline_macros(quant, _pattern_norms())
+
+
+def test_baseline_macros_raise_on_a_missing_norm_or_column():
+    with pytest.raises(NonFiniteValues):  # a layer without its bias norm: NaN after the merge, never skipped
+        judge.baseline_macros(_quant(), _pattern_norms().iloc[1:])
+    with pytest.raises(KeyError):
+        judge.baseline_macros(_quant().drop(columns=["err_smooth"]), _pattern_norms())
+
+
+def test_correlation_refuses_a_constant_series_and_too_few_points():
+    with pytest.raises(NonFiniteValues):
+        judge.correlation([1.0, 1.0, 1.0], [0.1, 0.2, 0.3], "constant")
+    with pytest.raises(ValueError):
+        judge.correlation([1.0, 2.0], [0.1, 0.2], "two points")
+    assert judge.correlation([1.0, 2.0, 3.0], [2.0, 4.0, 6.5], "rising") > 0.99
+
+
+def test_predicted_strip_ratio_is_the_norm_left_after_stripping():
+    assert list(judge.predicted_strip_ratio([0.0, 0.6, 1.0])) == pytest.approx([1.0, 0.8, 0.0])
+
+
+def test_ratio_figure_has_at_most_six_series_a_panel_and_readable_text():
+    from keybias.studies import style
+    from keybias.studies.checkpoints import show
+
+    fig = show.ratio_figure(_norms(), _quant())
+    try:
+        assert len(fig.axes) == 3
+        assert all(len(ax.get_lines()) <= 7 for ax in fig.axes)  # six series and the line at one
+        assert max(len(ax.get_lines()) for ax in fig.axes[1:]) >= 2
+        assert style.smallest_font_pt(fig) >= 7
+    finally:
+        import matplotlib.pyplot as plt
+        plt.close(fig)
+
+
+def test_quant_summary_has_a_row_per_checkpoint_quantizer_and_bit_width():
+    from keybias.studies.checkpoints import show
+
+    s = show.quant_summary(_quant())
+    assert len(s) == 2 * 2 * 2 and set(s["quantizer"]) == {"per token", "per channel"}
+    assert s["smooth_ratio_median"].tolist() == pytest.approx([0.8] * 8)
+    assert "mean subtracted" in show.quant_latex(s)

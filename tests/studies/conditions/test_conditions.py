@@ -15,6 +15,7 @@ from keybias.studies.conditions import judge as conditions_judge
 from keybias.studies.conditions import measure as conditions
 from keybias.studies.conditions import show as conditions_show
 from keybias.studies.conditions.cases import CASE_BY_KEY, CASES, REDUNDANT, claim_id
+from keybias.studies.fixtures import reference as R
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -167,7 +168,7 @@ def test_partial_rope_dims_split_each_head():
 
 def test_rotation_is_identity_at_position_zero_and_keeps_norms():
     t = torch.randn(1, 1, 5, 8, dtype=torch.float64)
-    r = conditions._rotate_partial(t, 4)
+    r = R.rope_half(t, 4)
     assert torch.equal(r[..., 0, :], t[..., 0, :])
     assert torch.equal(r[..., 4:], t[..., 4:])
     assert torch.allclose(r[..., :4].norm(dim=-1), t[..., :4].norm(dim=-1))
@@ -315,11 +316,11 @@ def test_explicit_grouped_query_attention_matches_sdpa():
     w = conditions._weights(4, **SIZES)
     E, H = SIZES["embed_dim"], SIZES["num_heads"]
     d, G = E // H, 1
-    q = conditions._split(w["x"] @ w["w_q"].T + w["b_q"], H)
-    k = conditions._split(w["x"] @ w["w_k"][: G * d].T + w["b_k"][: G * d], G)
-    v = conditions._split(w["x"] @ w["w_v"][: G * d].T + w["b_v"][: G * d], G)
+    q = R.split_heads(w["x"] @ w["w_q"].T + w["b_q"], H)
+    k = R.split_heads(w["x"] @ w["w_k"][: G * d].T + w["b_k"][: G * d], G)
+    v = R.split_heads(w["x"] @ w["w_v"][: G * d].T + w["b_v"][: G * d], G)
     o = torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=True)
-    expected = conditions._merge(o) @ w["w_o"].T + w["b_o"]
+    expected = R.merge_heads(o) @ w["w_o"].T + w["b_o"]
     assert torch.allclose(conditions.attention(w, kv_heads=G), expected, atol=1e-12)
 
 

@@ -501,3 +501,117 @@ def test_mutation_one_pair_damped_only_to_0_51(full_units, record_mutation):
 def test_damping_control_fails_when_bfloat16_is_damped_too(full_units):
     u = _mutated(full_units, "drift_at_short", 0.0, dtype="bfloat16", eps=1e-8, rows=1)
     assert _holds(F.damping_claims(u)[1:]) == {F.ADAM_DRIFT_RATIO_CONTROL_BFLOAT16.id: False}
+
+
+# ----------------------------------------------------------------------------- the pure-noise null
+
+
+def test_along_drift_is_nan_before_any_drift_and_signed_by_descent():
+    g = np.array([[1.0, 0.0], [0.0, 2.0]])
+    before = np.array([[0.0, 0.0], [0.0, -3.0]])
+    along = L.along_drift(g, np.array([1.0, 2.0]), before)
+    assert math.isnan(along[0]) and along[1] == pytest.approx(1.0)  # -g . d / (|d| rms) = 6 / (3 * 2)
+
+
+def test_adam_noise_walk_is_torch_adam_on_the_same_gradients():
+    sigma, eps, n, lr, seed = np.array([1e-9, 3e-9]), 1e-8, 3, 1e-3, 7
+    log_steps = [1, 2, 5, 9]
+    walk = L.adam_noise_walk(sigma, eps, log_steps=log_steps, n_bias=n, lr=lr, seed=seed)
+    assert list(walk.columns[:5]) == ["walk", "step", "drift_b_k", "grad_rms_b_k", "grad_along_drift"]
+    rng = np.random.default_rng(seed)  # the walk's draws, one block per logged interval
+    p = torch.zeros(2, n, dtype=torch.float64, requires_grad=True)
+    opt = torch.optim.Adam([p], lr=lr, betas=(0.9, 0.999), eps=eps, foreach=False)
+    done, moved_before = 0, np.zeros((2, n))
+    for t in log_steps:
+        g = rng.standard_normal((t - done, 2, n)) * sigma[None, :, None]
+        for gi in g:
+            p.grad = torch.from_numpy(gi.copy())
+            opt.step()
+        rows = walk[walk["step"] == t].sort_values("walk")
+        moved = p.detach().numpy()
+        assert rows["drift_b_k"].to_numpy() == pytest.approx(np.linalg.norm(moved, axis=1), rel=1e-10)
+        rms = np.sqrt((g**2).mean(axis=(0, 2)))
+        assert rows["grad_rms_b_k"].to_numpy() == pytest.approx(rms, rel=1e-12)
+        along = L.along_drift(g.mean(axis=0), rms, moved_before)
+        np.testing.assert_allclose(rows["grad_along_drift"].to_numpy(), along, rtol=1e-12)
+        moved_before, done = moved.copy(), t
+    assert walk["grad_along_drift"][walk["step"] == 1].isna().all()  # no drift before the first interval
+    again = L.adam_noise_walk(sigma, eps, log_steps=log_steps, n_bias=n, lr=lr, seed=seed)
+    pd.testing.assert_frame_equal(walk, again)  # fixed by the seed
+    with pytest.raises(ValueError, match="sigma"):
+        L.adam_noise_walk([np.nan], eps, log_steps=log_steps, n_bias=n, lr=lr, seed=seed)
+    with pytest.raises(ValueError, match="log_steps"):
+        L.adam_noise_walk(sigma, eps, log_steps=[5, 5], n_bias=n, lr=lr, seed=seed)
+
+
+@pytest.fixture(scope="module")
+def full_null(full_units):
+    traj, _, _ = _full_frames()
+    return F.null_units(full_units, traj, replicates=6)
+
+
+def test_null_walks_are_matched_and_judged_by_the_same_code(full_units, full_null):
+    null = full_null
+    judged = F.velocity_runs(full_units)
+    assert len(null) == 6 * len(judged) and set(null["seed"]) == set(FULL_SEEDS)
+    assert set(null["size"]) == {"small"} and set(null["dtype"]) == {"float32"}
+    # the same function that judges a run judges each walk: recompute one walk by hand
+    run = judged.sort_values(F.UNIT).iloc[0]
+    traj, _, _ = _full_frames()
+    steps = traj[(traj["size"] == "small") & (traj["dtype"] == "float32") & (traj["eps"] == run["eps"])
+                 & (traj["seed"] == run["seed"]) & (traj["layer"] == 0)]["step"].to_numpy()
+    walk = L.adam_noise_walk(np.full(6, run["grad_rms_late"]), run["eps"], log_steps=steps, n_bias=32, lr=1e-3,
+                             seed=F.NULL_SEED)
+    speed = F.velocities(F.last_decade(walk[walk["walk"] == 2]), eps=run["eps"], lr=1e-3, what="walk")
+    row = null[(null["eps"] == run["eps"]) & (null["seed"] == run["seed"]) & (null[F.NULL_REPLICATE] == 2)].iloc[0]
+    assert row["velocity_predicted"] == speed["velocity_predicted"]
+    assert row["velocity_measured"] == speed["velocity_measured"]
+    # pure noise: no bias along the drift beyond its standard errors, and a walk's velocity
+    z = null["grad_along_drift"] / null["grad_along_drift_se"]
+    assert abs(z.mean()) < 4 / math.sqrt(len(z)) + 0.5 and (null["velocity_measured"] > 0).all()
+
+
+def test_null_fails_the_velocity_check_and_reports_how_much_faster_the_runs_drift(full_null):
+    claim = F.null_claim(full_null)
+    assert claim.id == F.LONGRUN_VELOCITY_NULL_FAILS.id and claim.kind == "control"
+    assert claim.protects == (F.LONGRUN_VELOCITY_FROM_GRADIENT_BIAS.id,)
+    assert _holds([claim]) == {claim.id: True} and claim.value == 0.0
+    summary = F.null_summary(full_null)
+    assert len(summary) == 6 and (summary[F.NULL_SPEEDUP] > 1).all()
+    m = F.null_macros(full_null)
+    assert all(name.isalpha() for name in m) and m["LongFullNullWalks"] == 6
+    assert m["LongFullNullSpeedupMin"] <= m["LongFullNullSpeedupMedian"] <= m["LongFullNullSpeedupMax"]
+    assert "not built into" in F.null_text(m)
+    from keybias.studies.longrun import schema
+
+    assert set(m) <= set(schema.MACROS)
+    assert set(summary.columns) == set(schema.TABLES["data/longrun_full_null.csv"])
+
+
+def _null_frame(passing: int, grids: int = 50):
+    """A synthetic null: `grids` replicates of the six judged runs, whose measured velocity equals the
+    predicted one (a pass) in the first `passing` replicates and is 3 times it otherwise."""
+    rows = []
+    for r in range(grids):
+        for eps in (1e-12, 1e-8):
+            for seed in FULL_SEEDS:
+                rows.append({"size": "small", "dtype": "float32", "eps": eps, "seed": seed, "layer": 0,
+                             F.NULL_REPLICATE: r, "velocity_predicted": 0.01,
+                             "velocity_measured": 0.01 if r < passing else 0.03, F.NULL_REAL_VELOCITY: 0.1})
+    return pd.DataFrame(rows)
+
+
+@pytest.mark.claim_mutation(F.LONGRUN_VELOCITY_NULL_FAILS.id)
+def test_mutation_null_passing_the_velocity_check_in_3_of_50_grids(record_mutation):
+    assert F.null_claim(_null_frame(2)).holds  # 4%: below the bound
+    record_mutation(F.null_claim(_null_frame(3)))  # 6%: the match would be partly built in
+    record_mutation(F.null_claim(_null_frame(50)))  # an identity: every null grid passes
+    assert "built into how the bias is measured" in F.null_text(
+        {**F.null_macros(_null_frame(50)), "LongFullNullPassFraction": 1.0})
+
+
+def test_null_with_a_nan_velocity_fails_loudly():
+    frame = _null_frame(0)
+    frame.loc[0, "velocity_measured"] = np.nan
+    with pytest.raises(NonFiniteValues):
+        F.null_claim(frame)

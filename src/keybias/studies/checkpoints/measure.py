@@ -19,6 +19,12 @@ Definitions (once, for every checkpoint and layer):
 Quantization: per token and head, symmetric absmax to b bits (scale = max|k| / (2^(b-1) - 1),
 round to nearest). err = ||o_q - o|| / ||o|| (Frobenius over heads, tokens and sentences) with o the
 attention output with unquantized keys (float64 arithmetic on the float32 tensors).
+Arms (schema.QUANT_ARMS): "keep" quantizes k, "strip" k - b_k, "smooth" k - mean_t k (the mean key
+of the sequence, per head, as SageAttention's smooth-K; nothing is added back: a key shift shared by
+all tokens moves each query's scores by one constant, which softmax ignores). Each arm runs under two
+quantizers (schema.QUANTIZERS): "token" (the scale above, per token and head; the pre-registered
+one) and "channel" (per channel and head, the absmax over the sequence's tokens, as KIVI's keys).
+The positive control runs the token quantizer only (it protects the token claims).
 """
 
 from __future__ import annotations
@@ -32,6 +38,8 @@ import torch
 
 from keybias.studies.checkpoints import loaders
 from keybias.studies.checkpoints.config import PARAMETERS, CheckpointsConfig  # noqa: F401 (spec for params)
+from keybias.studies.checkpoints.schema import QUANT_ARMS, QUANTIZERS, quant_column
+from keybias.studies.fixtures import reference as R
 
 SENTENCES_FILE = Path(__file__).resolve().parent.parent / "pretrained" / "sentences.txt"
 
@@ -68,7 +76,7 @@ def encode_graph(ck: loaders.Checkpoint, ids: list[int]) -> tuple[torch.Tensor, 
         q = (x @ ly.wq.T + ly.bq).view(T, nh, hd).transpose(0, 1)
         k = (x @ ly.wk.T + ly.bk).view(T, nh, hd).transpose(0, 1)
         v = (x @ ly.wv.T + ly.bv).view(T, nh, hd).transpose(0, 1)
-        a = torch.softmax(q @ k.transpose(1, 2) / math.sqrt(hd), dim=-1) @ v
+        a = R.core(q[None], k[None], v[None])[0]
         a = a.transpose(0, 1).reshape(T, ck.hidden)
         x = _ln(a @ ly.wo.T + ly.bo + x, ly.ln1_w, ly.ln1_b, ck.eps)
         h = _gelu(x @ ly.wi.T + ly.bi, ck.gelu) @ ly.wf.T + ly.bf
@@ -79,18 +87,35 @@ def encode_graph(ck: loaders.Checkpoint, ids: list[int]) -> tuple[torch.Tensor, 
 encode = torch.no_grad()(encode_graph)
 
 
-def quantize(k: torch.Tensor, bits: int) -> torch.Tensor:
-    """Per-row (last dim) symmetric absmax quantization to `bits`, returned dequantized."""
+# quantizer -> the dimension of a [heads, T, d] key tensor that one scale covers
+QUANTIZER_DIM = {"token": -1, "channel": -2}
+
+
+def quantize(k: torch.Tensor, bits: int, dim: int = -1) -> torch.Tensor:
+    """Symmetric absmax quantization to `bits`, one scale per slice along `dim` (-1: per row, i.e.
+    per token of a [heads, T, d] key; -2: per channel over the tokens), returned dequantized."""
     qmax = 2 ** (bits - 1) - 1
-    scale = k.abs().amax(dim=-1, keepdim=True) / qmax
+    scale = k.abs().amax(dim=dim, keepdim=True) / qmax
     scale = torch.where(scale > 0, scale, torch.ones_like(scale))
     return torch.round(k / scale).clamp(-qmax, qmax) * scale
 
 
 def _attend(q, k, v):
     """float64 attention of [heads, T, d] tensors."""
-    q, k, v = q.double(), k.double(), v.double()
-    return torch.softmax(q @ k.transpose(1, 2) / math.sqrt(q.shape[-1]), dim=-1) @ v
+    return R.core(q.double()[None], k.double()[None], v.double()[None])[0]
+
+
+def smooth(k: torch.Tensor) -> torch.Tensor:
+    """k minus its mean over tokens, per head and channel, for [heads, T, d] keys (SageAttention's
+    smooth-K): a shift shared by every key, so the attention output is unchanged in exact arithmetic."""
+    return k - k.mean(dim=-2, keepdim=True)
+
+
+def _arm_keys(k: torch.Tensor, bkh: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The keys each arm quantizes (schema.QUANT_ARMS), before quantization."""
+    keys = {"keep": k, "strip": k - bkh, "smooth": smooth(k)}
+    assert tuple(keys) == QUANT_ARMS
+    return keys
 
 
 def measure_checkpoint(ck: loaders.Checkpoint, texts: list[str], bits: tuple[int, ...],
@@ -119,7 +144,8 @@ def measure_checkpoint(ck: loaders.Checkpoint, texts: list[str], bits: tuple[int
             "offset_over_key": float(keys.double().mean(0).norm()) / key_rms})
         c = torch.randn(ck.hidden, generator=gen, dtype=torch.float64)
         c = (c * key_rms / c.norm()).float()
-        sq = {b: {"keep": 0.0, "strip": 0.0, "ckeep": 0.0, "cstrip": 0.0} for b in bits}
+        sq = {b: {**{quant_column(arm, qz): 0.0 for qz in QUANTIZERS for arm in QUANT_ARMS},
+                  "ckeep": 0.0, "cstrip": 0.0} for b in bits}
         ref2 = cref2 = 0.0
         bkh = ly.bk.view(nh, 1, hd)
         ch = c.view(nh, 1, hd)
@@ -133,15 +159,19 @@ def measure_checkpoint(ck: loaders.Checkpoint, texts: list[str], bits: tuple[int
             kc = k + ch
             cref = _attend(q, kc, v)
             cref2 += float(cref.pow(2).sum())
+            arms = _arm_keys(k, bkh)
             for b in bits:
-                sq[b]["keep"] += float((_attend(q, quantize(k, b), v) - ref).pow(2).sum())
-                sq[b]["strip"] += float((_attend(q, quantize(k - bkh, b), v) - ref).pow(2).sum())
+                for qz in QUANTIZERS:
+                    for arm, ka in arms.items():
+                        out = _attend(q, quantize(ka, b, QUANTIZER_DIM[qz]), v)
+                        sq[b][quant_column(arm, qz)] += float((out - ref).pow(2).sum())
                 sq[b]["ckeep"] += float((_attend(q, quantize(kc, b), v) - cref).pow(2).sum())
                 sq[b]["cstrip"] += float((_attend(q, quantize(kc - ch, b), v) - cref).pow(2).sum())
         for b in bits:
             quant_rows.append({
                 "checkpoint": ck.name, "family": ck.family, "layer": i, "bits": b,
-                "err_keep": math.sqrt(sq[b]["keep"] / ref2), "err_strip": math.sqrt(sq[b]["strip"] / ref2),
+                **{quant_column(arm, qz): math.sqrt(sq[b][quant_column(arm, qz)] / ref2)
+                   for qz in QUANTIZERS for arm in QUANT_ARMS},
                 "control_err_keep": math.sqrt(sq[b]["ckeep"] / cref2),
                 "control_err_strip": math.sqrt(sq[b]["cstrip"] / cref2)})
     return pd.DataFrame(norm_rows), pd.DataFrame(quant_rows)

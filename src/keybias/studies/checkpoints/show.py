@@ -5,7 +5,9 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import pandas as pd
 
+from keybias.core.reduce import finite_median
 from keybias.studies import style
+from keybias.studies.checkpoints.schema import QUANTIZERS, quant_column
 
 # a checkpoint's registry name says where it ships (a package); a reader needs what the model is
 CHECKPOINT_LABELS = {
@@ -16,29 +18,43 @@ CHECKPOINT_LABELS = {
 }
 
 
+QUANTIZER_LABELS = {"token": "per token", "channel": "per channel"}
+
+
 def checkpoint_label(name: str) -> str:
     """A checkpoint in words, for legends and tables."""
     return CHECKPOINT_LABELS.get(name, name)
 
 
+# the two ratio panels: (arm over keep, y label); the third arm, kept, is their denominator
+RATIO_PANELS = (("strip", "error, $b_k$ subtracted / kept"), ("smooth", "error, mean key subtracted / kept"))
+
+
 def ratio_figure(norms: pd.DataFrame, quant: pd.DataFrame):
-    """Left: ||b_k||/||k|| per layer and checkpoint (log scale). Right: err_strip / err_keep per layer."""
+    """Left: ||b_k||/||k|| per layer and checkpoint (log scale). Middle: err_strip / err_keep per layer;
+    right: err_smooth / err_keep (the mean-key baseline), both with the per-token quantizer, on one y
+    axis. Six series a panel at most: one colour per checkpoint, one line style per bit width."""
     style.apply()
-    fig, (ax, bx) = plt.subplots(1, 2, figsize=(style.FULL_WIDTH, 2.4))
+    fig, (ax, *ratio_axes) = plt.subplots(1, 3, figsize=(style.FULL_WIDTH, 2.4))
+    ratio_axes[1].sharey(ratio_axes[0])
     markers = ("o", "s", "^", "D")
     for (name, g), colour, marker in zip(norms.groupby("checkpoint", sort=False), style.OKABE_ITO, markers,
                                          strict=False):
         ax.plot(g["layer"], g["bk_over_key"], marker=marker, color=colour, label=checkpoint_label(name))
         for bits, ls in ((8, "-"), (4, ":")):
             h = quant[(quant["checkpoint"] == name) & (quant["bits"] == bits)]
-            if not h.empty:
-                bx.plot(h["layer"], h["err_strip"] / h["err_keep"], marker=marker, ls=ls, color=colour)
+            if h.empty:
+                continue
+            for bx, (arm, _) in zip(ratio_axes, RATIO_PANELS, strict=True):
+                bx.plot(h["layer"], h[quant_column(arm, "token")] / h["err_keep"], marker=marker, ls=ls,
+                        color=colour, ms=3.5)
     ax.set_yscale("log")
     ax.set_xlabel("layer")
     ax.set_ylabel(r"$\|b_k\| / \|k\|_{\mathrm{typ}}$")
-    bx.axhline(1.0, color="0.5", lw=0.8)
-    bx.set_xlabel("layer")
-    bx.set_ylabel("error, $b_k$ subtracted / kept")
+    for bx, (_, label) in zip(ratio_axes, RATIO_PANELS, strict=True):
+        bx.axhline(1.0, color="0.5", lw=0.8)
+        bx.set_xlabel("layer")
+        bx.set_ylabel(label)
     handles, labels = ax.get_legend_handles_labels()
     for bits, ls in ((8, "-"), (4, ":")):
         if (quant["bits"] == bits).any():
@@ -58,21 +74,35 @@ def summary_latex(summary: pd.DataFrame) -> str:
 
 
 def quant_summary(quant: pd.DataFrame) -> pd.DataFrame:
-    """Per checkpoint and bit width: median over layers of the errors kept and stripped."""
+    """Per checkpoint, quantizer and bit width: medians over layers of the three arms' errors and of
+    their ratios (a NaN raises, as in the judge)."""
     rows = []
     for (name, bits), g in quant.groupby(["checkpoint", "bits"], sort=False):
-        rows.append({"checkpoint": name, "bits": int(bits), "err_keep_median": g["err_keep"].median(),
-                     "err_strip_median": g["err_strip"].median(),
-                     "ratio_median": (g["err_strip"] / g["err_keep"]).median(),
-                     "ratio_min": (g["err_strip"] / g["err_keep"]).min(),
-                     "ratio_max": (g["err_strip"] / g["err_keep"]).max()})
+        for qz in QUANTIZERS:
+            keep, strip, smooth = (g[quant_column(a, qz)] for a in ("keep", "strip", "smooth"))
+            what = f"{name} int{int(bits)} {qz}"
+
+            def median(values, label, what=what):
+                return finite_median(values, f"{what} {label}", strict=True)
+
+            rows.append({"checkpoint": name, "quantizer": QUANTIZER_LABELS[qz], "bits": int(bits),
+                         "err_keep_median": median(keep, "errors kept"),
+                         "err_strip_median": median(strip, "errors stripped"),
+                         "err_smooth_median": median(smooth, "errors smoothed"),
+                         "ratio_median": median(strip / keep, "strip ratios"),
+                         "smooth_ratio_median": median(smooth / keep, "smooth ratios"),
+                         "strip_over_smooth_median": median(strip / smooth, "strip over smooth")})
     return pd.DataFrame(rows)
 
 
+QUANT_HEADERS = {"err_keep_median": "error kept", "err_strip_median": "error, b_k subtracted",
+                 "err_smooth_median": "error, mean key subtracted", "ratio_median": "b_k subtracted / kept",
+                 "smooth_ratio_median": "mean subtracted / kept",
+                 "strip_over_smooth_median": "b_k subtracted / mean subtracted"}
+
+
 def quant_latex(summary: pd.DataFrame) -> str:
-    return _labelled(summary).rename(columns={"err_keep_median": "error kept", "err_strip_median": "error stripped",
-                                   "ratio_median": "ratio (median)", "ratio_min": "min", "ratio_max": "max"}
-                          ).to_latex(index=False, escape=True, float_format="%.3g")
+    return _labelled(summary).rename(columns=QUANT_HEADERS).to_latex(index=False, escape=True, float_format="%.3g")
 
 
 def _labelled(frame: pd.DataFrame) -> pd.DataFrame:

@@ -16,7 +16,6 @@ in question; `run_quirk_script`), `judge` (pure: frames in, claims out) and `sho
 from __future__ import annotations
 
 import json
-import math
 import subprocess
 import sys
 from collections.abc import Callable
@@ -29,6 +28,7 @@ import torch.nn.functional as F
 
 from keybias.studies.conditions.cases import CASES, Case
 from keybias.studies.config import StudyConfig
+from keybias.studies.fixtures import reference as R
 from keybias.studies.params import Param, ParameterError
 
 PARAMETERS = {
@@ -111,32 +111,12 @@ def _weights(seed: int, embed_dim: int, num_heads: int, seq_len: int, batch: int
     }
 
 
-def _split(y: torch.Tensor, heads: int) -> torch.Tensor:
-    B, L, E = y.shape
-    return y.view(B, L, heads, E // heads).transpose(1, 2)
-
-
-def _merge(o: torch.Tensor) -> torch.Tensor:
-    B, H, L, d = o.shape
-    return o.transpose(1, 2).reshape(B, L, H * d)
+RELATIVE_KINDS = ("relative_key", "c2p", "relative_key_query", "c2p_p2c")
 
 
 def _relative_index(L: int) -> torch.Tensor:
     idx = torch.arange(L)
     return idx[:, None] - idx[None, :] + L - 1  # position of r_(i-j) in the table
-
-
-def _rotate_partial(t: torch.Tensor, rotated: int) -> torch.Tensor:
-    """Rotary embedding (rotate-half form) on the first `rotated` dims of each head only."""
-    L = t.shape[-2]
-    half = rotated // 2
-    freq = 10000.0 ** (-torch.arange(half, dtype=torch.float64) / half)
-    angle = torch.arange(L, dtype=torch.float64)[:, None] * freq[None, :]
-    cos, sin = torch.cat([angle.cos()] * 2, -1), torch.cat([angle.sin()] * 2, -1)
-    rot, keep = t[..., :rotated], t[..., rotated:]
-    a, b = rot[..., :half], rot[..., half:]
-    rot = rot * cos + torch.cat([-b, a], -1) * sin
-    return torch.cat([rot, keep], -1)
 
 
 def attention(
@@ -164,59 +144,72 @@ def attention(
     attention output by sigmoid(x W_g) before W_o; `zero_slot` appends a zero key and value
     (add_zero_attn); `masked_row` masks every key of query 0 and gives it zero weights.
     """
-    b_q = w["b_q"] if b_q is None else b_q
-    b_k = w["b_k"] if b_k is None else b_k
-    b_v = w["b_v"] if b_v is None else b_v
-    b_o = w["b_o"] if b_o is None else b_o
-    x, H = w["x"], w["heads"]
-    E = x.shape[-1]
-    d = E // H
-    G = kv_heads or H
-    q = _split(x @ w["w_q"].T + b_q, H)
-    k = _split(x @ w["w_k"][: G * d].T + b_k[: G * d], G)
-    v = _split(x @ w["w_v"][: G * d].T + b_v[: G * d], G)
-    if key_norm:
-        bias = w["ln_b"] if key_norm_bias is None else key_norm_bias
-        k = F.layer_norm(k, (d,), w["ln_w"], bias)
-    if rope_dims:
-        q, k = _rotate_partial(q, rope_dims), _rotate_partial(k, rope_dims)
-    if G != H:
-        k, v = k.repeat_interleave(H // G, dim=1), v.repeat_interleave(H // G, dim=1)
-    if zero_slot:
-        k = torch.cat([k, torch.zeros_like(k[..., :1, :])], -2)
-        v = torch.cat([v, torch.zeros_like(v[..., :1, :])], -2)
-    scores = q @ k.transpose(-1, -2)
-    if relative:
-        L = x.shape[1]
-        r = w["rel"][_relative_index(L)]  # (L, L, d): r_(i-j)
-        if relative in ("relative_key", "c2p", "relative_key_query", "c2p_p2c"):
-            scores = scores + torch.einsum("bhid,ijd->bhij", q, r)
-        if relative == "relative_key_query":
-            scores = scores + torch.einsum("bhjd,ijd->bhij", k, r)
-        if relative == "c2p_p2c":
-            # position-to-content: content key k_j against the position query of (j - i)
-            qr = w["rel"][_relative_index(L).T] @ w["w_qr"].T  # (L, L, d) indexed [i, j]
-            scores = scores + torch.einsum("bhjd,ijd->bhij", k, qr)
-    scores = scores / math.sqrt(d)
-    if score_map is not None:
-        scores = score_map(scores)
+    params = {"w_q": w["w_q"], "w_k": w["w_k"], "w_v": w["w_v"], "w_o": w["w_o"],
+              "b_q": w["b_q"] if b_q is None else b_q, "b_k": w["b_k"] if b_k is None else b_k,
+              "b_v": w["b_v"] if b_v is None else b_v, "b_o": w["b_o"] if b_o is None else b_o}
+    x = w["x"]
+    d = x.shape[-1] // w["heads"]
+    hooks = R.Hooks(keys=_keys_hook(w, d, key_norm, key_norm_bias, rope_dims, zero_slot),
+                    logits=_relative_hook(w, relative, x.shape[1]),
+                    scores=score_map,
+                    normalise=_softmax_empty_rows_zero if masked_row else R.softmax,
+                    weights=_dropout_hook(dropout, dropout_seed) if dropout else None,
+                    merged=(lambda o: o * torch.sigmoid(x @ w["w_g"].T)) if gate else None)
+    mask = None
     if masked_row:
-        mask = torch.zeros(scores.shape[-2:], dtype=torch.bool)
+        n_keys = x.shape[1] + int(zero_slot)
+        mask = torch.zeros(x.shape[1], n_keys, dtype=torch.bool)
         mask[0] = True
-        scores = scores.masked_fill(mask, float("-inf"))
-        probs = torch.softmax(scores, -1)
-        # the convention of kernels that return zeros, not NaN, for a row with no key
-        probs = torch.nan_to_num(probs, nan=0.0)
-    else:
-        probs = torch.softmax(scores, -1)
-    if dropout:
+    return R.attention(x, x, params, num_heads=w["heads"], hooks=hooks, mask=mask, kv_heads=kv_heads)
+
+
+def _keys_hook(w: dict, d: int, key_norm: bool, key_norm_bias, rope_dims: int, zero_slot: bool):
+    if not (key_norm or rope_dims or zero_slot):
+        return None
+
+    def keys(q, k, v):
+        if key_norm:
+            k = F.layer_norm(k, (d,), w["ln_w"], w["ln_b"] if key_norm_bias is None else key_norm_bias)
+        if rope_dims:
+            q, k = R.rope_half(q, rope_dims), R.rope_half(k, rope_dims)
+        if zero_slot:
+            zero = torch.zeros(k.shape[1], d, dtype=k.dtype)
+            k, v = R.append_slot(k, v, zero, zero)
+        return q, k, v
+    return keys
+
+
+def _relative_hook(w: dict, relative: str | None, n: int):
+    """Relative-position terms of the unscaled logits: q_i . r_(i-j) (Shaw et al.), k_j . r_(i-j),
+    and DeBERTa's position-to-content k_j . W_qr r_(j-i)."""
+    if not relative:
+        return None
+    if relative not in RELATIVE_KINDS:
+        raise ValueError(f"relative={relative!r} unknown; allowed: {list(RELATIVE_KINDS)}")
+    r = w["rel"][_relative_index(n)]  # (L, L, d): r_(i-j)
+
+    def logits(s, q, k):
+        s = s + torch.einsum("bhid,ijd->bhij", q, r)
+        if relative == "relative_key_query":
+            s = s + torch.einsum("bhjd,ijd->bhij", k, r)
+        if relative == "c2p_p2c":
+            qr = w["rel"][_relative_index(n).T] @ w["w_qr"].T  # (L, L, d) indexed [i, j]
+            s = s + torch.einsum("bhjd,ijd->bhij", k, qr)
+        return s
+    return logits
+
+
+def _softmax_empty_rows_zero(s: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    # the convention of kernels that return zeros, not NaN, for a row with no key
+    return torch.nan_to_num(R.softmax(s, mask), nan=0.0)
+
+
+def _dropout_hook(p: float, seed: int):
+    def weights(probs):
         with torch.random.fork_rng():
-            torch.manual_seed(dropout_seed)  # the same mask for the original and the folded call
-            probs = F.dropout(probs, p=dropout, training=True)
-    o = _merge(probs @ v)
-    if gate:
-        o = o * torch.sigmoid(x @ w["w_g"].T)
-    return o @ w["w_o"].T + b_o
+            torch.manual_seed(seed)  # the same mask for the original and the folded call
+            return F.dropout(probs, p=p, training=True)
+    return weights
 
 
 def _relative_change(new: torch.Tensor, old: torch.Tensor) -> float:

@@ -38,6 +38,7 @@ from torch import nn
 
 from keybias.studies.cost.memory import make_optimizer
 from keybias.studies.cost.stats import HEADLINE_PHASE, RATIOS, config_seed, half_width, summarize
+from keybias.studies.fixtures import reference as R
 from keybias.studies.params import check_choice, check_positive_int
 
 ATTENTIONS = ("self", "cross")
@@ -63,22 +64,6 @@ def _sync(device) -> None:
 
 
 # --------------------------------------------------------------------------- implementations
-
-
-def explicit_attention(params: dict, query, key, value, num_heads: int, *, causal: bool = False):
-    """Multi-head attention (batch_first) from separate projections; a missing bias is skipped."""
-    q = F.linear(query, params["w_q"], params.get("b_q"))
-    k = F.linear(key, params["w_k"], params.get("b_k"))
-    v = F.linear(value, params["w_v"], params.get("b_v"))
-    b, n, e = q.shape
-    s = k.shape[1]
-    d = e // num_heads
-    q = q.view(b, n, num_heads, d).transpose(1, 2)
-    k = k.view(b, s, num_heads, d).transpose(1, 2)
-    v = v.view(b, s, num_heads, d).transpose(1, 2)
-    o = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-    o = o.transpose(1, 2).reshape(b, n, e)
-    return F.linear(o, params["w_o"], params.get("b_o"))
 
 
 def block_params(layer: nn.TransformerEncoderLayer, *, key_bias: bool = True) -> dict:
@@ -113,7 +98,9 @@ def block_forward(p: dict, x, memory=None, *, num_heads: int, norm_first: bool, 
 
     def attend(h):
         kv = h if memory is None else memory
-        return explicit_attention(p, h, kv, kv, num_heads, causal=causal and memory is None)
+        # the reference attention on PyTorch's fused kernel: what differs between the timed
+        # implementations is the projections' work, with or without b_k
+        return R.attention(h, kv, p, num_heads=num_heads, path="sdpa", causal=causal and memory is None)
 
     def mlp(h):
         return F.linear(F.gelu(F.linear(h, p["w_1"], p["b_1"])), p["w_2"], p["b_2"])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 import torch
@@ -58,8 +59,6 @@ def time_saving_figure(model: pd.DataFrame, ratios: pd.DataFrame, *, device: str
     """Left: the saving per configuration with its LEVEL interval (thick), its Bonferroni
     interval (thin), the control's half-width (grey band) and the byte model (diamond).
     Right: the same for each phase of the training step (forward, backward, optimizer)."""
-    import matplotlib.pyplot as plt
-
     style.apply()
     main = headline(model).reset_index(drop=True)
     ctrl = headline(ratios[ratios["ratio"] == "control"]).set_index(["block", "attention", "mode", "seq_len", "batch"])

@@ -23,6 +23,7 @@ from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from keybias import verdict as VD
+from keybias.studies.fixtures import reference as R
 from keybias.studies.fixtures import variants as V
 from keybias.studies.fixtures.hf_attention import EXPECTED as HF_EXPECTED
 from keybias.studies.fixtures.hf_attention import hf_case
@@ -188,15 +189,7 @@ def _mha_projections(m: nn.MultiheadAttention, q_in, k_in, v_in, batch_first: bo
     if not batch_first:
         q_in, k_in, v_in = (t.transpose(0, 1) for t in (q_in, k_in, v_in))
     e = m.embed_dim
-    if m._qkv_same_embed_dim:
-        wq, wk, wv = m.in_proj_weight.chunk(3)
-    else:
-        wq, wk, wv = m.q_proj_weight, m.k_proj_weight, m.v_proj_weight
-    bias = m.in_proj_bias if m.in_proj_bias is not None else torch.zeros(3 * e, dtype=wq.dtype, device=wq.device)
-    bq, bk, bv = bias.chunk(3)
-    q = q_in.double() @ wq.double().T + bq.double()
-    k = k_in.double() @ wk.double().T + bk.double()
-    v = v_in.double() @ wv.double().T + bv.double()
+    q, k, v = R.linear_projections(q_in.double(), k_in.double(), R.mha_params(m, torch.float64), x_v=v_in.double())
     bsz = q.shape[0]
     if m.bias_k is not None:
         k = torch.cat([k, m.bias_k.double().reshape(1, 1, e).expand(bsz, 1, e)], 1)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
@@ -50,8 +51,6 @@ def plot_map(df: pd.DataFrame, mags: pd.DataFrame):
     change and the b_q/b_v control divided by the tolerance *of the same magnitude* (log10; the
     verdict's line is 0), one row per prediction group (`map_group`), dtypes side by side within a
     row. Nothing from one magnitude meets another's tolerance."""
-    import matplotlib.pyplot as plt
-
     style.apply()
     m = J.measured(df)[["config_id", "expected", "family", "assumption", "dtype"]]
     m = m.assign(group=[map_group(str(e), str(f), str(a)) for e, f, a in

@@ -35,6 +35,7 @@ import numpy as np
 import pandas as pd
 import torch
 import torch.nn.functional as F
+from scipy.signal import lfilter
 from torch import nn
 
 from keybias.studies.config import StudyConfig
@@ -315,6 +316,20 @@ class _NoiseLaw:
         self.total += (sigma / (s + self.eps)) ** 2
 
 
+def along_drift(g_mean, rms, before) -> np.ndarray:
+    """The mean gradient of an interval along the direction b_k had moved before it, in units of the
+    gradient's RMS over the interval: -(g_mean . before) / (||before|| rms), over the last axis
+    (leading axes are independent walks). NaN where nothing has moved yet or rms is 0.
+    `train_run` logs it and `adam_noise_walk` computes it with this one function."""
+    g_mean, before = np.asarray(g_mean, dtype=np.float64), np.asarray(before, dtype=np.float64)
+    rms = np.asarray(rms, dtype=np.float64)
+    norm = np.sqrt((before * before).sum(axis=-1))
+    ok = (norm > 0) & (rms > 0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        along = -(g_mean * before).sum(axis=-1) / (norm * rms)
+    return np.where(ok, along, np.nan)
+
+
 @training._with_single_thread
 def train_run(seed: int, *, dtype: str, eps: float, steps: int, num_layers: int, embed_dim: int, num_heads: int,
               context: int, batch_size: int, lr: float, weight_decay: float, log_every: int, probe_every: int,
@@ -385,8 +400,7 @@ def train_run(seed: int, *, dtype: str, eps: float, steps: int, num_layers: int,
                 # has moved (descent is -g). The direction at the interval's start, not its end, so that the
                 # interval's own steps do not enter it: for zero-mean noise its expectation is 0.
                 before = moved_before[i]
-                along = (float(-(g_mean @ before) / (before.norm() * rms)) if before.norm() > 0 and rms > 0
-                         else math.nan)
+                along = float(along_drift(g_mean.numpy(), rms, before.numpy()))
                 moved_before[i] = moved.clone()
                 rows.append({"step": t, "layer": i, "norm_b_k": float(b_k.norm()),
                              "drift_b_k": float(moved.norm()),
@@ -461,3 +475,72 @@ def start_long(cfg: LongRunConfig) -> concurrent.futures.Future:
     future = pool.submit(run_long, cfg)
     pool.shutdown(wait=False)  # the submitted run goes on; the pool's worker exits after it
     return future
+
+
+# ----------------------------------------------------------------------------- a pure-noise null
+
+
+def adam_noise_walk(sigma, eps, *, log_steps, n_bias: int, lr: float, seed: int,
+                    betas: tuple[float, float] = training_model.ADAM_BETAS) -> pd.DataFrame:
+    """Adam on pure noise: `len(sigma)` independent walks of `n_bias` entries, each starting at 0, whose
+    gradient at every step is i.i.d. N(0, sigma_w^2) per entry, logged as `train_run` logs b_k.
+
+    The null of the velocity claim (`judge_full.null_units`): a gradient with no bias at all, through
+    the same optimizer (torch.optim.Adam's update, which AdamW without weight decay is, as on b_k:
+    m <- m + (1 - beta1)(g - m), v <- beta2 v + (1 - beta2) g^2, step lr / (1 - beta1^t) m /
+    (sqrt(v / (1 - beta2^t)) + eps)), the same learning rate and eps (`eps`: one per walk), and the
+    same logging schedule (`log_steps`, increasing: a row at each, with the interval's gradient RMS,
+    its mean gradient along the drift before it (`along_drift`) and ||b(t) - b(0)||). Float64,
+    vectorised over walks and entries; the first and second moments run along each interval with
+    `scipy.signal.lfilter`, the same recursions as Adam's step by step. Fixed by `seed` alone.
+
+    Returns one row per walk and logged step: walk, step, drift_b_k, grad_rms_b_k, grad_along_drift,
+    lr, n_bias, eps (the trajectory columns the judge reads)."""
+    sigma = np.asarray(sigma, dtype=np.float64).reshape(-1)
+    eps = np.broadcast_to(np.asarray(eps, dtype=np.float64), sigma.shape).copy()
+    steps = np.asarray(log_steps, dtype=np.int64)
+    if not (sigma.size and np.all(np.isfinite(sigma)) and np.all(sigma > 0)):
+        raise ValueError("sigma must be positive finite numbers, one per walk")
+    if not (np.all(np.isfinite(eps)) and np.all(eps > 0)):
+        raise ValueError("eps must be positive")
+    if steps.size == 0 or steps[0] < 1 or np.any(np.diff(steps) <= 0):
+        raise ValueError(f"log_steps must increase from at least 1, got {steps[:5]}...")
+    if isinstance(n_bias, bool) or not isinstance(n_bias, int | np.integer) or n_bias <= 0:
+        raise ValueError(f"n_bias must be a positive int, got {n_bias!r}")
+    b1, b2 = betas
+    rng = np.random.default_rng(seed)
+    walks = sigma.size
+    m = np.zeros((walks, n_bias))
+    v = np.zeros((walks, n_bias))
+    moved = np.zeros((walks, n_bias))
+    out = {k: [] for k in ("walk", "step", "drift_b_k", "grad_rms_b_k", "grad_along_drift")}
+    done = 0
+    for t in steps:
+        k = int(t) - done
+        g = rng.standard_normal((k, walks, n_bias))
+        g *= sigma[None, :, None]
+        g2 = g * g
+        m_t, _ = lfilter([1.0 - b1], [1.0, -b1], g, axis=0, zi=(b1 * m)[None])
+        v_t, _ = lfilter([1.0 - b2], [1.0, -b2], g2, axis=0, zi=(b2 * v)[None])
+        m, v = m_t[-1].copy(), v_t[-1].copy()
+        n = np.arange(done + 1, int(t) + 1, dtype=np.float64)[:, None, None]
+        # Adam's step, lr / (1 - beta1^n) m / (sqrt(v) / sqrt(1 - beta2^n) + eps), in place
+        denom = np.sqrt(v_t, out=v_t)
+        denom /= np.sqrt(1.0 - b2**n)
+        denom += eps[None, :, None]
+        m_t /= denom
+        m_t *= lr / (1.0 - b1**n)
+        rms = np.sqrt(g2.mean(axis=(0, 2)))  # the per-step mean square over entries, averaged over the interval
+        along = along_drift(g.mean(axis=0), rms, moved)  # the direction moved before the interval
+        moved = moved - m_t.sum(axis=0)
+        out["walk"].append(np.arange(walks))
+        out["step"].append(np.full(walks, int(t)))
+        out["drift_b_k"].append(np.sqrt((moved * moved).sum(axis=1)))
+        out["grad_rms_b_k"].append(rms)
+        out["grad_along_drift"].append(along)
+        done = int(t)
+    frame = pd.DataFrame({k: np.concatenate(v) for k, v in out.items()})
+    frame["lr"] = float(lr)
+    frame["n_bias"] = int(n_bias)
+    frame["eps"] = np.tile(eps, steps.size)
+    return frame.sort_values(["walk", "step"], kind="stable", ignore_index=True)

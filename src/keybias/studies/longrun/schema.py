@@ -51,6 +51,10 @@ TABLES: dict[str, dict[str, str]] = {
              "velocity_measured velocity_predicted drift_end drift_at_short key_norm_end bk_over_key_end "
              "cos_mean_query cos_mean_query_sqrt_n"),
     ),
+    "data/longrun_full_null.csv": cols(
+        exact="size dtype eps seed layer walks",
+        f64="velocity_measured null_velocity_measured speedup_over_null null_match_fraction",
+    ),
     "data/longrun_full_intervals.csv": cols(
         exact="size dtype eps seeds column",
         f64="mean low high min max",
@@ -85,6 +89,8 @@ MACROS: dict[str, str] = cols(
         "LongFullExponentSmallFloatEpsEightHigh LongFullExponentSmallFloatEpsEightLow "
         "LongFullExponentSmallFloatEpsTwelve LongFullExponentSmallFloatEpsTwelveHigh "
         "LongFullExponentSmallFloatEpsTwelveLow LongFullLr LongFullMechanismRuns LongFullMinutes "
+        "LongFullNullMatchFraction LongFullNullPassFraction LongFullNullSpeedupMax LongFullNullSpeedupMedian "
+        "LongFullNullSpeedupMin LongFullNullWalks "
         "LongFullNoiseElasticity LongFullNoiseElasticityHigh LongFullNoiseElasticityMediumMin LongFullNoiseElasticityMediumMax "
         "LongFullQueryCos LongFullQueryCosMedium "
         "LongFullQueryCosSqrtN LongFullRateBfloatEpsEightMedian LongFullRateBfloatEpsEightMin "

@@ -40,23 +40,17 @@ import math
 import numpy as np
 import pandas as pd
 import torch
-import torch.nn.functional as F
 from scipy.stats import chi2
-from torch.nn.attention import SDPBackend, sdpa_kernel
 from tqdm import tqdm
 
 from keybias import verdict
 from keybias.studies.config import StudyConfig
+from keybias.studies.fixtures import reference as R
 from keybias.studies.params import DTYPES, Param, ParameterError, devices_present
 
 # Code paths: the attention product written out, F.scaled_dot_product_attention with each
 # backend that runs on CPU, and nn.MultiheadAttention (b_k enters through the in-projection).
 PATHS = ("explicit", "sdpa_math", "sdpa_flash", "sdpa_efficient", "mha")
-_SDPA_BACKENDS = {
-    "sdpa_math": SDPBackend.MATH,
-    "sdpa_flash": SDPBackend.FLASH_ATTENTION,
-    "sdpa_efficient": SDPBackend.EFFICIENT_ATTENTION,
-}
 DEVICES = ("cpu", "cuda", "mps")
 TORCH_DTYPES = {name: getattr(torch, name) for name in DTYPES}
 # Std of round-to-nearest error in units of u|x| for a log-uniform mantissa.
@@ -167,13 +161,9 @@ def bias_ratios(log10_min: float, log10_max: float, points: int) -> np.ndarray:
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, path: str) -> torch.Tensor:
     """softmax(q k^T / sqrt(d)) v on tensors of shape (batch, heads, n, d) by one code path
     ("explicit", "sdpa_math", "sdpa_flash"); computed in the tensors' dtype."""
-    if path == "explicit":
-        scores = (q @ k.transpose(-2, -1)) * q.shape[-1] ** -0.5
-        return torch.softmax(scores, dim=-1) @ v
-    if path in _SDPA_BACKENDS:
-        with sdpa_kernel(_SDPA_BACKENDS[path]):
-            return F.scaled_dot_product_attention(q, k, v)
-    raise ValueError(f"path {path!r} is not an attention-core path; allowed: {list(_SDPA_BACKENDS) + ['explicit']}")
+    if path not in ("explicit", *R.SDPA_BACKENDS):
+        raise ValueError(f"path {path!r} is not an attention-core path; allowed: {list(R.SDPA_BACKENDS) + ['explicit']}")
+    return R.core(q, k, v, path=path)
 
 
 def make_mha(embed_dim: int, num_heads: int, seed: int) -> torch.nn.MultiheadAttention:
@@ -183,22 +173,12 @@ def make_mha(embed_dim: int, num_heads: int, seed: int) -> torch.nn.MultiheadAtt
     return mha.eval()
 
 
-def _split_heads(t: torch.Tensor, num_heads: int) -> torch.Tensor:
-    b, n, e = t.shape
-    return t.reshape(b, n, num_heads, e // num_heads).transpose(1, 2)
-
-
 def mha_projections(mha: torch.nn.MultiheadAttention, x: torch.Tensor) -> dict[str, torch.Tensor]:
     """q, k, v per head (batch, heads, n, d) of self-attention on x, in float64 with b_k = 0."""
-    e = mha.embed_dim
-    w = mha.in_proj_weight.detach().double()
-    bias = mha.in_proj_bias.detach().double()
-    x = x.double()
-    out = {}
-    for i, name in enumerate("qkv"):
-        b = bias[i * e:(i + 1) * e] if name != "k" else torch.zeros(e, dtype=torch.float64)
-        out[name] = _split_heads(x @ w[i * e:(i + 1) * e].T + b, mha.num_heads)
-    return out
+    params = R.mha_params(mha, torch.float64)
+    params["b_k"] = torch.zeros_like(params["b_k"])
+    q, k, v = R.project(x.double(), x.double(), params, num_heads=mha.num_heads)
+    return {"q": q, "k": k, "v": v}
 
 
 def _mha_forward(mha: torch.nn.MultiheadAttention, x: torch.Tensor) -> torch.Tensor:
@@ -282,7 +262,7 @@ def _direction(num_heads: int, head_dim: int, seed: int) -> torch.Tensor:
 # ----------------------------------------------------------------------------- part 1 and 2
 def _available(path: str, dtype: str, device: str) -> str | None:
     """None if `path` runs with `dtype` on `device`, else the reason it does not."""
-    if path not in _SDPA_BACKENDS:
+    if path not in R.SDPA_BACKENDS:
         return None
     t = torch.zeros(1, 1, 2, 8, dtype=TORCH_DTYPES[dtype], device=device)
     try:
@@ -477,7 +457,7 @@ def gradient_sweep(
                 proj = mha_projections(mha64, x.double())
                 q64, v64 = proj["q"], proj["v"]
                 # upstream of the attention core: dout through out_proj
-                dy64 = _split_heads(dout.double() @ mha64.out_proj.weight.detach(), num_heads)
+                dy64 = R.split_heads(dout.double() @ mha64.out_proj.weight.detach(), num_heads)
             else:
                 q64, k64, v64 = random_qkv(batch, num_heads, seq_len, head_dim, bseed)
                 dy64 = w + 0.5 * torch.randn(q64.shape, generator=_gen(bseed + 1), dtype=torch.float64)

@@ -38,6 +38,7 @@ from torch import nn
 
 from keybias import verdict
 from keybias.studies.config import StudyConfig
+from keybias.studies.fixtures import reference as R
 from keybias.studies.params import Param, ParameterError, check_choice, check_positive_int
 from keybias.studies.training.drift import predicted_adam_drift, random_walk_drift, sgd_random_walk
 from keybias.studies.training.model import (
@@ -156,13 +157,11 @@ class _AttentionProbe:
 
 
 def _qkv(mha: nn.MultiheadAttention, x: torch.Tensor, b_k: torch.Tensor | None = None):
-    e = mha.embed_dim
-    w = mha.in_proj_weight.detach().float()
-    x = x.float()
-    q = x @ w[:e].T + mha.b_q.detach().float()
-    k = x @ w[e : 2 * e].T + (mha.b_k if b_k is None else b_k).detach().float()
-    v = x @ w[2 * e :].T + mha.b_v.detach().float()
-    return q, k, v
+    """Flat float32 q, k, v [B, L, E] of the layer on x (with `b_k` in place of its own), for the tolerances."""
+    w_q, w_k, w_v = mha.in_proj_weight.detach().float().chunk(3)
+    params = {"w_q": w_q, "w_k": w_k, "w_v": w_v, "b_q": mha.b_q.detach().float(),
+              "b_k": (mha.b_k if b_k is None else b_k).detach().float(), "b_v": mha.b_v.detach().float()}
+    return R.linear_projections(x.float(), x.float(), params)
 
 
 def key_bias_gradient_tolerances(model: nn.Module, probe: _AttentionProbe, dtype: str) -> list[float]:
