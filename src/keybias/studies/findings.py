@@ -198,7 +198,7 @@ register(Finding(
 register(Finding(
     id="conditions-checklist",
     title="Where the criterion holds and breaks",
-    summary=(r"Of \CondCaseCount{} departures from plain attention, \CondBrokenCount{} make $\bk$ matter, among them soft-capping, rotated RoPE dimensions and QK-norm."),
+    summary=(r"Of \CondCaseCount{} conditions on the loss, the optimizer and the attention, \CondBrokenCount{} make $\bk$ matter, among them soft-capping, rotated RoPE dimensions and QK-norm."),
     statement=(r"Of \CondCaseCount{} conditions on the loss, the optimizer, the attention and the value-bias "
                r"fold, \CondRedundantCount{} leave the bias redundant or foldable (among them temperature, gates, "
                r"grouped-query heads, unrotated RoPE dimensions) and \CondBrokenCount{} do not (among them "
@@ -258,7 +258,7 @@ register(Finding(
 register(Finding(
     id="gradient-is-rounding-noise",
     title=r"The gradient of $\bk$ is dominated by rounding noise",
-    summary=(r"The gradient of $\bk$ is rounding noise: at most \PrecGradNoiseScaleMax{} of what rounding can leave, with no direction that isotropic noise would not give."),
+    summary=(r"Its size is at most \PrecGradNoiseScaleMax{} of what rounding can leave, and it has no direction that isotropic noise would not give."),
     statement=(r"Its size is at most "
                r"\PrecGradNoiseScaleMax{} of what rounding the $n$-term sums of its rows can leave, at the scale of "
                r"$\bq$'s gradient, and on the CPU its direction is indistinguishable from "
@@ -298,7 +298,7 @@ register(Finding(
 register(Finding(
     id="training-unchanged",
     title=r"In one small model, training without $\bk$ is the same training",
-    summary=(r"A small vision transformer trained with and without $\bk$ reaches the same test accuracy (\TrainAccKeptAdam{} and \TrainAccRemovedAdam{} with Adam)."),
+    summary=(r"A small vision transformer reaches the same test accuracy with Adam whether it keeps $\bk$ (\TrainAccKeptAdam{}) or not (\TrainAccRemovedAdam{})."),
     statement=(r"A small vision transformer (\TrainNParams{} parameters, \TrainSteps{} steps) trained with and "
                r"without $\bk$ reaches the same test "
                r"accuracy with Adam (\TrainAccKeptAdam{} with $\bk$, \TrainAccRemovedAdam{} without) and with the slower "
@@ -345,7 +345,7 @@ register(Finding(
 register(Finding(
     id="long-run-drift",
     title="The drift over a long run, and what drives it",
-    summary=(r"Over long runs $\bk$ drifts faster than a random walk, and in \LongFullMechanismRuns{} runs a small gradient bias along the drift accounts for its speed, which is \LongFullNullSpeedupMedian{} times what pure noise gives at the median."),
+    summary=(r"In \LongFullMechanismRuns{} long runs a small bias of the gradient along the drift accounts for the drift's speed, at the median \LongFullNullSpeedupMedian{} times the speed Adam gives pure noise."),
     statement=(r"Over \LongFullRuns{} long runs (\LongFullSeeds{} seeds, two sizes, three Adam settings), the small model's "
                r"$\|\bk\|$ grows like $t^{\alpha}$ with median $\alpha=\LongFullExponentMedianSmall{}$ at "
                r"$\varepsilon=10^{-12}$, faster than a random walk's $1/2$, though three seeds cannot exclude one; "
