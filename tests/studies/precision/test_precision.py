@@ -257,7 +257,7 @@ def _claim_inputs():
                          "grad_over_tol_max": 1e-3, "control_over_tol_min": [100.0, 0.01],
                          "verdict": ["redundant", "invalid"], "unit_roundoff": [2.0**-24, 2.0**-11],
                          "ratio_over_u": [0.5, 0.2], "bk_mean_cos": [0.01, -0.02],
-                         "bq_mean_cos": [0.8, 0.7], "cos_bound": 0.2})
+                         "bq_mean_cos": [0.8, 0.7], "cos_bound": 0.2, "eff_dim": 32.0, "bk_nonzero": 12})
     grads = pd.DataFrame({"dtype": ["float32", "float16"], "path": "explicit", "status": "ok",
                           "unit_roundoff": [2.0**-24, 2.0**-11], "ratio": [0.5 * 2.0**-24, 0.2 * 2.0**-11]})
     return law, pooled, df, checks, gsum, grads

@@ -522,7 +522,13 @@ def test_verdict_results_and_tables():
             for layer, v in enumerate(vs)]
     verdicts = pd.DataFrame(rows)
     claims, macros = J.verdict_results(verdicts)
-    assert all(_held(claims).values())
+    held = _held(claims)
+    # a layer without power is no evidence of redundancy: the three invalid verdicts count against
+    assert not held[J.TRAIN_DRIFTED_BK_NEVER_CHANGES_FUNCTION.id]
+    assert {c.id: c for c in claims}[J.TRAIN_DRIFTED_BK_NEVER_CHANGES_FUNCTION.id].value == 3
+    assert held[J.TRAIN_DRIFT_VERDICT_HAS_POWER.id]
+    all_redundant = verdicts.assign(verdict="redundant")
+    assert all(_held(J.verdict_results(all_redundant)[0]).values())
     assert macros["TrainVerdictRedundant"] == 1 and macros["TrainVerdictInvalid"] == 3
     # the one powered layer sees a change of 1e-6 / 1e-4 of its size-matched control's
     assert {c.id: c for c in claims}[J.TRAIN_DRIFTED_BK_NEVER_CHANGES_FUNCTION.id].min_detectable == pytest.approx(1e-2)

@@ -7,6 +7,7 @@ import pandas as pd
 
 from keybias.core.reduce import finite_median
 from keybias.studies import style
+from keybias.studies.checkpoints.judge import BITS_WORD, QUANTIZER_WORD
 from keybias.studies.checkpoints.schema import QUANTIZERS, quant_column
 
 # a checkpoint's registry name says where it ships (a package); a reader needs what the model is
@@ -107,3 +108,18 @@ def quant_latex(summary: pd.DataFrame) -> str:
 
 def _labelled(frame: pd.DataFrame) -> pd.DataFrame:
     return frame.assign(checkpoint=frame["checkpoint"].map(checkpoint_label)) if "checkpoint" in frame else frame
+
+
+def baseline_summary(baselines: dict[str, float]) -> pd.DataFrame:
+    """The judge's pooled baseline medians (`judge.baseline_macros`) as a table: one row per bit width
+    and quantizer, with the mean-key arm over the kept error and b_k's arm over the mean key's."""
+    rows = []
+    for bits, w in BITS_WORD.items():
+        for qz, z in QUANTIZER_WORD.items():
+            smooth = baselines.get(f"CkptQuant{w}{z}SmoothRatioMedian")
+            if smooth is None:
+                continue  # a bit width the profile did not run
+            rows.append({"bits": bits, "quantizer": QUANTIZER_LABELS[qz],
+                         "mean key subtracted / kept": smooth,
+                         "b_k subtracted / mean key subtracted": baselines[f"CkptQuant{w}{z}StripOverSmoothMedian"]})
+    return pd.DataFrame(rows)

@@ -93,7 +93,7 @@ MACROS: dict[str, str] = cols(
         "LongFullNullSpeedupMin LongFullNullWalks "
         "LongFullNoiseElasticity LongFullNoiseElasticityHigh LongFullNoiseElasticityMediumMin LongFullNoiseElasticityMediumMax "
         "LongFullQueryCos LongFullQueryCosMedium "
-        "LongFullQueryCosSqrtN LongFullRateBfloatEpsEightMedian LongFullRateBfloatEpsEightMin "
+        "LongFullQueryCosSqrtN LongFullQueryCosSqrtNDamped LongFullNoiseKeyNormElasticityMax LongFullRateBfloatEpsEightMedian LongFullRateBfloatEpsEightMin "
         "LongFullRateFloatEpsEightMax LongFullRateFloatEpsEightMedian LongFullRateFloatEpsTwelveMedian "
         "LongFullRateFloatEpsTwelveMin LongFullRunExponentBfloatEpsEightMax "
         "LongFullRunExponentBfloatEpsEightMin LongFullRunExponentFloatEpsEightMax "

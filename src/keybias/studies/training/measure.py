@@ -37,6 +37,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from keybias import verdict
+from keybias.core.reduce import finite_max, finite_median, require_finite
 from keybias.studies.config import StudyConfig
 from keybias.studies.fixtures import reference as R
 from keybias.studies.params import Param, ParameterError, check_choice, check_positive_int
@@ -581,16 +582,19 @@ def bias_summary(trajectories: pd.DataFrame, *, momentum: float) -> pd.DataFrame
             "drift_b_k": float(last["drift_b_k"]),
             "grad_rms_b_k": float(steps["grad_rms_b_k"].pow(2).mean() ** 0.5),
             "grad_rms_b_q": float(steps["grad_rms_b_q"].pow(2).mean() ** 0.5),
-            "max_grad_over_tolerance": float(steps["grad_over_tolerance"].max()),
+            "max_grad_over_tolerance": finite_max(steps["grad_over_tolerance"], f"{label} gradient ratios"),
             "predicted_drift": np.nan, "random_walk_drift": np.nan, "sgd_walk": np.nan,
             "decayed_norm": np.nan,
         }
+        # a NaN step must raise, not drop out of the powered selection or the reductions
+        require_finite(steps, ["grad_max_b_q", "grad_tolerance", "grad_over_tolerance"], f"{label} seed {seed} steps")
         powered = steps[steps["grad_max_b_q"] > steps["grad_tolerance"]]
         row["powered_steps"] = len(powered)
-        row["max_grad_over_tolerance_powered"] = (float(powered["grad_over_tolerance"].max()) if len(powered)
-                                                  else np.nan)
-        row["detectable_gradient_fraction"] = (float((powered["grad_tolerance"] / powered["grad_max_b_q"]).median())
-                                               if len(powered) else np.nan)
+        row["max_grad_over_tolerance_powered"] = (finite_max(powered["grad_over_tolerance"], "gradient ratios")
+                                                  if len(powered) else np.nan)
+        row["detectable_gradient_fraction"] = (
+            finite_median(powered["grad_tolerance"] / powered["grad_max_b_q"], "detectable fractions")
+            if len(powered) else np.nan)
         if opt.startswith("adam"):
             sigma = steps["grad_rms_b_k"].to_numpy()
             row["predicted_drift"] = predicted_adam_drift(sigma, lr=lr, eps=eps, n_elements=n)
