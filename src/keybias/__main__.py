@@ -2,6 +2,6 @@
 
 import sys
 
-from keybias._entry import main
+from keybias import _entry
 
-sys.exit(main())
+sys.exit(_entry.main())

@@ -274,7 +274,8 @@ def test_precision_claims_hold_on_consistent_data():
     by_id = {c.id: c for c in claims}
     assert "2^13" in by_id[nj.PRECISION_BK_GRADIENT_SCALES_WITH_U.id].statement
     assert all(c.bound_origin for c in claims)
-    assert {c.id for c in claims if c.kind != "test"} == {nj.PRECISION_BQ_GRADIENT_CONSISTENT.id}
+    assert {c.id for c in claims if c.kind != "test"} == {nj.PRECISION_BQ_GRADIENT_CONSISTENT.id,
+                                                          nj.PRECISION_ROUNDING_MODEL_CONSTANT.id}
     control = by_id[nj.PRECISION_BQ_GRADIENT_CONSISTENT.id]
     assert control.kind == "control" and control.protects == (nj.PRECISION_BK_GRADIENT_NO_DIRECTION.id,)
     # the tolerance claim judges only the powered row (float32), and says what it could have seen

@@ -116,7 +116,7 @@ def judge_quirk(rows: pd.DataFrame) -> list[Claim]:
     for option, changes_id, documented_id in QUIRK_CLAIM_IDS:
         claims.append(build_claim(
             changes_id,
-            f"With {option} and is_causal=True, nn.MultiheadAttention's float64 output with need_weights=False differs from need_weights=True by more than float64 rounding could cause (largest absolute difference; the appended slot is hidden by SDPA's causal mask).",
+            f"With {option} and is_causal=True, nn.MultiheadAttention's float64 output with need_weights=False differs from need_weights=True by more than float64 rounding could cause (largest absolute difference).",
             value=value(option, "max_abs_diff_need_weights"), bound=BREAK_MIN, bound_origin=BREAK_ORIGIN,
         ))
         claims.append(build_claim(

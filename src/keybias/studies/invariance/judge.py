@@ -576,8 +576,9 @@ def invariance_claims(df: pd.DataFrame, mags: pd.DataFrame, *, min_configs: int,
     drops_low = drops[~drops.dtype.isin(HIGH_PRECISION)]
     drop_detect = drop_min_detectable(drops_high)
     _mismatch_claim("invariance-drop-matches-theory",
-                    "In float32 and float64, setting b_k to zero is exact exactly where the proof predicts "
-                    "redundancy, and changes the function elsewhere.",
+                    "In float32 and float64, setting b_k to zero leaves the output within its rounding tolerance "
+                    "exactly where the proof predicts redundancy, and changes it beyond the tolerance elsewhere; a "
+                    "change of the share given of a same-size control's change would be seen.",
                     drops_high, drops_high.drop_verdict == drops_high.expected, kind="test", bound_origin=theory,
                     skipped=skipped, claims=claims, min_detectable=drop_detect)
     # the redundant side of the claim above, in the same rows: it cannot fail unless that one does.

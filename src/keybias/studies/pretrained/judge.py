@@ -101,7 +101,7 @@ def pretrained_claims(changes: pd.DataFrame, norms: pd.DataFrame, info: dict,
       inequality: these are `implied` by the float64 claim of the same change. The float64 rows
       are required: without them the float32 rows would be a test nothing records.
     * each dtype's positive control must exceed that dtype's tolerance; it protects the random
-      key bias's test (its min_detectable is the control's change);
+      key bias's test (its min_detectable is the tolerance as a share of the control's change);
     * parameter counts against the configs (consistency: they check module discovery).
     Missing rows raise: a claim is never silently dropped.
     """
@@ -162,9 +162,12 @@ def pretrained_claims(changes: pd.DataFrame, norms: pd.DataFrame, info: dict,
             slug = variant.replace('_', '-')
             claim_id = f"pretrained-{slug}-within-rounding-{dtype}"
             statement = (f"{what} changes the {dtype} sentence embeddings of all-MiniLM-L6-v2 by no more than "
-                         "the rounding tolerance.")
+                         "the rounding tolerance; a change of the share given of the random-b_q control's would "
+                         "exceed it.")
             value = float(finite_values([r.max_abs_diff], f"{dtype} {variant} change")[0])
-            extra = {"min_detectable": float(finite_values([control.max_abs_diff], f"{dtype} control change")[0])}
+            # the smallest change the rule sees is its tolerance: as a share of the control's change
+            control_change = float(finite_values([control.max_abs_diff], f"{dtype} control change")[0])
+            extra = {"min_detectable": float(r.tolerance) / control_change}
             if dtype != TESTED_DTYPE:
                 if r.tolerance_kind != "measured":
                     raise ValueError(f"changes: the {dtype} {variant} tolerance is not measured against its "
