@@ -287,6 +287,14 @@ def claims_by_finding(findings: list[dict], claims: list[dict]) -> tuple[dict[st
 
 
 
+# What a newcomer needs before the findings: what b_k is, why it should do nothing, what was asked.
+LEAD = ("PyTorch's <code>nn.MultiheadAttention</code> adds a learned bias <i>b<sub>k</sub></i> to every key. "
+        "It moves every score of a query by the same amount, which softmax ignores, so in exact arithmetic it "
+        "changes nothing and its gradient is zero. The findings below say where that reasoning holds and where "
+        "it breaks, what rounding and the Adam optimizer do with a bias that should not move, and what removing "
+        "it from trained models changes and costs.")
+
+
 def statement_html(text: str) -> str:
     """A finding's plain statement as HTML: `10^-12` as a power, `b_k` and `q_i` with subscripts."""
 
@@ -610,7 +618,8 @@ def render_index(results: Path, steps: list[dict], claims: list[dict], provenanc
         found_lead = ((found_lead[:-len("</p>")].replace("Every claim holds.", "Every claim holds on the CPU.")
                        + " " + gpu_lead + "</p>") if found_lead else f'<p class="lead">{gpu_lead}</p>')
     # the findings come first, so the first screen says what was found; how the checks came out follows
-    out.append('<section id="found" aria-labelledby="found-h"><h2 id="found-h">What we found</h2><ol class="found">')
+    out.append('<section id="found" aria-labelledby="found-h"><h2 id="found-h">What we found</h2>'
+               f'<p class="brief">{LEAD}</p><ol class="found">')
     for f in findings:
         # the short form first, so the first screen can be read at a glance; the card gives every number
         short = f.get("summary") or f.get("statement") or ""
